@@ -1,0 +1,189 @@
+"""Running one shard: claim it, pack its requests into Triton calls with several in flight, write a
+part, and commit it under the attempt number. Cancel/expiry stop it between calls, keeping the lines
+already done."""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any
+
+import numpy as np
+from django.conf import settings
+
+from controlplane.batches.backend import InferenceBackend
+from controlplane.batches.finalize import batch_try_finalize
+from controlplane.batches.lines import iter_lines
+from controlplane.batches.models import Endpoint, Shard, ShardStatus
+from controlplane.batches.packing import (
+    Call, embedding_body, members_per_line, pack_embeddings, pack_tensors, slice_outputs, tensor_body,
+)
+from controlplane.batches.records import failed_response_record, output_record
+from controlplane.batches.requests import ModelResolver, ParsedLine, parse_line
+from controlplane.batches.shards import (
+    PartSummary, batch_stop_requested, shard_claim, shard_commit, shard_release, shard_renew,
+)
+from controlplane.files.models import File
+from controlplane.files.storage import blob_delete, blob_open, blob_save
+from controlplane.fleet.models import CatalogueModel, ModelKind
+from controlplane.triton.client import PermanentTritonError, TransientTritonError
+
+logger = logging.getLogger(__name__)
+
+# How often a running shard looks at its batch for a cancel/expiry and renews its lease.
+CHECK_INTERVAL_SECONDS = 1.0
+
+
+class LeaseLost(Exception):
+    """Another attempt owns the shard now; this one must stop and publish nothing."""
+
+
+class ShardDeferred(Exception):
+    """Triton stayed unavailable; the shard went back to pending and the task should retry later."""
+
+
+def shard_run(*, shard_id: int, owner: str, backend_factory: Callable[[], InferenceBackend]) -> str:
+    shard = shard_claim(shard_id=shard_id, owner=owner)
+    if shard is None:
+        return "not_claimed"
+    batch = shard.batch
+    try:
+        model = CatalogueModel.objects.get(name=batch.model)
+        lines = _read_shard(shard)
+        backend = backend_factory()
+        Shard.objects.filter(id=shard.id, attempt=shard.attempt).update(triton_server=backend.server)
+        backend.prepare(model.triton_name)
+        runner = _ShardRunner(shard, model, lines, backend)
+        entries, stopped = runner.run()
+    except LeaseLost:
+        logger.warning("shard %s attempt %s lost its lease; discarding its work", shard.id, shard.attempt)
+        return "lease_lost"
+    except TransientTritonError as exc:
+        status = shard_release(shard_id=shard.id, attempt=shard.attempt, error=str(exc))
+        if status == ShardStatus.FAILED:
+            batch_try_finalize(batch_id=batch.id)
+            return "failed"
+        raise ShardDeferred(str(exc)) from exc
+    summary = _write_part(shard, entries, stopped)
+    if not shard_commit(shard_id=shard.id, attempt=shard.attempt, summary=summary):
+        blob_delete(summary.part_name)
+        return "stale"
+    batch_try_finalize(batch_id=batch.id)
+    return "stopped" if stopped else "succeeded"
+
+
+def _read_shard(shard: Shard) -> dict[int, ParsedLine]:
+    batch = shard.batch
+    name = File.objects.only("storage_name").get(id=batch.input_file_id).storage_name
+    resolver = ModelResolver()
+    lines: dict[int, ParsedLine] = {}
+    with blob_open(name) as stream:
+        for line in iter_lines(stream, max_line_bytes=settings.BATCH_MAX_LINE_BYTES,
+                               start_byte=shard.start_byte, end_byte=shard.end_byte,
+                               first_line_number=shard.start_line):
+            if line.is_blank or line.data is None:
+                continue
+            # Validation accepted every line already; parsing again cannot fail unless the
+            # catalogue changed since, and then failing the shard loudly is right.
+            lines[line.number] = parse_line(line.data, endpoint=batch.endpoint, resolver=resolver)
+    return lines
+
+
+class _ShardRunner:
+    def __init__(self, shard: Shard, model: CatalogueModel, lines: dict[int, ParsedLine], backend: InferenceBackend):
+        self.shard = shard
+        self.model = model
+        self.lines = lines
+        self.backend = backend
+        self.results: dict[int, dict[int, dict[str, np.ndarray]]] = {n: {} for n in lines}
+        self.errors: dict[int, str] = {}
+        self.entries: dict[int, dict[str, Any]] = {}
+        self.tokens = 0
+
+    def run(self) -> tuple[list[dict[str, Any]], bool]:
+        pack = pack_embeddings if self.model.kind == ModelKind.EMBEDDINGS else pack_tensors
+        calls = pack(self.lines, self.model.max_batch_size)
+        self.remaining = members_per_line(calls)
+        stopped = False
+        last_check = time.monotonic()
+        queue = list(reversed(calls))
+        with ThreadPoolExecutor(max_workers=settings.DISPATCH_INFLIGHT_CALLS) as pool:
+            running: dict[Future[list[tuple[Any, Any]]], Call] = {}
+            while queue or running:
+                while queue and not stopped and len(running) < settings.DISPATCH_INFLIGHT_CALLS:
+                    call = queue.pop()
+                    running[pool.submit(self._execute, call)] = call
+                if not running:
+                    break
+                done, _ = wait(running, timeout=CHECK_INTERVAL_SECONDS, return_when=FIRST_COMPLETED)
+                for future in done:
+                    running.pop(future)
+                    self._collect(future.result())  # a TransientTritonError propagates from here
+                if time.monotonic() - last_check >= CHECK_INTERVAL_SECONDS:
+                    last_check = time.monotonic()
+                    if not shard_renew(shard_id=self.shard.id, attempt=self.shard.attempt):
+                        raise LeaseLost()
+                    stopped = stopped or batch_stop_requested(batch_id=self.shard.batch_id)
+        return [self.entries[n] for n in sorted(self.entries)], stopped and len(self.entries) < len(self.lines)
+
+    def _execute(self, call: Call) -> list[tuple[Any, Any]]:
+        """Run a call; if Triton rejects it, run its members one by one to pin the error to a line."""
+        try:
+            outputs = self.backend.infer(self.model.triton_name, call.inputs, call.output_names)
+            return [(m, slice_outputs(outputs, m)) for m in call.members]
+        except PermanentTritonError as exc:
+            if len(call.members) == 1:
+                return [(call.members[0], exc)]
+            return [pair for single in call.split() for pair in self._execute(single)]
+
+    def _collect(self, pairs: list[tuple[Any, Any]]) -> None:
+        for member, outcome in pairs:
+            if isinstance(outcome, Exception):
+                self.errors.setdefault(member.line, str(outcome))
+            else:
+                self.results[member.line][member.slot] = outcome
+            self.remaining[member.line] -= 1
+            if self.remaining[member.line] == 0:
+                self._finish_line(member.line)
+
+    def _finish_line(self, number: int) -> None:
+        parsed = self.lines[number]
+        batch_id = self.shard.batch_id
+        if number in self.errors:
+            record = failed_response_record(
+                batch_id, number, parsed.custom_id, status_code=400,
+                message=self.errors[number], code="invalid_request",
+            )
+            self.entries[number] = {"line": number, "kind": "err", "record": record}
+        else:
+            if self.model.kind == ModelKind.EMBEDDINGS:
+                body, tokens = embedding_body(parsed, self.results[number])
+                self.tokens += tokens
+            else:
+                body = tensor_body(parsed, self.results[number])
+            self.entries[number] = {"line": number, "kind": "out",
+                                    "record": output_record(batch_id, number, parsed.custom_id, body)}
+        del self.results[number]
+
+
+def _write_part(shard: Shard, entries: list[dict[str, Any]], stopped: bool) -> PartSummary:
+    # The attempt in the name keeps a stale attempt's part from ever replacing the committed one.
+    name = f"parts/{shard.batch_id}/{shard.index:06d}.attempt{shard.attempt}.jsonl"
+    completed = failed = tokens = 0
+    with tempfile.TemporaryFile() as tmp:
+        for entry in entries:
+            tmp.write(json.dumps(entry, separators=(",", ":")).encode())
+            tmp.write(b"\n")
+            if entry["kind"] == "out":
+                completed += 1
+                usage = entry["record"]["response"]["body"].get("usage")
+                tokens += usage["prompt_tokens"] if usage else 0
+            else:
+                failed += 1
+        tmp.seek(0)
+        blob_save(name, tmp)
+    return PartSummary(part_name=name, completed=completed, failed=failed, prompt_tokens=tokens, stopped=stopped)

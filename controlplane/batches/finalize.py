@@ -1,0 +1,155 @@
+"""Finalization: merge committed parts, in input order, into the batch's output and error files.
+
+Lines no part holds (a shard skipped by cancel/expiry, stopped midway, or failed after all attempts)
+become error lines, so every custom_id appears exactly once across the two files."""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import tempfile
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import IO, Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.batches.lines import iter_lines
+from controlplane.batches.models import SHARD_OPEN_STATUSES, Batch, BatchStatus, Shard, ShardStatus, StopReason
+from controlplane.batches.records import error_record
+from controlplane.batches.services import event_record
+from controlplane.files.models import File
+from controlplane.files.storage import blob_delete, blob_open, blob_save
+
+logger = logging.getLogger(__name__)
+
+FINALIZABLE = (BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING)
+# A finalizer that has not finished after this long is presumed dead and another one starts.
+FINALIZE_STALE_AFTER = timedelta(minutes=10)
+
+_MISSING_LINE_ERRORS = {
+    StopReason.CANCEL: ("batch_cancelled", "The batch was cancelled before this request ran."),
+    StopReason.EXPIRE: ("batch_expired", "This request could not be executed before the completion window expired."),
+    None: ("internal_error", "This request could not be processed after repeated attempts."),
+}
+
+
+def batch_try_finalize(*, batch_id: str) -> bool:
+    """Move a batch whose shards are all closed into finalizing, then finalize. Safe to call often."""
+    if Shard.objects.filter(batch_id=batch_id, status__in=SHARD_OPEN_STATUSES).exists():
+        return False
+    won = Batch.objects.filter(id=batch_id, status__in=FINALIZABLE).update(
+        status=BatchStatus.FINALIZING, finalizing_at=timezone.now()
+    )
+    if won != 1:
+        return False
+    batch_finalize(batch_id=batch_id)
+    return True
+
+
+def batches_finalize_stuck() -> list[str]:
+    """Restart finalizers that died, and finalize batches whose last shard closed unnoticed."""
+    stale = Batch.objects.filter(
+        status=BatchStatus.FINALIZING, finalizing_at__lt=timezone.now() - FINALIZE_STALE_AFTER
+    ).values_list("id", flat=True)
+    done = []
+    for batch_id in list(stale):
+        if Batch.objects.filter(id=batch_id, status=BatchStatus.FINALIZING).update(finalizing_at=timezone.now()):
+            batch_finalize(batch_id=batch_id)
+            done.append(batch_id)
+    idle = Batch.objects.filter(status__in=FINALIZABLE).exclude(shards__status__in=SHARD_OPEN_STATUSES)
+    for batch_id in list(idle.values_list("id", flat=True)):
+        if batch_try_finalize(batch_id=batch_id):
+            done.append(batch_id)
+    return done
+
+
+def _part_entries(part_name: str) -> Iterator[dict[str, Any]]:
+    with blob_open(part_name) as part:
+        for raw in part:
+            if raw.strip():
+                yield json.loads(raw)
+
+
+def _missing_lines(batch: Batch, shard: Shard, done: set[int]) -> Iterator[dict[str, Any]]:
+    code, message = _MISSING_LINE_ERRORS[
+        StopReason(batch.stop_reason) if batch.stop_reason and shard.status != ShardStatus.FAILED else None
+    ]
+    with blob_open(_input_name(batch)) as stream:
+        for line in iter_lines(stream, max_line_bytes=settings.BATCH_MAX_LINE_BYTES,
+                               start_byte=shard.start_byte, end_byte=shard.end_byte,
+                               first_line_number=shard.start_line):
+            if line.is_blank or line.number in done or line.data is None:
+                continue
+            custom_id = json.loads(line.data)["custom_id"]
+            yield {"line": line.number, "kind": "err",
+                   "record": error_record(batch.id, line.number, custom_id, code=code, message=message)}
+
+
+def _input_name(batch: Batch) -> str:
+    return File.objects.only("storage_name").get(id=batch.input_file_id).storage_name
+
+
+def _write_line(out: IO[bytes], record: dict[str, Any]) -> None:
+    out.write(json.dumps(record, separators=(",", ":")).encode())
+    out.write(b"\n")
+
+
+def batch_finalize(*, batch_id: str) -> None:
+    batch = Batch.objects.get(id=batch_id)
+    if batch.status != BatchStatus.FINALIZING:
+        return
+    completed = failed = 0
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        for shard in Shard.objects.filter(batch_id=batch_id).order_by("index"):
+            entries = list(_part_entries(shard.part_name)) if shard.part_name else []
+            if shard.status != ShardStatus.SUCCEEDED:
+                entries += list(_missing_lines(batch, shard, {e["line"] for e in entries}))
+                entries.sort(key=lambda e: e["line"])
+            for entry in entries:
+                if entry["kind"] == "out":
+                    _write_line(out, entry["record"])
+                    completed += 1
+                else:
+                    _write_line(err, entry["record"])
+                    failed += 1
+        files = [_store_result(batch, out, "output", completed), _store_result(batch, err, "error", failed)]
+    terminal = {StopReason.CANCEL: BatchStatus.CANCELLED, StopReason.EXPIRE: BatchStatus.EXPIRED}.get(
+        batch.stop_reason, BatchStatus.COMPLETED  # type: ignore[arg-type]
+    )
+    now = timezone.now()
+    stamp = {BatchStatus.CANCELLED: "cancelled_at", BatchStatus.EXPIRED: "expired_at"}.get(terminal, "completed_at")
+    with transaction.atomic():
+        for file in files:
+            if file is not None:
+                file.save(force_insert=True)
+        won = Batch.objects.filter(id=batch_id, status=BatchStatus.FINALIZING).update(
+            status=terminal, completed_lines=completed, failed_lines=failed, **{stamp: now},
+            output_file_id=files[0].id if files[0] else None, error_file_id=files[1].id if files[1] else None,
+        )
+        if won != 1:
+            # Another finalizer finished first; ours must not leave rows behind.
+            transaction.set_rollback(True)
+        else:
+            event_record(batch_id=batch_id, kind=terminal, message=f"{completed} ok, {failed} errors")
+    if won != 1:
+        for file in files:
+            if file is not None:
+                blob_delete(file.storage_name)
+
+
+def _store_result(batch: Batch, content: IO[bytes], kind: str, lines: int) -> File | None:
+    """Save one result blob under a fresh name and return its (unsaved) File row."""
+    if lines == 0:
+        return None
+    size = content.tell()
+    content.seek(0)
+    name = f"results/{batch.tenant_id}/{batch.id}_{kind}_{secrets.token_hex(4)}.jsonl"
+    blob_save(name, content)
+    return File(
+        tenant_id=batch.tenant_id, filename=f"{batch.id}_{kind}.jsonl", purpose=File.Purpose.BATCH_OUTPUT,
+        bytes=size, storage_name=name,
+    )

@@ -1,0 +1,139 @@
+from __future__ import annotations
+
+from django.db import models
+
+from controlplane.core.models import new_public_id
+from controlplane.tenants.models import Tenant
+
+
+def new_batch_id() -> str:
+    return new_public_id("batch_")
+
+
+class Endpoint(models.TextChoices):
+    EMBEDDINGS = "/v1/embeddings"
+    # Generic tensor endpoint: a KServe v2 inference request (plus "model") as the line's body.
+    TENSORS = "/v2/infer"
+
+
+class BatchStatus(models.TextChoices):
+    VALIDATING = "validating"
+    FAILED = "failed"
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"
+    COMPLETED = "completed"
+    EXPIRED = "expired"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+
+
+ACTIVE_STATUSES = (
+    BatchStatus.VALIDATING,
+    BatchStatus.IN_PROGRESS,
+    BatchStatus.FINALIZING,
+    BatchStatus.CANCELLING,
+)
+
+
+class StopReason(models.TextChoices):
+    CANCEL = "cancel"
+    EXPIRE = "expire"
+
+
+class Batch(models.Model):
+    id = models.CharField(primary_key=True, max_length=40, default=new_batch_id, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="batches")
+    endpoint = models.CharField(max_length=64, choices=Endpoint.choices)
+    # A plain id, not a foreign key: the tenant may delete the input file once the batch is done.
+    input_file_id = models.CharField(max_length=40, db_index=True)
+    completion_window = models.CharField(max_length=16)
+    status = models.CharField(max_length=16, choices=BatchStatus.choices, default=BatchStatus.VALIDATING)
+    stop_reason = models.CharField(max_length=16, choices=StopReason.choices, null=True, blank=True)
+    metadata = models.JSONField(null=True, blank=True)
+    errors = models.JSONField(null=True, blank=True)
+    model = models.CharField(max_length=200, blank=True, default="")
+    output_file_id = models.CharField(max_length=40, null=True, blank=True)
+    error_file_id = models.CharField(max_length=40, null=True, blank=True)
+    total_lines = models.PositiveBigIntegerField(default=0)
+    completed_lines = models.PositiveBigIntegerField(default=0)
+    failed_lines = models.PositiveBigIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    in_progress_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(db_index=True)
+    finalizing_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    failed_at = models.DateTimeField(null=True, blank=True)
+    expired_at = models.DateTimeField(null=True, blank=True)
+    cancelling_at = models.DateTimeField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name_plural = "batches"
+        indexes = [models.Index(fields=["tenant", "created_at"]), models.Index(fields=["status"])]
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class ShardStatus(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    # Stopped by cancel/expiry after some lines: those lines are in its part.
+    STOPPED = "stopped"
+    # Never ran because the batch was cancelled or expired first.
+    SKIPPED = "skipped"
+    # Gave up after SHARD_MAX_ATTEMPTS; its unfinished lines become error lines.
+    FAILED = "failed"
+
+
+SHARD_OPEN_STATUSES = (ShardStatus.PENDING, ShardStatus.RUNNING)
+
+
+class Shard(models.Model):
+    """A contiguous line range of a batch's input file, processed by one Celery task at a time.
+
+    ``attempt`` is the fencing token: each claim increments it, and only the holder of the current
+    attempt can renew the lease or commit a part.
+    """
+
+    batch = models.ForeignKey(Batch, on_delete=models.CASCADE, related_name="shards")
+    index = models.PositiveIntegerField()
+    start_line = models.PositiveBigIntegerField(help_text="1-based, inclusive")
+    end_line = models.PositiveBigIntegerField(help_text="1-based, inclusive")
+    start_byte = models.PositiveBigIntegerField()
+    end_byte = models.PositiveBigIntegerField(help_text="exclusive")
+    request_count = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=ShardStatus.choices, default=ShardStatus.PENDING)
+    attempt = models.PositiveIntegerField(default=0)
+    lease_owner = models.CharField(max_length=200, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    part_name = models.CharField(max_length=500, blank=True, default="")
+    completed_lines = models.PositiveIntegerField(default=0)
+    failed_lines = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    triton_server = models.CharField(max_length=200, blank=True, default="")
+    last_error = models.TextField(blank=True, default="")
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["batch", "index"], name="uniq_shard_index")]
+        indexes = [models.Index(fields=["status", "lease_expires_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.batch_id}#{self.index}"
+
+
+class BatchEvent(models.Model):
+    """Audit trail: every state change of a batch or shard writes one row, shown in the admin."""
+
+    batch = models.ForeignKey(Batch, on_delete=models.CASCADE, related_name="events")
+    shard_index = models.PositiveIntegerField(null=True, blank=True)
+    kind = models.CharField(max_length=64)
+    message = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]

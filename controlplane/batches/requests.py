@@ -1,0 +1,256 @@
+"""Parsing one input line into a typed request. Shared by validation (whole file, before any work)
+and dispatch (one shard), so both agree on what a line means."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from controlplane.batches.models import Endpoint
+from controlplane.fleet.models import CatalogueModel, ModelKind
+
+# OpenAI's own limit on inputs per embeddings request.
+MAX_EMBEDDING_INPUTS = 2048
+
+KSERVE_DTYPES: dict[str, Any] = {
+    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,
+    "UINT64": np.uint64, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
+    "FP16": np.float16, "FP32": np.float32, "FP64": np.float64, "BYTES": np.object_,
+}
+
+
+class LineIssue(Exception):
+    """A line that cannot be run, with the OpenAI-style error code and the field to fix."""
+
+    def __init__(self, code: str, message: str, param: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+
+
+@dataclass(frozen=True)
+class EmbeddingRequest:
+    texts: tuple[str, ...]
+    encoding_format: str
+
+
+@dataclass(frozen=True)
+class TensorInput:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    array: np.ndarray
+
+
+@dataclass(frozen=True)
+class TensorRequest:
+    inputs: tuple[TensorInput, ...]
+    output_names: tuple[str, ...]
+
+    @property
+    def rows(self) -> int:
+        return self.inputs[0].shape[0]
+
+    def signature(self) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+        """Requests with equal signatures can be stacked along the batch dimension into one call."""
+        return tuple((i.name, i.datatype, i.shape[1:]) for i in self.inputs) + (
+            ("outputs", ",".join(self.output_names), ()),
+        )
+
+
+@dataclass(frozen=True)
+class ParsedLine:
+    custom_id: str
+    model_name: str
+    request: EmbeddingRequest | TensorRequest
+
+
+class ModelResolver:
+    """Looks catalogue models up once per name for the life of one validation or shard run."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, CatalogueModel | None] = {}
+
+    def get(self, name: str) -> CatalogueModel | None:
+        if name not in self._cache:
+            self._cache[name] = CatalogueModel.objects.filter(name=name, is_enabled=True).first()
+        return self._cache[name]
+
+
+def parse_line(raw: bytes, *, endpoint: str, resolver: ModelResolver) -> ParsedLine:
+    try:
+        obj = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise LineIssue("invalid_json", f"Line is not valid JSON: {exc}.") from exc
+    if not isinstance(obj, dict):
+        raise LineIssue("invalid_request", "Each line must be a JSON object.")
+    custom_id = obj.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        raise LineIssue("missing_custom_id", "Each line needs a non-empty string 'custom_id'.", "custom_id")
+    if len(custom_id) > 512:
+        raise LineIssue("invalid_custom_id", "custom_id must be at most 512 characters.", "custom_id")
+    if obj.get("method") != "POST":
+        raise LineIssue("invalid_method", f"method must be 'POST', got {obj.get('method')!r}.", "method")
+    if obj.get("url") != endpoint:
+        raise LineIssue(
+            "mismatched_url",
+            f"url must be the batch's endpoint {endpoint!r}, got {obj.get('url')!r}.",
+            "url",
+        )
+    body = obj.get("body")
+    if not isinstance(body, dict):
+        raise LineIssue("invalid_body", "body must be a JSON object.", "body")
+    model_name = body.get("model")
+    if not isinstance(model_name, str) or not model_name:
+        raise LineIssue("missing_model", "body.model must name a model.", "body.model")
+    model = resolver.get(model_name)
+    if model is None:
+        raise LineIssue("model_not_found", f"The model {model_name!r} does not exist.", "body.model")
+    expected_kind = ModelKind.EMBEDDINGS if endpoint == Endpoint.EMBEDDINGS else ModelKind.TENSOR
+    if model.kind != expected_kind:
+        raise LineIssue(
+            "invalid_model",
+            f"Model {model_name!r} serves {model.get_kind_display()}, not {endpoint}.",
+            "body.model",
+        )
+    if expected_kind == ModelKind.EMBEDDINGS:
+        request: EmbeddingRequest | TensorRequest = _parse_embedding(body, model)
+    else:
+        request = _parse_tensor(body, model)
+    return ParsedLine(custom_id=custom_id, model_name=model_name, request=request)
+
+
+def _parse_embedding(body: dict[str, Any], model: CatalogueModel) -> EmbeddingRequest:
+    raw_input = body.get("input")
+    if isinstance(raw_input, str):
+        texts: list[Any] = [raw_input]
+    elif isinstance(raw_input, list) and raw_input:
+        texts = raw_input
+    else:
+        raise LineIssue(
+            "invalid_input", "body.input must be a non-empty string or a non-empty list of strings.",
+            "body.input",
+        )
+    if len(texts) > MAX_EMBEDDING_INPUTS:
+        raise LineIssue(
+            "invalid_input", f"body.input has {len(texts)} items; the limit is {MAX_EMBEDDING_INPUTS}.",
+            "body.input",
+        )
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise LineIssue(
+                "invalid_input",
+                f"body.input[{i}] must be a string (token arrays are not supported), "
+                f"got {type(text).__name__}.",
+                "body.input",
+            )
+        if not text:
+            raise LineIssue("invalid_input", f"body.input[{i}] must not be empty.", "body.input")
+    encoding_format = body.get("encoding_format", "float")
+    if encoding_format not in ("float", "base64"):
+        raise LineIssue(
+            "invalid_value", "body.encoding_format must be 'float' or 'base64'.", "body.encoding_format"
+        )
+    dimensions = body.get("dimensions")
+    if dimensions is not None and dimensions != model.embedding_dimensions:
+        raise LineIssue(
+            "invalid_value",
+            f"Model {model.name!r} produces {model.embedding_dimensions} dimensions; "
+            "omit body.dimensions or set it to that.",
+            "body.dimensions",
+        )
+    return EmbeddingRequest(texts=tuple(texts), encoding_format=encoding_format)
+
+
+def _parse_tensor(body: dict[str, Any], model: CatalogueModel) -> TensorRequest:
+    raw_inputs = body.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise LineIssue("invalid_inputs", "body.inputs must be a non-empty list.", "body.inputs")
+    specs = {spec["name"]: spec for spec in model.inputs}
+    seen: dict[str, TensorInput] = {}
+    for i, item in enumerate(raw_inputs):
+        param = f"body.inputs[{i}]"
+        if not isinstance(item, dict):
+            raise LineIssue("invalid_inputs", f"{param} must be an object.", param)
+        name = item.get("name")
+        if name not in specs:
+            raise LineIssue(
+                "invalid_input_name",
+                f"{param}.name {name!r} is not an input of {model.name!r}; inputs are {sorted(specs)}.",
+                f"{param}.name",
+            )
+        if name in seen:
+            raise LineIssue("invalid_input_name", f"Input {name!r} is given twice.", f"{param}.name")
+        seen[name] = _parse_tensor_input(item, specs[name], param, model.max_batch_size)
+    missing = sorted(set(specs) - set(seen))
+    if missing:
+        raise LineIssue("missing_input", f"Inputs {missing} are required by {model.name!r}.", "body.inputs")
+    rows = {t.shape[0] for t in seen.values()}
+    if len(rows) != 1:
+        raise LineIssue("invalid_shape", "All inputs must have the same first (batch) dimension.", "body.inputs")
+    known_outputs = [spec["name"] for spec in model.outputs]
+    raw_outputs = body.get("outputs")
+    if raw_outputs is None:
+        output_names = tuple(known_outputs)
+    elif isinstance(raw_outputs, list) and all(isinstance(o, dict) for o in raw_outputs):
+        output_names = tuple(str(o.get("name")) for o in raw_outputs)
+        unknown = sorted(set(output_names) - set(known_outputs))
+        if unknown or not output_names:
+            raise LineIssue(
+                "invalid_output_name",
+                f"body.outputs must name outputs of {model.name!r}: {known_outputs}.",
+                "body.outputs",
+            )
+    else:
+        raise LineIssue("invalid_outputs", "body.outputs must be a list of {'name': ...}.", "body.outputs")
+    ordered = tuple(seen[spec["name"]] for spec in model.inputs)
+    return TensorRequest(inputs=ordered, output_names=output_names)
+
+
+def _parse_tensor_input(
+    item: dict[str, Any], spec: dict[str, Any], param: str, max_batch_size: int
+) -> TensorInput:
+    datatype = item.get("datatype")
+    if datatype != spec["datatype"]:
+        raise LineIssue(
+            "invalid_datatype",
+            f"{param}.datatype must be {spec['datatype']!r}, got {datatype!r}.",
+            f"{param}.datatype",
+        )
+    shape = item.get("shape")
+    dims = list(spec["dims"])
+    if (
+        not isinstance(shape, list)
+        or len(shape) != len(dims) + 1
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+    ):
+        raise LineIssue(
+            "invalid_shape",
+            f"{param}.shape must be [rows] + {dims} (rows first, -1 means any), got {shape!r}.",
+            f"{param}.shape",
+        )
+    if not 1 <= shape[0] <= max_batch_size:
+        raise LineIssue(
+            "invalid_shape", f"{param}.shape[0] (rows) must be 1..{max_batch_size}.", f"{param}.shape"
+        )
+    for got, want in zip(shape[1:], dims, strict=True):
+        if want != -1 and got != want:
+            raise LineIssue(
+                "invalid_shape", f"{param}.shape must be [rows] + {dims}, got {shape}.", f"{param}.shape"
+            )
+    try:
+        array = np.asarray(item.get("data"), dtype=KSERVE_DTYPES[datatype])
+    except (TypeError, ValueError) as exc:
+        raise LineIssue("invalid_data", f"{param}.data does not hold {datatype} values: {exc}.", f"{param}.data") from exc
+    if array.size != math.prod(shape):
+        raise LineIssue(
+            "invalid_data",
+            f"{param}.data has {array.size} values but shape {shape} needs {math.prod(shape)}.",
+            f"{param}.data",
+        )
+    return TensorInput(name=item["name"], datatype=datatype, shape=tuple(shape), array=array.reshape(shape))

@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from controlplane.batches.models import Batch
+
+
+def _ts(value: datetime | None) -> int | None:
+    return int(value.timestamp()) if value else None
+
+
+def batch_render(batch: Batch) -> dict[str, Any]:
+    """OpenAI's Batch object, field for field."""
+    return {
+        "id": batch.id,
+        "object": "batch",
+        "endpoint": batch.endpoint,
+        "model": batch.model or None,
+        "errors": batch.errors,
+        "input_file_id": batch.input_file_id,
+        "completion_window": batch.completion_window,
+        "status": batch.status,
+        "output_file_id": batch.output_file_id,
+        "error_file_id": batch.error_file_id,
+        "created_at": _ts(batch.created_at),
+        "in_progress_at": _ts(batch.in_progress_at),
+        "expires_at": _ts(batch.expires_at),
+        "finalizing_at": _ts(batch.finalizing_at),
+        "completed_at": _ts(batch.completed_at),
+        "failed_at": _ts(batch.failed_at),
+        "expired_at": _ts(batch.expired_at),
+        "cancelling_at": _ts(batch.cancelling_at),
+        "cancelled_at": _ts(batch.cancelled_at),
+        "request_counts": {
+            "total": batch.total_lines,
+            "completed": batch.completed_lines,
+            "failed": batch.failed_lines,
+        },
+        "usage": {
+            "input_tokens": batch.prompt_tokens,
+            "output_tokens": 0,
+            "total_tokens": batch.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        },
+        "metadata": batch.metadata,
+    }

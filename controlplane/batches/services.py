@@ -1,0 +1,223 @@
+"""Batch lifecycle: create, validate, cancel, expire. Only services change batch and shard rows,
+and every change writes a BatchEvent."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+from controlplane.batches import selectors
+from controlplane.batches.models import (
+    ACTIVE_STATUSES, Batch, BatchEvent, BatchStatus, Endpoint, Shard, ShardStatus, StopReason,
+)
+from controlplane.batches.validation import validate_input
+from controlplane.batches.windows import parse_completion_window
+from controlplane.core.errors import Conflict, QuotaExceeded, ValidationFailed
+from controlplane.files.models import File
+from controlplane.files.selectors import file_get
+from controlplane.files.storage import blob_open
+from controlplane.tenants.models import Tenant
+
+logger = logging.getLogger(__name__)
+
+
+def event_record(*, batch_id: str, kind: str, message: str = "", shard_index: int | None = None) -> None:
+    BatchEvent.objects.create(batch_id=batch_id, kind=kind, message=message, shard_index=shard_index)
+    logger.info("batch=%s shard=%s %s %s", batch_id, shard_index, kind, message)
+
+
+def _validate_metadata(metadata: Any) -> dict[str, str] | None:
+    # OpenAI's limits: up to 16 pairs, keys up to 64 characters, values up to 512.
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict) or len(metadata) > 16:
+        raise ValidationFailed("metadata must be an object with at most 16 pairs.", param="metadata")
+    for key, value in metadata.items():
+        if not isinstance(value, str) or len(key) > 64 or len(value) > 512:
+            raise ValidationFailed(
+                "metadata keys must be at most 64 characters and values strings of at most 512.",
+                param="metadata",
+            )
+    return metadata
+
+
+def batch_create(
+    *, tenant: Tenant, input_file_id: Any, endpoint: Any, completion_window: Any, metadata: Any = None
+) -> Batch:
+    if endpoint not in Endpoint.values:
+        raise ValidationFailed(f"endpoint must be one of {Endpoint.values}, got {endpoint!r}.", param="endpoint")
+    window = parse_completion_window(completion_window)
+    metadata = _validate_metadata(metadata)
+    if not isinstance(input_file_id, str):
+        raise ValidationFailed("input_file_id must be a file id string.", param="input_file_id")
+    input_file = file_get(tenant=tenant, file_id=input_file_id)
+    if input_file.purpose != File.Purpose.BATCH:
+        raise ValidationFailed(
+            f"File {input_file.id} has purpose {input_file.purpose!r}; upload the input with purpose 'batch'.",
+            param="input_file_id",
+        )
+    with transaction.atomic():
+        # Lock the tenant row so two concurrent creates cannot both slip under the quota.
+        locked = Tenant.objects.select_for_update().get(id=tenant.id)
+        active = selectors.batch_active_count(tenant=locked)
+        if active >= locked.max_concurrent_batches:
+            raise QuotaExceeded(
+                f"Tenant has {active} active batches, the limit is {locked.max_concurrent_batches}; "
+                "wait for one to finish or cancel one.",
+            )
+        batch = Batch.objects.create(
+            tenant=locked, endpoint=endpoint, input_file_id=input_file.id,
+            completion_window=completion_window, metadata=metadata,
+            expires_at=timezone.now() + window,
+        )
+        event_record(batch_id=batch.id, kind="created", message=f"input {input_file.id}")
+        transaction.on_commit(lambda: _enqueue_validate(batch.id))
+    return batch
+
+
+def _enqueue_validate(batch_id: str) -> None:
+    from controlplane.batches.tasks import batch_validate_task
+
+    batch_validate_task.delay(batch_id)
+
+
+def enqueue_shards(shard_ids: list[int]) -> None:
+    from controlplane.batches.tasks import shard_process_task
+
+    for shard_id in shard_ids:
+        shard_process_task.delay(shard_id)
+
+
+def batch_validate(*, batch_id: str) -> None:
+    """Stream the input once; either every shard is created and the batch is in_progress, or the
+    batch is failed with line-numbered errors. Nothing in between is ever visible."""
+    batch = Batch.objects.select_related("tenant").get(id=batch_id)
+    if batch.status != BatchStatus.VALIDATING:
+        return  # a redelivered task after the batch moved on, or cancelled while queued
+    input_file = File.objects.filter(id=batch.input_file_id, tenant_id=batch.tenant_id).first()
+    if input_file is None:
+        _batch_fail(batch, [{"code": "file_not_found", "message": "The input file was deleted.",
+                             "param": "input_file_id", "line": None}])
+        return
+    with blob_open(input_file.storage_name) as stream:
+        result = validate_input(
+            stream, endpoint=batch.endpoint, max_line_bytes=settings.BATCH_MAX_LINE_BYTES,
+            max_lines=settings.BATCH_MAX_LINES, shard_lines=settings.SHARD_MAX_LINES,
+        )
+    if not result.ok:
+        errors = result.errors
+        if result.error_count > len(errors):
+            errors = errors + [{"code": "more_errors", "param": None, "line": None,
+                                "message": f"{result.error_count - len(errors)} more errors not listed."}]
+        _batch_fail(batch, errors)
+        return
+    queued = (
+        Batch.objects.filter(tenant_id=batch.tenant_id, status__in=ACTIVE_STATUSES)
+        .exclude(id=batch.id).aggregate(n=Sum("total_lines"))["n"] or 0
+    )
+    if queued + result.total > batch.tenant.max_enqueued_lines:
+        _batch_fail(batch, [{"code": "quota_exceeded", "param": None, "line": None, "message": (
+            f"{result.total} requests would bring the tenant's enqueued requests to {queued + result.total}, "
+            f"over the limit of {batch.tenant.max_enqueued_lines}.")}])
+        return
+    now = timezone.now()
+    with transaction.atomic():
+        moved = Batch.objects.filter(id=batch.id, status=BatchStatus.VALIDATING).update(
+            status=BatchStatus.IN_PROGRESS, in_progress_at=now, total_lines=result.total, model=result.model
+        )
+        if moved != 1:
+            return  # cancelled while we validated: the cancel path finalizes it
+        Shard.objects.bulk_create(
+            Shard(
+                batch_id=batch.id, index=plan.index, start_line=plan.start_line, end_line=plan.end_line,
+                start_byte=plan.start_byte, end_byte=plan.end_byte, request_count=plan.request_count,
+                lease_expires_at=now + _requeue_after(),
+            )
+            for plan in result.shards
+        )
+        event_record(batch_id=batch.id, kind="in_progress",
+                     message=f"{result.total} requests in {len(result.shards)} shards, model {result.model}")
+        shard_ids = list(Shard.objects.filter(batch_id=batch.id).order_by("index").values_list("id", flat=True))
+        transaction.on_commit(lambda: enqueue_shards(shard_ids))
+
+
+def _requeue_after() -> Any:
+    from datetime import timedelta
+
+    # A pending shard whose task message was lost is re-enqueued after this long (duplicates are
+    # harmless: claims are conditional), long enough not to flood a merely busy queue.
+    return timedelta(seconds=settings.SHARD_LEASE_SECONDS * 10)
+
+
+def _batch_fail(batch: Batch, errors: list[dict[str, Any]]) -> None:
+    with transaction.atomic():
+        moved = Batch.objects.filter(id=batch.id, status=BatchStatus.VALIDATING).update(
+            status=BatchStatus.FAILED, failed_at=timezone.now(), errors={"object": "list", "data": errors}
+        )
+        if moved == 1:
+            event_record(batch_id=batch.id, kind="failed", message=f"{len(errors)} validation errors")
+
+
+def batch_cancel(*, batch: Batch) -> Batch:
+    """Stop a batch, keeping every line already finished. Idempotent for a batch already stopping."""
+    now = timezone.now()
+    with transaction.atomic():
+        if Batch.objects.filter(id=batch.id, status=BatchStatus.VALIDATING).update(
+            status=BatchStatus.CANCELLED, stop_reason=StopReason.CANCEL, cancelling_at=now, cancelled_at=now
+        ):
+            event_record(batch_id=batch.id, kind="cancelled", message="cancelled before validation finished")
+        elif Batch.objects.filter(id=batch.id, status=BatchStatus.IN_PROGRESS).update(
+            status=BatchStatus.CANCELLING, stop_reason=StopReason.CANCEL, cancelling_at=now
+        ):
+            _stop_pending_shards(batch.id)
+            event_record(batch_id=batch.id, kind="cancelling")
+            transaction.on_commit(lambda: _enqueue_finalize_check(batch.id))
+        else:
+            current = Batch.objects.get(id=batch.id)
+            if current.status not in (BatchStatus.CANCELLING, BatchStatus.CANCELLED):
+                raise Conflict(
+                    f"Batch {batch.id} is {current.status} and can no longer be cancelled.", param="batch_id"
+                )
+    return Batch.objects.get(id=batch.id)
+
+
+def _stop_pending_shards(batch_id: str) -> None:
+    Shard.objects.filter(batch_id=batch_id, status=ShardStatus.PENDING).update(
+        status=ShardStatus.SKIPPED, finished_at=timezone.now(), lease_expires_at=None
+    )
+
+
+def _enqueue_finalize_check(batch_id: str) -> None:
+    from controlplane.batches.tasks import batch_finalize_task
+
+    batch_finalize_task.delay(batch_id)
+
+
+def batches_expire() -> list[str]:
+    """Batches past expires_at stop: finished lines stay in the output, the rest become
+    ``batch_expired`` lines in the error file."""
+    now = timezone.now()
+    expired: list[str] = []
+    for batch_id in Batch.objects.filter(
+        expires_at__lt=now, status__in=(BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS), stop_reason__isnull=True
+    ).values_list("id", flat=True):
+        with transaction.atomic():
+            if Batch.objects.filter(id=batch_id, status=BatchStatus.VALIDATING).update(
+                status=BatchStatus.EXPIRED, stop_reason=StopReason.EXPIRE, expired_at=now
+            ):
+                event_record(batch_id=batch_id, kind="expired", message="expired before validation finished")
+            elif Batch.objects.filter(
+                id=batch_id, status=BatchStatus.IN_PROGRESS, stop_reason__isnull=True
+            ).update(stop_reason=StopReason.EXPIRE):
+                _stop_pending_shards(batch_id)
+                event_record(batch_id=batch_id, kind="expiring")
+                transaction.on_commit(lambda b=batch_id: _enqueue_finalize_check(b))
+            else:
+                continue
+        expired.append(batch_id)
+    return expired

@@ -1,0 +1,110 @@
+"""Validation of a batch's input file in one streaming pass, planning the shards as it goes."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from controlplane.batches.lines import iter_lines
+from controlplane.batches.requests import LineIssue, ModelResolver, parse_line
+
+# The batch's errors list stays readable: the first problems name their lines, a count says the rest.
+MAX_REPORTED_ERRORS = 100
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    index: int
+    start_line: int
+    end_line: int
+    start_byte: int
+    end_byte: int
+    request_count: int
+
+
+@dataclass
+class ValidationResult:
+    total: int = 0
+    model: str = ""
+    shards: list[ShardPlan] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    error_count: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.error_count == 0
+
+    def add_error(self, code: str, message: str, *, line: int | None, param: str | None = None) -> None:
+        self.error_count += 1
+        if len(self.errors) < MAX_REPORTED_ERRORS:
+            self.errors.append({"code": code, "message": message, "param": param, "line": line})
+
+
+def validate_input(
+    stream: IO[bytes], *, endpoint: str, max_line_bytes: int, max_lines: int, shard_lines: int
+) -> ValidationResult:
+    result = ValidationResult()
+    resolver = ModelResolver()
+    # 16-byte digests instead of the ids themselves bound memory for million-line files.
+    seen_ids: dict[bytes, int] = {}
+    shard_start: tuple[int, int] | None = None  # (line, byte) of the open shard's first request
+    shard_count = 0
+    last_line, last_end = 0, 0
+
+    def close_shard() -> None:
+        nonlocal shard_start, shard_count
+        if shard_start is not None and shard_count:
+            result.shards.append(
+                ShardPlan(len(result.shards), shard_start[0], last_line, shard_start[1], last_end, shard_count)
+            )
+        shard_start, shard_count = None, 0
+
+    for line in iter_lines(stream, max_line_bytes=max_line_bytes):
+        if line.is_blank:
+            continue
+        if line.data is None:
+            result.add_error(
+                "line_too_long", f"Line is longer than the {max_line_bytes} byte limit.", line=line.number
+            )
+            continue
+        result.total += 1
+        if result.total > max_lines:
+            result.add_error(
+                "too_many_requests", f"The file has more than {max_lines} requests; split it.", line=line.number
+            )
+            break
+        try:
+            parsed = parse_line(line.data, endpoint=endpoint, resolver=resolver)
+        except LineIssue as issue:
+            result.add_error(issue.code, issue.message, line=line.number, param=issue.param)
+            continue
+        digest = hashlib.blake2b(parsed.custom_id.encode(), digest_size=16).digest()
+        if digest in seen_ids:
+            result.add_error(
+                "duplicate_custom_id",
+                f"custom_id {parsed.custom_id!r} is also used on line {seen_ids[digest]}; ids must be unique.",
+                line=line.number, param="custom_id",
+            )
+            continue
+        seen_ids[digest] = line.number
+        if not result.model:
+            result.model = parsed.model_name
+        elif parsed.model_name != result.model:
+            result.add_error(
+                "mixed_models",
+                f"All requests in a batch must use one model; this line uses {parsed.model_name!r}, "
+                f"earlier lines use {result.model!r}.",
+                line=line.number, param="body.model",
+            )
+            continue
+        if shard_start is None:
+            shard_start = (line.number, line.start)
+        shard_count += 1
+        last_line, last_end = line.number, line.end
+        if shard_count >= shard_lines:
+            close_shard()
+    close_shard()
+    if result.total == 0 and result.error_count == 0:
+        result.add_error("empty_file", "The input file has no requests.", line=None)
+    return result

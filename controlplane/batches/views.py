@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.batches import selectors, services
+from controlplane.batches.serializers import batch_render
+from controlplane.core.errors import ValidationFailed
+from controlplane.core.pagination import cursor_page, parse_limit
+
+
+class BatchListCreateView(APIView):
+    def get(self, request: Request) -> Response:
+        page = cursor_page(
+            selectors.batch_list(tenant=request.user),
+            after=request.query_params.get("after"),
+            limit=parse_limit(request.query_params.get("limit")),
+            render=batch_render,
+        )
+        return Response(page)
+
+    def post(self, request: Request) -> Response:
+        if not isinstance(request.data, dict):
+            raise ValidationFailed("The request body must be a JSON object.")
+        data = request.data
+        for required in ("input_file_id", "endpoint", "completion_window"):
+            if required not in data:
+                raise ValidationFailed(f"Missing required parameter: {required!r}.", param=required)
+        batch = services.batch_create(
+            tenant=request.user,
+            input_file_id=data["input_file_id"],
+            endpoint=data["endpoint"],
+            completion_window=data["completion_window"],
+            metadata=data.get("metadata"),
+        )
+        return Response(batch_render(batch))
+
+
+class BatchDetailView(APIView):
+    def get(self, request: Request, batch_id: str) -> Response:
+        return Response(batch_render(selectors.batch_get(tenant=request.user, batch_id=batch_id)))
+
+
+class BatchCancelView(APIView):
+    def post(self, request: Request, batch_id: str) -> Response:
+        batch = selectors.batch_get(tenant=request.user, batch_id=batch_id)
+        return Response(batch_render(services.batch_cancel(batch=batch)))

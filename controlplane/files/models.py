@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+from django.db import models
+
+from controlplane.core.models import new_public_id
+from controlplane.tenants.models import Tenant
+
+
+def new_file_id() -> str:
+    return new_public_id("file-")
+
+
+class File(models.Model):
+    class Purpose(models.TextChoices):
+        BATCH = "batch"
+        BATCH_OUTPUT = "batch_output"
+
+    id = models.CharField(primary_key=True, max_length=40, default=new_file_id, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="files")
+    filename = models.CharField(max_length=255)
+    purpose = models.CharField(max_length=32, choices=Purpose.choices)
+    bytes = models.PositiveBigIntegerField()
+    storage_name = models.CharField(max_length=500)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.filename}"

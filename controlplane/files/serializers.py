@@ -1,0 +1,19 @@
+from __future__ import annotations
+
+from typing import Any
+
+from controlplane.files.models import File
+
+
+def file_render(file: File) -> dict[str, Any]:
+    return {
+        "id": file.id,
+        "object": "file",
+        "bytes": file.bytes,
+        "created_at": int(file.created_at.timestamp()),
+        "expires_at": None,
+        "filename": file.filename,
+        "purpose": file.purpose,
+        "status": "processed",
+        "status_details": None,
+    }

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+from typing import IO
+
+from django.db import transaction
+
+from controlplane.core.errors import Conflict, ValidationFailed
+from controlplane.files.models import File, new_file_id
+from controlplane.files.storage import blob_delete, blob_save
+from controlplane.tenants.models import Tenant
+
+
+def _storage_name(tenant: Tenant, file_id: str) -> str:
+    return f"files/{tenant.id}/{file_id}"
+
+
+def file_create(
+    *, tenant: Tenant, content: IO[bytes], filename: str, purpose: str, size: int
+) -> File:
+    """Store the blob first, then the row: a crash between the two leaves an orphan blob, never a row
+    pointing at nothing."""
+    if purpose not in File.Purpose.values:
+        raise ValidationFailed(
+            f"purpose must be 'batch' for uploads, got {purpose!r}.", param="purpose"
+        )
+    file_id = new_file_id()
+    name = blob_save(_storage_name(tenant, file_id), content)
+    try:
+        with transaction.atomic():
+            return File.objects.create(
+                id=file_id, tenant=tenant, filename=filename[:255], purpose=purpose, bytes=size,
+                storage_name=name,
+            )
+    except Exception:
+        blob_delete(name)
+        raise
+
+
+def file_delete(*, file: File) -> None:
+    from controlplane.batches.selectors import batch_active_for_file
+
+    active = batch_active_for_file(file=file)
+    if active is not None:
+        raise Conflict(
+            f"File {file.id} is the input of batch {active.id}, which is still {active.status}; "
+            "cancel the batch or wait for it to finish before deleting the file.",
+            param="file_id",
+        )
+    with transaction.atomic():
+        File.objects.filter(id=file.id).delete()
+    blob_delete(file.storage_name)

@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.http import FileResponse
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.core.errors import PayloadTooLarge, ValidationFailed
+from controlplane.core.pagination import cursor_page, parse_limit
+from controlplane.files import selectors, services
+from controlplane.files.serializers import file_render
+from controlplane.files.storage import blob_open
+from controlplane.files.uploads import SizeLimitUploadHandler
+
+
+def _too_large() -> PayloadTooLarge:
+    limit = settings.FILE_MAX_BYTES
+    return PayloadTooLarge(
+        f"File is larger than the {limit} byte limit; split it into several batches.", param="file"
+    )
+
+
+class FileListCreateView(APIView):
+    def get(self, request: Request) -> Response:
+        qs = selectors.file_list(tenant=request.user, purpose=request.query_params.get("purpose"))
+        page = cursor_page(
+            qs,
+            after=request.query_params.get("after"),
+            limit=parse_limit(request.query_params.get("limit"), maximum=10_000),
+            render=file_render,
+        )
+        return Response(page)
+
+    def post(self, request: Request) -> Response:
+        limit = settings.FILE_MAX_BYTES
+        # Multipart framing adds a little; a declared length far above the limit is refused unread.
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        if declared > limit + 64 * 1024:
+            raise _too_large()
+        guard = SizeLimitUploadHandler(request._request, max_bytes=limit)
+        request._request.upload_handlers.insert(0, guard)
+        upload = request.FILES.get("file")
+        if guard.exceeded:
+            raise _too_large()
+        purpose = request.data.get("purpose")
+        if upload is None:
+            raise ValidationFailed("Attach the JSONL file as multipart field 'file'.", param="file")
+        if purpose != "batch":
+            raise ValidationFailed(
+                f"purpose must be 'batch', got {purpose!r}.", param="purpose"
+            )
+        file = services.file_create(
+            tenant=request.user, content=upload, filename=upload.name or "upload.jsonl",
+            purpose=purpose, size=upload.size,
+        )
+        return Response(file_render(file), status=200)
+
+
+class FileDetailView(APIView):
+    def get(self, request: Request, file_id: str) -> Response:
+        return Response(file_render(selectors.file_get(tenant=request.user, file_id=file_id)))
+
+    def delete(self, request: Request, file_id: str) -> Response:
+        file = selectors.file_get(tenant=request.user, file_id=file_id)
+        services.file_delete(file=file)
+        return Response({"id": file.id, "object": "file", "deleted": True})
+
+
+class FileContentView(APIView):
+    def get(self, request: Request, file_id: str) -> Any:
+        file = selectors.file_get(tenant=request.user, file_id=file_id)
+        # FileResponse streams in chunks: a 1 GiB result never sits in the web process's memory.
+        return FileResponse(
+            blob_open(file.storage_name), content_type="application/jsonl", filename=file.filename
+        )

@@ -1,0 +1,190 @@
+"""Django settings.
+
+Every value comes from the environment through controlplane.core.env, with embedded defaults that run
+the whole service on one machine with no services (SQLite, kombu's filesystem broker, local storage).
+Production sets DATABASE_URL, CELERY_BROKER_URL and storage variables; see docs/ARCHITECTURE.md.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import dj_database_url
+
+from controlplane.core.env import env_bool, env_float, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("CONTROLPLANE_VAR_DIR", str(BASE_DIR / "var")))
+
+DEBUG = env_bool("DJANGO_DEBUG", False)
+# The embedded default key only protects local runs; production must set DJANGO_SECRET_KEY.
+SECRET_KEY = env_str("DJANGO_SECRET_KEY", "embedded-default-not-for-production")
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "controlplane.core",
+    "controlplane.tenants",
+    "controlplane.files",
+    "controlplane.fleet",
+    "controlplane.batches",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+WSGI_APPLICATION = "controlplane.wsgi.application"
+APPEND_SLASH = False
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+_SQLITE_URL = f"sqlite:///{VAR_DIR / 'db.sqlite3'}"
+DATABASES = {"default": dj_database_url.parse(env_str("DATABASE_URL", _SQLITE_URL), conn_max_age=60)}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Web, worker and beat share one SQLite file: WAL lets readers run beside the one writer, and
+    # IMMEDIATE transactions take the write lock up front instead of failing on lock upgrade.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 30,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+DATABASES["default"]["TEST"] = {"NAME": env_str("DATABASE_TEST_NAME", "test_controlplane")}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+USE_TZ = True
+TIME_ZONE = "UTC"
+LANGUAGE_CODE = "en-us"
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+# Storage: local directory by default; STORAGE_BACKEND=s3 switches to django-storages' S3 backend,
+# configured by its own AWS_* variables (bucket, endpoint) so any S3-compatible store works.
+MEDIA_ROOT = Path(env_str("STORAGE_ROOT", str(VAR_DIR / "storage")))
+if env_str("STORAGE_BACKEND", "local") == "s3":
+    _default_storage = {
+        "BACKEND": "storages.backends.s3.S3Storage",
+        "OPTIONS": {"bucket_name": env_str("AWS_STORAGE_BUCKET_NAME", "controlplane")},
+    }
+else:
+    _default_storage = {"BACKEND": "django.core.files.storage.FileSystemStorage"}
+STORAGES = {
+    "default": _default_storage,
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+# Uploads above this size spill to a temporary file instead of memory; the hard limit is FILE_MAX_BYTES.
+FILE_UPLOAD_MAX_MEMORY_SIZE = 4 * 1024 * 1024
+DATA_UPLOAD_MAX_MEMORY_SIZE = 4 * 1024 * 1024
+FILE_UPLOAD_TEMP_DIR = None
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["controlplane.tenants.auth.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["controlplane.tenants.auth.IsTenant"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": [
+        "rest_framework.parsers.JSONParser",
+        "rest_framework.parsers.MultiPartParser",
+        "rest_framework.parsers.FormParser",
+    ],
+    "EXCEPTION_HANDLER": "controlplane.core.errors.api_exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+
+# --- Product limits -------------------------------------------------------------------------------
+FILE_MAX_BYTES = env_int("FILE_MAX_BYTES", 1024**3, minimum=1)  # 1 GiB, as OpenAI's batch limit
+BATCH_MAX_LINE_BYTES = env_int("BATCH_MAX_LINE_BYTES", 1024 * 1024, minimum=1)
+BATCH_MAX_LINES = env_int("BATCH_MAX_LINES", 5_000_000, minimum=1)
+# A shard should run seconds, not hours: 256 MiniLM lines take about a second on one CPU core.
+SHARD_MAX_LINES = env_int("SHARD_MAX_LINES", 256, minimum=1)
+# Lease long enough for a shard on a slow CPU, short enough that a killed worker's shard is retried
+# quickly; a running shard renews it after every Triton call.
+SHARD_LEASE_SECONDS = env_int("SHARD_LEASE_SECONDS", 60, minimum=1)
+SHARD_MAX_ATTEMPTS = env_int("SHARD_MAX_ATTEMPTS", 5, minimum=1)
+RESCUE_INTERVAL_SECONDS = env_float("RESCUE_INTERVAL_SECONDS", 10.0)
+EXPIRY_INTERVAL_SECONDS = env_float("EXPIRY_INTERVAL_SECONDS", 30.0)
+# Several packed calls in flight keep Triton's dynamic batcher fed while one call's result travels back.
+DISPATCH_INFLIGHT_CALLS = env_int("DISPATCH_INFLIGHT_CALLS", 3, minimum=1)
+# Shortest completion window accepted; OpenAI accepts only 24h, shorter ones exist for tests and demos.
+BATCH_COMPLETION_WINDOWS = env_list("BATCH_COMPLETION_WINDOWS", ["24h"])
+
+# --- Triton ---------------------------------------------------------------------------------------
+TRITON_GRPC_URLS = env_list("TRITON_GRPC_URLS", ["127.0.0.1:8011"])
+TRITON_TIMEOUT_SECONDS = env_float("TRITON_TIMEOUT_SECONDS", 120.0)
+TRITON_MODEL_REPOSITORY = Path(env_str("TRITON_MODEL_REPOSITORY", str(BASE_DIR / "triton_models")))
+
+# --- Celery ---------------------------------------------------------------------------------------
+_broker_dir = VAR_DIR / "broker"
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    for _sub in ("queue", "processed"):
+        (_broker_dir / _sub).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker_dir / "queue"),
+        "data_folder_out": str(_broker_dir / "queue"),
+        "processed_folder": str(_broker_dir / "processed"),
+        "store_processed": False,
+        # The filesystem transport polls; 50 ms keeps a 100-line batch well under a second end to end.
+        "polling_interval": 0.05,
+    }
+else:
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        # Redis re-delivers an unacked task only after this; the shard rescuer is the faster path, so
+        # this is a backstop that must exceed the longest shard.
+        "visibility_timeout": 3600,
+    }
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 900)
+CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 960)
+CELERY_TASK_DEFAULT_QUEUE = "control"
+CELERY_TASK_ROUTES = {"batches.shard_process": {"queue": "shards"}}
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE = {
+    "rescue-expired-leases": {
+        "task": "batches.shards_rescue",
+        "schedule": timedelta(seconds=RESCUE_INTERVAL_SECONDS),
+    },
+    "expire-batches": {
+        "task": "batches.batches_expire",
+        "schedule": timedelta(seconds=EXPIRY_INTERVAL_SECONDS),
+    },
+}
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+}
