@@ -18,14 +18,26 @@ from django.conf import settings
 from controlplane.batches.backend import InferenceBackend
 from controlplane.batches.finalize import batch_try_finalize
 from controlplane.batches.lines import iter_lines
-from controlplane.batches.models import Endpoint, Shard, ShardStatus
+from controlplane.batches.models import Shard, ShardStatus
 from controlplane.batches.packing import (
-    Call, embedding_body, members_per_line, pack_embeddings, pack_tensors, slice_outputs, tensor_body,
+    Call,
+    embedding_body,
+    members_per_line,
+    pack_embeddings,
+    pack_tensors,
+    slice_outputs,
+    tensor_body,
 )
 from controlplane.batches.records import failed_response_record, output_record
 from controlplane.batches.requests import ModelResolver, ParsedLine, parse_line
 from controlplane.batches.shards import (
-    PartSummary, batch_stop_requested, shard_claim, shard_commit, shard_release, shard_renew,
+    PartSummary,
+    batch_stop_requested,
+    shard_claim,
+    shard_commit,
+    shard_release,
+    shard_renew,
+    shard_skip_if_stopping,
 )
 from controlplane.files.models import File
 from controlplane.files.storage import blob_delete, blob_open, blob_save
@@ -49,6 +61,9 @@ class ShardDeferred(Exception):
 def shard_run(*, shard_id: int, owner: str, backend_factory: Callable[[], InferenceBackend]) -> str:
     shard = shard_claim(shard_id=shard_id, owner=owner)
     if shard is None:
+        if shard_skip_if_stopping(shard_id=shard_id):
+            batch_try_finalize(batch_id=Shard.objects.only("batch_id").get(id=shard_id).batch_id)
+            return "skipped"
         return "not_claimed"
     batch = shard.batch
     try:

@@ -13,7 +13,14 @@ from django.utils import timezone
 
 from controlplane.batches import selectors
 from controlplane.batches.models import (
-    ACTIVE_STATUSES, Batch, BatchEvent, BatchStatus, Endpoint, Shard, ShardStatus, StopReason,
+    ACTIVE_STATUSES,
+    Batch,
+    BatchEvent,
+    BatchStatus,
+    Endpoint,
+    Shard,
+    ShardStatus,
+    StopReason,
 )
 from controlplane.batches.validation import validate_input
 from controlplane.batches.windows import parse_completion_window

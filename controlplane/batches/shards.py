@@ -43,6 +43,19 @@ def shard_claim(*, shard_id: int, owner: str) -> Shard | None:
     return shard
 
 
+def shard_skip_if_stopping(*, shard_id: int) -> bool:
+    """A pending shard of a cancelled/expired batch is closed without running (e.g. released after a
+    transient error just as the batch was cancelled). True when this call closed it."""
+    with transaction.atomic():
+        won = Shard.objects.filter(
+            id=shard_id, status=ShardStatus.PENDING, batch__stop_reason__isnull=False
+        ).update(status=ShardStatus.SKIPPED, finished_at=timezone.now(), lease_expires_at=None)
+        if won == 1:
+            shard = Shard.objects.only("batch_id", "index").get(id=shard_id)
+            event_record(batch_id=shard.batch_id, shard_index=shard.index, kind="shard_skipped")
+    return won == 1
+
+
 def shard_renew(*, shard_id: int, attempt: int) -> bool:
     """Extend the lease; False means the lease was lost and the caller must stop without committing."""
     return Shard.objects.filter(id=shard_id, attempt=attempt, status=ShardStatus.RUNNING).update(
@@ -111,23 +124,28 @@ def shards_rescue() -> list[int]:
     now = timezone.now()
     requeue: list[int] = []
     expired = Shard.objects.filter(status=ShardStatus.RUNNING, lease_expires_at__lt=now)
-    for shard in expired.only("id", "attempt", "batch_id", "index"):
-        exhausted = shard.attempt >= settings.SHARD_MAX_ATTEMPTS
+    for shard in expired.select_related("batch").only("id", "attempt", "batch_id", "index", "batch__stop_reason"):
+        # A stopping batch runs nothing new: the dead worker's lines are accounted as cancelled/expired.
+        if shard.batch.stop_reason:
+            new_status = ShardStatus.SKIPPED
+        elif shard.attempt >= settings.SHARD_MAX_ATTEMPTS:
+            new_status = ShardStatus.FAILED
+        else:
+            new_status = ShardStatus.PENDING
+        closed = new_status != ShardStatus.PENDING
         with transaction.atomic():
             won = Shard.objects.filter(id=shard.id, attempt=shard.attempt, status=ShardStatus.RUNNING).update(
-                status=ShardStatus.FAILED if exhausted else ShardStatus.PENDING,
-                lease_owner="", last_error="lease expired: worker lost",
-                lease_expires_at=None if exhausted else now + timedelta(seconds=settings.SHARD_LEASE_SECONDS),
-                finished_at=now if exhausted else None,
+                status=new_status, lease_owner="", last_error="lease expired: worker lost",
+                lease_expires_at=None if closed else now + timedelta(seconds=settings.SHARD_LEASE_SECONDS),
+                finished_at=now if closed else None,
             )
             if won == 1:
                 event_record(batch_id=shard.batch_id, shard_index=shard.index,
-                             kind="shard_failed" if exhausted else "shard_rescued",
-                             message=f"lease of attempt {shard.attempt} expired")
-                if not exhausted:
-                    requeue.append(shard.id)
-                else:
+                             kind=f"shard_rescued_{new_status}", message=f"lease of attempt {shard.attempt} expired")
+                if closed:
                     transaction.on_commit(lambda b=shard.batch_id: _finalize_check(b))
+                else:
+                    requeue.append(shard.id)
     lost = Shard.objects.filter(
         status=ShardStatus.PENDING, lease_expires_at__lt=now, batch__status=BatchStatus.IN_PROGRESS
     ).values_list("id", flat=True)

@@ -15,7 +15,8 @@ _FALSE = {"0", "false", "no", "off", ""}
 
 
 def env_str(name: str, default: str) -> str:
-    return os.environ.get(name, default)
+    """An unset or empty variable means the default, so `FOO= cmd` resets FOO."""
+    return os.environ.get(name) or default
 
 
 def env_int(name: str, default: int, *, minimum: int | None = None) -> int:

@@ -4,6 +4,7 @@ from typing import Any
 
 from django.conf import settings
 from django.http import FileResponse
+from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -69,7 +70,19 @@ class FileDetailView(APIView):
         return Response({"id": file.id, "object": "file", "deleted": True})
 
 
+class _AnyAccept(BaseContentNegotiation):
+    """File content is bytes whatever the client accepts (the openai SDK asks for application/binary)."""
+
+    def select_parser(self, request: Request, parsers: list[Any]) -> Any:
+        return parsers[0]
+
+    def select_renderer(self, request: Request, renderers: list[Any], format_suffix: str | None = None) -> Any:
+        return renderers[0], renderers[0].media_type
+
+
 class FileContentView(APIView):
+    content_negotiation_class = _AnyAccept
+
     def get(self, request: Request, file_id: str) -> Any:
         file = selectors.file_get(tenant=request.user, file_id=file_id)
         # FileResponse streams in chunks: a 1 GiB result never sits in the web process's memory.

@@ -1,0 +1,44 @@
+# The two commands that matter: `make demo` and `make test`. Both install everything first.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The test suite's real services (started by scripts/ensure_services.sh when down).
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/controlplane
+TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
+
+.PHONY: install demo serve test test-unit lint bench bench-quick clean
+
+$(VENV)/.installed: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements.txt
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(PY) scripts/demo.py
+
+serve: install
+	$(PY) scripts/serve.py
+
+test: install
+	bash scripts/ensure_services.sh
+	$(VENV)/bin/ruff check controlplane deploy scripts bench build_engines tests
+	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m pytest -q
+
+test-unit: install
+	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) -m pytest -q -m "not e2e"
+
+lint: install
+	$(VENV)/bin/ruff check controlplane deploy scripts bench build_engines tests
+
+bench: install
+	bash scripts/ensure_services.sh
+	$(PY) bench/run.py
+
+bench-quick: install
+	bash scripts/ensure_services.sh
+	$(PY) bench/run.py --quick
+
+clean:
+	rm -rf var build_engines/out

@@ -1,0 +1,154 @@
+"""Local process runner: Triton, web, Celery worker and beat as child processes of one Python process.
+
+Used by `make demo`, `make serve`, the end-to-end tests and the benchmark, so all four run the stack
+the same way. Production runs the same four commands under Kubernetes or compose (see deploy/)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from controlplane.triton.local_server import (
+    free_port,
+    log_tail,
+    start_local_server,
+    stop_local_server,
+    wait_until_ready,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PYTHON = sys.executable
+BIN = Path(PYTHON).parent
+
+
+@dataclass
+class Stack:
+    var_dir: Path
+    web_port: int = 8000
+    env: dict[str, str] = field(default_factory=dict)
+    worker_concurrency: int = 2
+    with_triton: bool = True
+    with_beat: bool = True
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    triton_grpc_url: str = ""
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.web_port}"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.var_dir / "logs"
+
+    def child_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.env)
+        env["CONTROLPLANE_VAR_DIR"] = str(self.var_dir)
+        env["PYTHONPATH"] = str(REPO_ROOT)
+        env.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+        if self.triton_grpc_url:
+            env["TRITON_GRPC_URLS"] = self.triton_grpc_url
+        return env
+
+    def manage(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [PYTHON, str(REPO_ROOT / "manage.py"), *args], env=self.child_env(), cwd=REPO_ROOT,
+            capture_output=True, text=True,
+        )
+        if check and result.returncode != 0:
+            raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{result.stdout}{result.stderr}")
+        return result
+
+    def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_dir / f"{name}.log", "ab") as log:
+            proc = subprocess.Popen(
+                cmd, env=self.child_env(), cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        self.procs[name] = proc
+        return proc
+
+    def start(self) -> Stack:
+        self.var_dir.mkdir(parents=True, exist_ok=True)
+        if self.with_triton:
+            self.start_triton()
+        self.manage("migrate", "--noinput", "-v0")
+        self._spawn("web", [
+            str(BIN / "gunicorn"), "controlplane.wsgi:application", "-b", f"127.0.0.1:{self.web_port}",
+            # Two processes with a few threads: uploads and downloads stream, so threads mostly wait.
+            "-w", "2", "--threads", "4", "--timeout", "300",
+        ])
+        self.start_worker()
+        if self.with_beat:
+            self._spawn("beat", [
+                str(BIN / "celery"), "-A", "controlplane", "beat", "-l", "info",
+                "-s", str(self.var_dir / "celerybeat-schedule"),
+            ])
+        self._wait_http(f"{self.base_url}/healthz", "web")
+        return self
+
+    def start_triton(self) -> None:
+        ports = free_port(), free_port(), free_port()
+        log = self.log_dir / "triton.log"
+        proc = start_local_server(http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2], log_path=log,
+                                  extra_args=("--exit-timeout-secs=5",))
+        self.procs["triton"] = proc
+        wait_until_ready(f"http://127.0.0.1:{ports[0]}", 90, proc=proc, log_path=log)
+        self.triton_grpc_url = f"127.0.0.1:{ports[1]}"
+
+    def start_worker(self, name: str = "worker") -> subprocess.Popen[bytes]:
+        return self._spawn(name, [
+            str(BIN / "celery"), "-A", "controlplane", "worker", "-l", "info", "-Q", "control,shards",
+            # Threads: a shard mostly waits on Triton; each keeps several calls in flight itself.
+            "-P", "threads", "-c", str(self.worker_concurrency), "-n", f"{name}-{os.getpid()}@%h",
+            "--without-gossip", "--without-mingle",
+        ])
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a process group: what a node failure or the OOM killer does to a worker."""
+        proc = self.procs.pop(name)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def _wait_http(self, url: str, name: str, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.procs[name].poll() is not None:
+                raise RuntimeError(f"{name} exited early:\n{log_tail(self.log_dir / f'{name}.log')}")
+            try:
+                with urllib.request.urlopen(url, timeout=2):
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError(f"{name} not answering at {url}:\n{log_tail(self.log_dir / f'{name}.log')}")
+
+    def stop(self) -> None:
+        for name in ("beat", "web", *[n for n in self.procs if n.startswith("worker")]):
+            proc = self.procs.pop(name, None)
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        triton = self.procs.pop("triton", None)
+        if triton is not None:
+            stop_local_server(triton, timeout_s=15)
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def find_free_port() -> int:
+    return free_port()

@@ -1,0 +1,31 @@
+"""Builders shared by the batches tests."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+from controlplane.files.models import File
+from controlplane.files.services import file_create
+from controlplane.tenants.models import Tenant
+
+
+def embedding_line(custom_id: str, text: str | list[str], model: str = "all-MiniLM-L6-v2", **body: Any) -> dict:
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/embeddings",
+            "body": {"model": model, "input": text, **body}}
+
+
+def tensor_line(custom_id: str, rows: list[list[float]], model: str = "identity") -> dict:
+    flat = [v for row in rows for v in row]
+    return {"custom_id": custom_id, "method": "POST", "url": "/v2/infer",
+            "body": {"model": model, "inputs": [{"name": "INPUT0", "datatype": "FP32",
+                                                  "shape": [len(rows), len(rows[0])], "data": flat}]}}
+
+
+def jsonl(lines: list[Any]) -> bytes:
+    return b"".join((line if isinstance(line, bytes) else json.dumps(line).encode()) + b"\n" for line in lines)
+
+
+def upload(tenant: Tenant, content: bytes, name: str = "input.jsonl") -> File:
+    return file_create(tenant=tenant, content=io.BytesIO(content), filename=name, purpose="batch", size=len(content))

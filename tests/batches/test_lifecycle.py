@@ -1,0 +1,181 @@
+"""Batch lifecycle through the services with a fake backend: validate → shards → run → finalize."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from controlplane.batches import services
+from controlplane.batches.execution import shard_run
+from controlplane.batches.finalize import batch_try_finalize
+from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
+from controlplane.files.models import File
+from controlplane.files.storage import blob_open
+from tests.batches.helpers import embedding_line, jsonl, tensor_line, upload
+from tests.fakes import FakeBackend, fake_embedding
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _create(tenant, lines, endpoint="/v1/embeddings", **kw) -> Batch:
+    file = upload(tenant, jsonl(lines))
+    batch = services.batch_create(tenant=tenant, input_file_id=file.id, endpoint=endpoint,
+                                  completion_window="24h", **kw)
+    return batch
+
+
+def _run_all(batch: Batch, backend: FakeBackend) -> Batch:
+    for shard in Shard.objects.filter(batch=batch).order_by("index"):
+        shard_run(shard_id=shard.id, owner="test", backend_factory=lambda: backend)
+    return Batch.objects.get(id=batch.id)
+
+
+def _read(file_id: str | None) -> list[dict]:
+    if file_id is None:
+        return []
+    with blob_open(File.objects.get(id=file_id).storage_name) as fh:
+        return [json.loads(line) for line in fh]
+
+
+@pytest.fixture
+def eager(settings, monkeypatch):
+    # Tasks enqueued on commit would run in-process; these tests drive the services themselves.
+    monkeypatch.setattr(services, "_enqueue_validate", lambda batch_id: None)
+    monkeypatch.setattr(services, "enqueue_shards", lambda ids: None)
+    monkeypatch.setattr(services, "_enqueue_finalize_check", lambda batch_id: None)
+    settings.SHARD_MAX_LINES = 4
+
+
+def test_embeddings_batch_completes_in_input_order(tenant, eager):
+    texts = [f"sentence number {i} " + "word " * (i % 5) for i in range(10)]
+    lines = [embedding_line(f"req-{i}", t) for i, t in enumerate(texts)]
+    lines[3] = embedding_line("req-3", [texts[3], "second input"])
+    batch = _create(tenant, lines, metadata={"team": "search"})
+    services.batch_validate(batch_id=batch.id)
+    batch.refresh_from_db()
+    assert batch.status == BatchStatus.IN_PROGRESS
+    assert batch.total_lines == 10
+    assert list(Shard.objects.filter(batch=batch).values_list("request_count", flat=True)) == [4, 4, 2]
+
+    backend = FakeBackend()
+    batch = _run_all(batch, backend)
+
+    assert batch.status == BatchStatus.COMPLETED
+    assert (batch.completed_lines, batch.failed_lines) == (10, 0)
+    output = _read(batch.output_file_id)
+    assert [r["custom_id"] for r in output] == [f"req-{i}" for i in range(10)]
+    first = output[0]["response"]
+    assert first["status_code"] == 200
+    assert first["body"]["object"] == "list"
+    assert first["body"]["data"][0]["embedding"] == pytest.approx(fake_embedding(texts[0]).tolist(), abs=1e-6)
+    assert [d["index"] for d in output[3]["response"]["body"]["data"]] == [0, 1]
+    assert batch.error_file_id is None
+    # Length-sorted packing: within each call, texts are in non-decreasing length order.
+    for call in backend.calls:
+        lengths = [len(row[0]) for row in call["TEXT"]]
+        assert lengths == sorted(lengths)
+
+
+def test_tensor_batch_stacks_rows_and_splits_results(tenant, eager):
+    lines = [tensor_line(f"t{i}", [[float(i), 1.0, 2.0]] * (1 + i % 3)) for i in range(6)]
+    batch = _create(tenant, lines, endpoint="/v2/infer")
+    services.batch_validate(batch_id=batch.id)
+    backend = FakeBackend()
+    batch = _run_all(batch, backend)
+    assert batch.status == BatchStatus.COMPLETED, batch.errors
+    output = _read(batch.output_file_id)
+    for i, record in enumerate(output):
+        out = record["response"]["body"]["outputs"][0]
+        assert out["name"] == "OUTPUT0" and out["shape"] == [1 + i % 3, 3]
+        assert out["data"][0] == float(i)
+    # Four lines per shard, stacked into one Triton call per shard.
+    assert len(backend.calls) == 2
+
+
+def test_permanent_error_is_pinned_to_its_line(tenant, eager):
+    lines = [embedding_line(f"r{i}", "REJECT me" if i == 2 else f"fine {i}") for i in range(4)]
+    batch = _create(tenant, lines)
+    services.batch_validate(batch_id=batch.id)
+    batch = _run_all(batch, FakeBackend())
+    assert batch.status == BatchStatus.COMPLETED
+    assert (batch.completed_lines, batch.failed_lines) == (3, 1)
+    errors = _read(batch.error_file_id)
+    assert [e["custom_id"] for e in errors] == ["r2"]
+    assert errors[0]["response"]["status_code"] == 400
+    assert "rejected" in errors[0]["response"]["body"]["error"]["message"]
+
+
+def test_stale_attempt_cannot_commit(tenant, eager):
+    from controlplane.batches.shards import PartSummary, shard_claim, shard_commit, shards_rescue
+
+    batch = _create(tenant, [embedding_line("a", "x")])
+    services.batch_validate(batch_id=batch.id)
+    shard = Shard.objects.get(batch=batch)
+    first = shard_claim(shard_id=shard.id, owner="w1")
+    assert first is not None and first.attempt == 1
+    assert shard_claim(shard_id=shard.id, owner="w2") is None  # held
+    # Worker 1 is presumed dead: its lease expires and the rescuer hands the shard out again.
+    Shard.objects.filter(id=shard.id).update(lease_expires_at="2000-01-01T00:00:00Z")
+    shards_rescue()
+    second = shard_claim(shard_id=shard.id, owner="w2")
+    assert second is not None and second.attempt == 2
+    summary = PartSummary(part_name="parts/x", completed=1, failed=0, prompt_tokens=1, stopped=False)
+    assert shard_commit(shard_id=shard.id, attempt=1, summary=summary) is False
+    assert shard_commit(shard_id=shard.id, attempt=2, summary=summary) is True
+    assert shard_commit(shard_id=shard.id, attempt=2, summary=summary) is False  # exactly once
+    assert Batch.objects.get(id=batch.id).completed_lines == 1
+
+
+def test_cancel_keeps_finished_lines_and_accounts_for_the_rest(tenant, eager):
+    lines = [embedding_line(f"r{i}", f"text {i}") for i in range(12)]
+    batch = _create(tenant, lines)
+    services.batch_validate(batch_id=batch.id)
+    first_shard = Shard.objects.get(batch=batch, index=0)
+    shard_run(shard_id=first_shard.id, owner="t", backend_factory=FakeBackend)
+    services.batch_cancel(batch=Batch.objects.get(id=batch.id))
+    assert Batch.objects.get(id=batch.id).status == BatchStatus.CANCELLING
+    batch_try_finalize(batch_id=batch.id)
+    batch = Batch.objects.get(id=batch.id)
+    assert batch.status == BatchStatus.CANCELLED and batch.cancelled_at is not None
+    output, errors = _read(batch.output_file_id), _read(batch.error_file_id)
+    assert [r["custom_id"] for r in output] == [f"r{i}" for i in range(4)]
+    assert [r["custom_id"] for r in errors] == [f"r{i}" for i in range(4, 12)]
+    assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
+    assert set(Shard.objects.filter(batch=batch).values_list("status", flat=True)) == {
+        ShardStatus.SUCCEEDED, ShardStatus.SKIPPED}
+
+
+def test_expiry_marks_unfinished_lines_batch_expired(tenant, eager):
+    from django.utils import timezone
+
+    lines = [embedding_line(f"r{i}", f"text {i}") for i in range(8)]
+    batch = _create(tenant, lines)
+    services.batch_validate(batch_id=batch.id)
+    shard_run(shard_id=Shard.objects.get(batch=batch, index=1).id, owner="t", backend_factory=FakeBackend)
+    Batch.objects.filter(id=batch.id).update(expires_at=timezone.now())
+    assert services.batches_expire() == [batch.id]
+    batch_try_finalize(batch_id=batch.id)
+    batch = Batch.objects.get(id=batch.id)
+    assert batch.status == BatchStatus.EXPIRED
+    assert [r["custom_id"] for r in _read(batch.output_file_id)] == [f"r{i}" for i in range(4, 8)]
+    errors = _read(batch.error_file_id)
+    assert [r["custom_id"] for r in errors] == [f"r{i}" for i in range(4)]
+    assert {e["error"]["code"] for e in errors} == {"batch_expired"}
+
+
+def test_transient_failure_releases_shard_for_retry(tenant, eager, settings):
+    from controlplane.batches.execution import ShardDeferred
+
+    settings.SHARD_MAX_ATTEMPTS = 2
+    batch = _create(tenant, [embedding_line("a", "x")])
+    services.batch_validate(batch_id=batch.id)
+    shard = Shard.objects.get(batch=batch)
+    with pytest.raises(ShardDeferred):
+        shard_run(shard_id=shard.id, owner="t", backend_factory=lambda: FakeBackend(transient_failures=99))
+    assert Shard.objects.get(id=shard.id).status == ShardStatus.PENDING
+    assert shard_run(shard_id=shard.id, owner="t", backend_factory=lambda: FakeBackend(transient_failures=99)) == "failed"
+    batch = Batch.objects.get(id=batch.id)
+    assert batch.status == BatchStatus.COMPLETED
+    errors = _read(batch.error_file_id)
+    assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [("a", "internal_error")]

@@ -1,0 +1,86 @@
+"""The whole stack as users run it: gunicorn, a Celery worker and beat as real processes, real Postgres
+and Redis, and a real tritonserver (shared with tests/triton through the session fixture)."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+
+from deploy.local.stack import Stack, find_free_port
+from tests.triton_fixture import pytest_runtest_makereport, triton_model_repository, triton_server
+
+ADMIN_DB_URL = os.environ.get("E2E_ADMIN_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+BROKER_URL = os.environ.get("E2E_BROKER_URL", "redis://127.0.0.1:6379/14")
+
+
+class E2E:
+    """The running stack plus what tests need to look at it from outside."""
+
+    def __init__(self, stack: Stack, db_url: str, api_key: str):
+        self.stack = stack
+        self.db_url = db_url
+        self.api_key = api_key
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.stack.base_url}/v1"
+
+    def sdk(self, api_key: str | None = None):
+        from openai import OpenAI
+
+        return OpenAI(base_url=self.base_url, api_key=api_key or self.api_key, max_retries=0, timeout=60)
+
+    def new_tenant(self, name: str) -> str:
+        return self.stack.manage("tenant_create", name).stdout.strip().splitlines()[-1]
+
+    def sql(self, query: str, *params: object) -> list[tuple]:
+        with psycopg.connect(self.db_url, autocommit=True) as conn:
+            return conn.execute(query, params).fetchall()
+
+    def wait_status(self, client, batch_id: str, statuses: set[str], timeout_s: float = 180):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            batch = client.batches.retrieve(batch_id)
+            if batch.status in statuses:
+                return batch
+            time.sleep(0.2)
+        raise AssertionError(f"batch {batch_id} still {batch.status} after {timeout_s}s\n"
+                             f"{self.stack.log_dir}/worker.log")
+
+
+@pytest.fixture(scope="session")
+def e2e(triton_server, tmp_path_factory) -> Iterator[E2E]:
+    db_name = f"cp_e2e_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(ADMIN_DB_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{db_name}"')
+    db_url = ADMIN_DB_URL.rsplit("/", 1)[0] + f"/{db_name}"
+    redis.Redis.from_url(BROKER_URL).flushdb()
+    var_dir = Path(tmp_path_factory.mktemp("stack"))
+    env = {
+        "DATABASE_URL": db_url,
+        "CELERY_BROKER_URL": BROKER_URL,
+        # Small shards and short leases make several shards per batch and a quick rescue.
+        "SHARD_MAX_LINES": "16",
+        "SHARD_LEASE_SECONDS": "3",
+        "RESCUE_INTERVAL_SECONDS": "1",
+        "EXPIRY_INTERVAL_SECONDS": "1",
+        "BATCH_COMPLETION_WINDOWS": "24h,8s",
+        "FILE_MAX_BYTES": str(2 * 1024 * 1024),
+    }
+    stack = Stack(var_dir=var_dir, web_port=find_free_port(), env=env, with_triton=False,
+                  triton_grpc_url=triton_server.grpc_url)
+    stack.start()
+    try:
+        key = stack.manage("tenant_create", "e2e-tenant").stdout.strip().splitlines()[-1]
+        yield E2E(stack, db_url, key)
+    finally:
+        stack.stop()
+        with psycopg.connect(ADMIN_DB_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')

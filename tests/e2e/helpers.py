@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import io
+import json
+import random
+
+WORDS = ("batch shard worker triton model tenant embedding request output error lease attempt queue "
+         "placement fleet latency throughput cancel expire finalize validate").split()
+
+
+def embedding_lines(n: int, *, seed: int = 0, prefix: str = "req") -> list[dict]:
+    rng = random.Random(seed)
+    return [
+        {"custom_id": f"{prefix}-{i:05d}", "method": "POST", "url": "/v1/embeddings",
+         "body": {"model": "all-MiniLM-L6-v2", "input": " ".join(rng.choices(WORDS, k=rng.randint(3, 40)))}}
+        for i in range(n)
+    ]
+
+
+def as_file(lines: list[dict], name: str = "input.jsonl") -> tuple[str, io.BytesIO]:
+    return name, io.BytesIO(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+
+
+def submit(client, lines: list[dict], *, endpoint: str = "/v1/embeddings", window: str = "24h", metadata=None):
+    uploaded = client.files.create(file=as_file(lines), purpose="batch")
+    return client.batches.create(input_file_id=uploaded.id, endpoint=endpoint, completion_window=window,
+                                 metadata=metadata)
+
+
+def read_jsonl(client, file_id: str | None) -> list[dict]:
+    if file_id is None:
+        return []
+    return [json.loads(line) for line in client.files.content(file_id).text.splitlines() if line]
+
+
+def assert_exactly_once(client, batch, lines: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Every input custom_id appears exactly once across output and error files, in input order."""
+    output, errors = read_jsonl(client, batch.output_file_id), read_jsonl(client, batch.error_file_id)
+    seen = [r["custom_id"] for r in output] + [r["custom_id"] for r in errors]
+    expected = [line["custom_id"] for line in lines]
+    assert len(seen) == len(set(seen)), "a custom_id appears twice"
+    assert sorted(seen) == sorted(expected), "a custom_id is missing or unknown"
+    order = {cid: i for i, cid in enumerate(expected)}
+    for records in (output, errors):
+        positions = [order[r["custom_id"]] for r in records]
+        assert positions == sorted(positions), "results are not in input order"
+    assert batch.request_counts.completed == len(output)
+    assert batch.request_counts.failed == len(errors)
+    return output, errors
