@@ -1,0 +1,111 @@
+"""Every kind of bad line fails validation with its line number and a message saying what to fix."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from controlplane.batches.validation import validate_input
+from tests.batches.helpers import embedding_line, jsonl, tensor_line
+
+pytestmark = pytest.mark.django_db
+
+
+def _validate(content: bytes, endpoint: str = "/v1/embeddings", **kw):
+    options = {"max_line_bytes": 4096, "max_lines": 1000, "shard_lines": 3} | kw
+    return validate_input(io.BytesIO(content), endpoint=endpoint, **options)
+
+
+def _codes(result) -> list[tuple[int | None, str]]:
+    return [(e["line"], e["code"]) for e in result.errors]
+
+
+def test_valid_file_plans_contiguous_shards_with_byte_ranges(catalogue):
+    lines = [embedding_line(f"r{i}", f"text {i}") for i in range(7)]
+    content = jsonl(lines[:3]) + b"\n" + jsonl(lines[3:])  # a blank line is skipped, not an error
+    result = _validate(content)
+    assert result.ok and result.total == 7 and result.model == "all-MiniLM-L6-v2"
+    assert [(s.start_line, s.end_line, s.request_count) for s in result.shards] == [(1, 3, 3), (5, 7, 3), (8, 8, 1)]
+    for shard in result.shards:
+        first = content[shard.start_byte:shard.end_byte].split(b"\n")[0]
+        assert json.loads(first)["custom_id"] == lines[shard.start_line - 1 - (shard.start_line > 4)]["custom_id"]
+    assert result.shards[-1].end_byte == len(content)
+
+
+@pytest.mark.parametrize(
+    ("bad", "code", "needle"),
+    [
+        (b"{not json", "invalid_json", "not valid JSON"),
+        (b"[1, 2]", "invalid_request", "JSON object"),
+        (json.dumps({"method": "POST", "url": "/v1/embeddings", "body": {}}).encode(), "missing_custom_id", "custom_id"),
+        (json.dumps({**embedding_line("x", "t"), "method": "GET"}).encode(), "invalid_method", "POST"),
+        (json.dumps({**embedding_line("x", "t"), "url": "/v1/chat/completions"}).encode(), "mismatched_url", "/v1/embeddings"),
+        (json.dumps(embedding_line("x", "t", model="gpt-7")).encode(), "model_not_found", "gpt-7"),
+        (json.dumps(embedding_line("x", "t", model="identity")).encode(), "invalid_model", "/v1/embeddings"),
+        (json.dumps(embedding_line("x", [1, 2, 3])).encode(), "invalid_input", "token arrays"),
+        (json.dumps(embedding_line("x", 42)).encode(), "invalid_input", "string"),
+        (json.dumps(embedding_line("x", "")).encode(), "invalid_input", "empty"),
+        (json.dumps(embedding_line("x", "t", dimensions=128)).encode(), "invalid_value", "384"),
+        (json.dumps({**embedding_line("x", "t"), "body": "text"}).encode(), "invalid_body", "object"),
+    ],
+)
+def test_bad_line_is_reported_with_its_line_number(catalogue, bad, code, needle):
+    content = jsonl([embedding_line("ok-1", "fine"), bad, embedding_line("ok-2", "fine")])
+    result = _validate(content)
+    assert not result.ok
+    assert _codes(result) == [(2, code)]
+    assert needle in result.errors[0]["message"]
+
+
+def test_duplicate_custom_id_names_the_first_line(catalogue):
+    result = _validate(jsonl([embedding_line("a", "x"), embedding_line("b", "y"), embedding_line("a", "z")]))
+    assert _codes(result) == [(3, "duplicate_custom_id")]
+    assert "line 1" in result.errors[0]["message"]
+
+
+def test_mixed_models_are_rejected(catalogue):
+    result = _validate(jsonl([embedding_line("a", "x"), embedding_line("b", "y", model="sentence-transformers/all-MiniLM-L6-v2")]))
+    assert _codes(result) == [(2, "mixed_models")]
+
+
+def test_empty_file_and_blank_only_file(catalogue):
+    assert _codes(_validate(b"")) == [(None, "empty_file")]
+    assert _codes(_validate(b"\n  \n")) == [(None, "empty_file")]
+
+
+def test_too_long_line_is_skipped_in_bounded_memory(catalogue):
+    long_line = json.dumps(embedding_line("big", "word " * 5000)).encode()
+    result = _validate(jsonl([embedding_line("a", "x"), long_line, embedding_line("c", "y")]), max_line_bytes=1024)
+    assert _codes(result) == [(2, "line_too_long")]
+
+
+def test_too_many_lines(catalogue):
+    result = _validate(jsonl([embedding_line(f"r{i}", "x") for i in range(5)]), max_lines=3)
+    assert _codes(result) == [(4, "too_many_requests")]
+
+
+def test_error_list_is_capped_but_counted(catalogue):
+    result = _validate(b"{bad\n" * 150)
+    assert len(result.errors) == 100 and result.error_count == 150
+
+
+@pytest.mark.parametrize(
+    ("mutate", "code"),
+    [
+        (lambda b: b["inputs"][0].update(name="INPUT9"), "invalid_input_name"),
+        (lambda b: b["inputs"][0].update(datatype="INT64"), "invalid_datatype"),
+        (lambda b: b["inputs"][0].update(shape=[2]), "invalid_shape"),
+        (lambda b: b["inputs"][0].update(shape=[300, 1]), "invalid_shape"),
+        (lambda b: b["inputs"][0].update(data=[1.0]), "invalid_data"),
+        (lambda b: b["inputs"][0].update(data=["a", "b", "c"]), "invalid_data"),
+        (lambda b: b.update(inputs=[]), "invalid_inputs"),
+        (lambda b: b.update(outputs=[{"name": "NOPE"}]), "invalid_output_name"),
+    ],
+)
+def test_tensor_lines_are_checked_against_the_catalogue(catalogue, mutate, code):
+    line = tensor_line("t", [[1.0, 2.0, 3.0]])
+    mutate(line["body"])
+    result = _validate(jsonl([line]), endpoint="/v2/infer")
+    assert _codes(result) == [(1, code)]
