@@ -1,0 +1,153 @@
+"""`python -m build_engines {export,verify,build,emit,all} SPEC` and `validate-configs`.
+
+Exit codes: 0 ok, 1 other failure (e.g. an artefact a step needs is missing), 2 bad spec or bad config, 3 verify
+failed, 4 cannot run on this machine. Errors print as one `error:` block on stderr, never a traceback,
+because the message (which names the spec field to fix) is the useful part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from build_engines.errors import BuildEnginesError, CannotRunHere, SpecError
+from build_engines.spec import ModelSpec, load_spec
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+# Keep a build hermetic: weights come from installed packages, never from a model hub download.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # weight-loading bars drown the parity table
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m build_engines", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    help_text = {
+        "export": "torch -> ONNX (checked with onnx.checker)",
+        "verify": "ONNX Runtime CPU vs torch at min/opt/max shapes and on the spec's corpus",
+        "build": "ONNX -> TensorRT plan per precision (needs an NVIDIA GPU and tensorrt)",
+        "emit": "write Triton model folders (<name>_onnx, <name>_trt, <name>_ort)",
+        "all": "export, verify, emit, then build (a build that cannot run here is reported, not fatal)",
+    }
+    for name, text in help_text.items():
+        sub = commands.add_parser(name, help=text, description=text)
+        sub.add_argument("spec", help="spec file, or a model name from build_engines/specs/")
+        sub.add_argument("--out", type=Path, help="artefact directory (default build_engines/out/<name>/)")
+        if name in ("verify", "all"):
+            sub.add_argument("--seed", type=int, help="replay the random inputs of an earlier run")
+            sub.add_argument(
+                "--shape",
+                action="append",
+                default=[],
+                metavar="AXIS=N[,AXIS=N]",
+                help="also verify at these axis sizes (must lie inside the profile)",
+            )
+        if name in ("build", "all"):
+            sub.add_argument(
+                "--precision",
+                action="append",
+                choices=("fp32", "fp16"),
+                help="build only this precision (repeatable; default: all in the spec)",
+            )
+        if name in ("emit", "all"):
+            sub.add_argument("--models-dir", type=Path, help="Triton model repository (default triton_models/)")
+        if name == "all":
+            sub.add_argument(
+                "--require-trt", action="store_true", help="fail (exit 4) when the TensorRT build cannot run here"
+            )
+    validate = commands.add_parser("validate-configs", help="parse every config.pbtxt with Triton's schema")
+    validate.add_argument("--models-dir", type=Path, help="Triton model repository (default triton_models/)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    command = "python -m build_engines " + shlex.join(sys.argv[1:] if argv is None else argv)
+    try:
+        return _run(args, command)
+    except BuildEnginesError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+def _run(args: argparse.Namespace, command: str) -> int:
+    from build_engines.emit import DEFAULT_MODELS_DIR
+
+    if args.command == "validate-configs":
+        from build_engines.validate import validate_model_repository
+
+        models_dir = args.models_dir or DEFAULT_MODELS_DIR
+        errors = validate_model_repository(models_dir)
+        for error in errors:
+            print(f"error: {error}", file=sys.stderr)
+        print(f"{models_dir}: {'OK' if not errors else f'{len(errors)} problem(s)'}")
+        return 2 if errors else 0
+
+    spec = load_spec(args.spec)
+    out_dir = (args.out or PACKAGE_DIR / "out" / spec.name).resolve()
+    steps = {"export": _export, "verify": _verify, "emit": _emit, "build": _build}
+    if args.command != "all":
+        return steps[args.command](spec, out_dir, args, command)
+    for name in ("export", "verify", "emit"):
+        print(f"== {name}")
+        steps[name](spec, out_dir, args, command)
+    print("== build")
+    try:
+        return _build(spec, out_dir, args, command)
+    except CannotRunHere as exc:
+        if args.require_trt:
+            raise
+        print(f"skipped: {exc}")
+        return 0
+
+
+def _export(spec: ModelSpec, out_dir: Path, args: argparse.Namespace, command: str) -> int:
+    from build_engines.export import export_onnx
+
+    path = export_onnx(spec, out_dir, command=command)
+    print(f"exported {path} (opset {spec.opset})")
+    return 0
+
+
+def _verify(spec: ModelSpec, out_dir: Path, args: argparse.Namespace, command: str) -> int:
+    from build_engines.verify import verify_onnx
+
+    verify_onnx(spec, out_dir, command=command, seed=args.seed, extra_sizes=_parse_shapes(spec, args.shape))
+    return 0
+
+
+def _emit(spec: ModelSpec, out_dir: Path, args: argparse.Namespace, command: str) -> int:
+    from build_engines.emit import DEFAULT_MODELS_DIR, emit_models
+
+    for folder in emit_models(spec, out_dir, args.models_dir or DEFAULT_MODELS_DIR):
+        print(f"emitted {folder}")
+    return 0
+
+
+def _build(spec: ModelSpec, out_dir: Path, args: argparse.Namespace, command: str) -> int:
+    from build_engines.trt_build import build_plans
+
+    for plan in build_plans(
+        spec, out_dir, command=command, precisions=args.precision, seed=getattr(args, "seed", None) or 0
+    ):
+        print(f"built {plan}")
+    return 0
+
+
+def _parse_shapes(spec: ModelSpec, values: list[str]) -> list[dict[str, int]]:
+    shapes = []
+    for value in values:
+        sizes: dict[str, int] = {}
+        for part in value.split(","):
+            axis, _, size = part.partition("=")
+            if not size.strip().isdigit():
+                raise SpecError(spec.path, [("--shape", f"expected AXIS=N[,AXIS=N], got {value!r}")])
+            sizes[axis.strip()] = int(size)
+        shapes.append(sizes)
+    return shapes

@@ -1,0 +1,1 @@
+"""Model factories named by specs (`source = "build_engines.sources.<model>:<function>"`)."""
