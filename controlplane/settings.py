@@ -139,6 +139,23 @@ TRITON_GRPC_URLS = env_list("TRITON_GRPC_URLS", ["127.0.0.1:8011"])
 TRITON_TIMEOUT_SECONDS = env_float("TRITON_TIMEOUT_SECONDS", 120.0)
 TRITON_MODEL_REPOSITORY = Path(env_str("TRITON_MODEL_REPOSITORY", str(BASE_DIR / "triton_models")))
 
+# --- Fleet and placement (docs/ARCHITECTURE.md, "Placement loop") ---------------------------------
+FLEET_HEARTBEAT_INTERVAL_SECONDS = env_float("FLEET_HEARTBEAT_INTERVAL_SECONDS", 5.0)
+# Long enough for a load to finish inside one run; a model load here takes ~15 s.
+FLEET_RECONCILE_INTERVAL_SECONDS = env_float("FLEET_RECONCILE_INTERVAL_SECONDS", 10.0)
+FLEET_RECONCILE_LOCK_SECONDS = env_float("FLEET_RECONCILE_LOCK_SECONDS", 300.0)
+FLEET_PROBE_TIMEOUT_SECONDS = env_float("FLEET_PROBE_TIMEOUT_SECONDS", 2.0)
+# Idle models keep their instances this long after their last work, then scale to min_instances.
+FLEET_IDLE_TTL_SECONDS = env_float("FLEET_IDLE_TTL_SECONDS", 300.0)
+# A new instance must pay back its load time within this horizon of serving the current backlog.
+FLEET_PAYBACK_HORIZON_SECONDS = env_float("FLEET_PAYBACK_HORIZON_SECONDS", 60.0)
+# Demand may move ±20 % around the current size before instances change: no thrash on noise.
+FLEET_HYSTERESIS = env_float("FLEET_HYSTERESIS", 0.2)
+# Longer than the dispatch route cache (1 s), so no new call is routed to a model being unloaded.
+FLEET_UNLOAD_GRACE_SECONDS = env_float("FLEET_UNLOAD_GRACE_SECONDS", 1.5)
+FLEET_BREAKER_FAILURES = env_int("FLEET_BREAKER_FAILURES", 3, minimum=1)
+FLEET_BREAKER_OPEN_SECONDS = env_float("FLEET_BREAKER_OPEN_SECONDS", 30.0)
+
 # --- Celery ---------------------------------------------------------------------------------------
 _broker_dir = VAR_DIR / "broker"
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
@@ -178,6 +195,14 @@ CELERY_BEAT_SCHEDULE = {
     "expire-batches": {
         "task": "batches.batches_expire",
         "schedule": timedelta(seconds=EXPIRY_INTERVAL_SECONDS),
+    },
+    "fleet-heartbeat": {
+        "task": "fleet.heartbeat",
+        "schedule": timedelta(seconds=FLEET_HEARTBEAT_INTERVAL_SECONDS),
+    },
+    "fleet-reconcile": {
+        "task": "fleet.reconcile",
+        "schedule": timedelta(seconds=FLEET_RECONCILE_INTERVAL_SECONDS),
     },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")

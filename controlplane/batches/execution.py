@@ -58,19 +58,25 @@ class ShardDeferred(Exception):
     """Triton stayed unavailable; the shard went back to pending and the task should retry later."""
 
 
-def shard_run(*, shard_id: int, owner: str, backend_factory: Callable[[], InferenceBackend]) -> str:
+def shard_run(*, shard_id: int, owner: str, backend_factory: Callable[[str], InferenceBackend]) -> str:
+    model = _shard_model(shard_id)
+    backend: InferenceBackend | None = None
+    if model is not None:
+        try:
+            backend = backend_factory(model.triton_name)
+        except TransientTritonError as exc:
+            # Nowhere to run it yet (no placement, server down): leave the shard pending, unclaimed.
+            raise ShardDeferred(str(exc)) from exc
     shard = shard_claim(shard_id=shard_id, owner=owner)
-    if shard is None:
+    if shard is None or model is None or backend is None:
         if shard_skip_if_stopping(shard_id=shard_id):
             batch_try_finalize(batch_id=Shard.objects.only("batch_id").get(id=shard_id).batch_id)
             return "skipped"
         return "not_claimed"
     batch = shard.batch
     try:
-        model = CatalogueModel.objects.get(name=batch.model)
         lines = _read_shard(shard)
-        backend = backend_factory()
-        Shard.objects.filter(id=shard.id, attempt=shard.attempt).update(triton_server=backend.server)
+        Shard.objects.filter(id=shard.id, attempt=shard.attempt).update(triton_server=backend.server[:200])
         backend.prepare(model.triton_name)
         runner = _ShardRunner(shard, model, lines, backend)
         entries, stopped = runner.run()
@@ -89,6 +95,11 @@ def shard_run(*, shard_id: int, owner: str, backend_factory: Callable[[], Infere
         return "stale"
     batch_try_finalize(batch_id=batch.id)
     return "stopped" if stopped else "succeeded"
+
+
+def _shard_model(shard_id: int) -> CatalogueModel | None:
+    name = Shard.objects.filter(id=shard_id).values_list("batch__model", flat=True).first()
+    return CatalogueModel.objects.filter(name=name).first() if name else None
 
 
 def _read_shard(shard: Shard) -> dict[int, ParsedLine]:

@@ -11,7 +11,7 @@ import socket
 from celery import shared_task
 
 from controlplane.batches import finalize, services, shards
-from controlplane.batches.backend import backend_for_shard
+from controlplane.batches.backend import backend_for_model
 from controlplane.batches.execution import ShardDeferred, shard_run
 
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
@@ -27,7 +27,7 @@ def batch_validate_task(batch_id: str) -> None:
 @shared_task(name="batches.shard_process", bind=True, max_retries=8)
 def shard_process_task(self, shard_id: int) -> str:  # type: ignore[no-untyped-def]
     try:
-        return shard_run(shard_id=shard_id, owner=WORKER_ID, backend_factory=backend_for_shard)
+        return shard_run(shard_id=shard_id, owner=WORKER_ID, backend_factory=backend_for_model)
     except ShardDeferred as exc:
         raise self.retry(exc=exc, countdown=min(60, 2 ** self.request.retries)) from exc
 

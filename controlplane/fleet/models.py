@@ -12,7 +12,8 @@ class CatalogueModel(models.Model):
     """A model tenants may name in a batch, and the Triton model that serves it."""
 
     name = models.CharField(max_length=200, unique=True, help_text="Name tenants use in request bodies.")
-    triton_name = models.CharField(max_length=200, help_text="Model name in the Triton repository.")
+    # One entry per Triton model: placement, demand and profiles are all per Triton model.
+    triton_name = models.CharField(max_length=200, unique=True, help_text="Model name in the Triton repository.")
     kind = models.CharField(max_length=32, choices=ModelKind.choices)
     max_batch_size = models.PositiveIntegerField(help_text="Rows per Triton call (config.pbtxt).")
     # For tensor models: [{"name": "INPUT0", "datatype": "FP32", "dims": [-1]}] without the batch dim,
@@ -21,6 +22,113 @@ class CatalogueModel(models.Model):
     outputs = models.JSONField(default=list, blank=True)
     embedding_dimensions = models.PositiveIntegerField(null=True, blank=True)
     is_enabled = models.BooleanField(default=True)
+    # Placement profile, read by the planner (fleet/planner.py).
+    memory_per_instance_bytes = models.PositiveBigIntegerField(default=512 * 1024**2)
+    load_seconds = models.FloatField(default=10.0, help_text="Measured on the last load; declared until then")
+    gpus_per_instance = models.PositiveIntegerField(default=1)
+    min_instances = models.PositiveIntegerField(default=0)
+    max_instances = models.PositiveIntegerField(default=4)
+    lines_per_second_per_instance = models.FloatField(default=0.0, help_text="Smoothed measured throughput")
+    pin_server = models.ForeignKey("TritonServer", on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    pin_gpus = models.JSONField(default=list, blank=True)
+    last_active_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return self.name
+
+
+class ServerState(models.TextChoices):
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"
+    DRAINING = "draining"
+    CORDONED = "cordoned"
+
+
+class TritonServer(models.Model):
+    """A Triton process the control plane places models on and sends shards to."""
+
+    name = models.CharField(max_length=100, unique=True)
+    grpc_url = models.CharField(max_length=200, unique=True, help_text="host:port of Triton's gRPC endpoint")
+    metrics_url = models.CharField(max_length=300, blank=True, default="")
+    # Declared GPUs (CPU hosts, tests) run instances as KIND_CPU; real ones as KIND_GPU with gpu ids.
+    real_gpus = models.BooleanField(default=False)
+    state = models.CharField(max_length=16, choices=ServerState.choices, default=ServerState.HEALTHY)
+    # Operators set draining/cordoned; the heartbeat only moves servers between healthy and unhealthy.
+    operator_state = models.CharField(max_length=16, choices=ServerState.choices, null=True, blank=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    breaker_open_until = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Gpu(models.Model):
+    server = models.ForeignKey(TritonServer, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveIntegerField()
+    name = models.CharField(max_length=100, default="declared")
+    total_memory_bytes = models.PositiveBigIntegerField()
+    used_by_others_bytes = models.PositiveBigIntegerField(default=0)
+    utilization = models.FloatField(null=True, blank=True)
+    declared = models.BooleanField(default=True, help_text="Declared in configuration rather than measured")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["server", "index"], name="uniq_gpu_index")]
+        ordering = ["server_id", "index"]
+
+    def __str__(self) -> str:
+        return f"{self.server.name}/gpu{self.index}"
+
+
+class PlacementStatus(models.TextChoices):
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"
+
+
+class Placement(models.Model):
+    """Instances of one model on one server's GPU set, as the reconciler last applied them."""
+
+    model = models.ForeignKey(CatalogueModel, on_delete=models.CASCADE, related_name="placements")
+    server = models.ForeignKey(TritonServer, on_delete=models.CASCADE, related_name="placements")
+    gpus = models.CharField(max_length=64, help_text="Comma-separated GPU indices of this instance group")
+    instances = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=PlacementStatus.choices, default=PlacementStatus.LOADING)
+    failed_until = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    # Triton's own view, from its statistics API (averages since the model was loaded there).
+    avg_queue_ms = models.FloatField(null=True, blank=True)
+    avg_compute_ms = models.FloatField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["model", "server", "gpus"], name="uniq_placement")]
+
+    def __str__(self) -> str:
+        return f"{self.model.triton_name}@{self.server.name} x{self.instances}"
+
+
+class FleetLock(models.Model):
+    """A lease row so only one reconciler runs at a time (works on Postgres and SQLite alike)."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    holder = models.CharField(max_length=200, blank=True, default="")
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+
+class PlacementEvent(models.Model):
+    """Every placement change with who/why/when, shown in the admin."""
+
+    model = models.ForeignKey(CatalogueModel, on_delete=models.SET_NULL, null=True, related_name="+")
+    server = models.ForeignKey(TritonServer, on_delete=models.SET_NULL, null=True, related_name="+")
+    gpus = models.CharField(max_length=64, blank=True, default="")
+    action = models.CharField(max_length=32)
+    before = models.PositiveIntegerField(default=0)
+    after = models.PositiveIntegerField(default=0)
+    reason = models.TextField(blank=True, default="")
+    actor = models.CharField(max_length=100, default="reconciler")
+    ok = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -296,3 +297,14 @@ class TritonClient:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def repository_model_config(model_repository: str | Path, name: str) -> dict[str, Any]:
+    """A model's config.pbtxt from a repository as the JSON that `load_model(config=...)` accepts: the
+    reconciler starts from it and changes only `instance_group`."""
+    from google.protobuf import json_format, text_format
+    from tritonclient.grpc import model_config_pb2
+
+    text = (Path(model_repository) / name / "config.pbtxt").read_text()
+    message = text_format.Parse(text, model_config_pb2.ModelConfig())
+    return json_format.MessageToDict(message, preserving_proto_field_name=True)

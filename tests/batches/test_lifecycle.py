@@ -27,7 +27,7 @@ def _create(tenant, lines, endpoint="/v1/embeddings", **kw) -> Batch:
 
 def _run_all(batch: Batch, backend: FakeBackend) -> Batch:
     for shard in Shard.objects.filter(batch=batch).order_by("index"):
-        shard_run(shard_id=shard.id, owner="test", backend_factory=lambda: backend)
+        shard_run(shard_id=shard.id, owner="test", backend_factory=lambda name: backend)
     return Batch.objects.get(id=batch.id)
 
 
@@ -132,7 +132,7 @@ def test_cancel_keeps_finished_lines_and_accounts_for_the_rest(tenant, eager):
     batch = _create(tenant, lines)
     services.batch_validate(batch_id=batch.id)
     first_shard = Shard.objects.get(batch=batch, index=0)
-    shard_run(shard_id=first_shard.id, owner="t", backend_factory=FakeBackend)
+    shard_run(shard_id=first_shard.id, owner="t", backend_factory=lambda name: FakeBackend())
     services.batch_cancel(batch=Batch.objects.get(id=batch.id))
     assert Batch.objects.get(id=batch.id).status == BatchStatus.CANCELLING
     batch_try_finalize(batch_id=batch.id)
@@ -152,7 +152,7 @@ def test_expiry_marks_unfinished_lines_batch_expired(tenant, eager):
     lines = [embedding_line(f"r{i}", f"text {i}") for i in range(8)]
     batch = _create(tenant, lines)
     services.batch_validate(batch_id=batch.id)
-    shard_run(shard_id=Shard.objects.get(batch=batch, index=1).id, owner="t", backend_factory=FakeBackend)
+    shard_run(shard_id=Shard.objects.get(batch=batch, index=1).id, owner="t", backend_factory=lambda name: FakeBackend())
     Batch.objects.filter(id=batch.id).update(expires_at=timezone.now())
     assert services.batches_expire() == [batch.id]
     batch_try_finalize(batch_id=batch.id)
@@ -172,9 +172,9 @@ def test_transient_failure_releases_shard_for_retry(tenant, eager, settings):
     services.batch_validate(batch_id=batch.id)
     shard = Shard.objects.get(batch=batch)
     with pytest.raises(ShardDeferred):
-        shard_run(shard_id=shard.id, owner="t", backend_factory=lambda: FakeBackend(transient_failures=99))
+        shard_run(shard_id=shard.id, owner="t", backend_factory=lambda name: FakeBackend(transient_failures=99))
     assert Shard.objects.get(id=shard.id).status == ShardStatus.PENDING
-    assert shard_run(shard_id=shard.id, owner="t", backend_factory=lambda: FakeBackend(transient_failures=99)) == "failed"
+    assert shard_run(shard_id=shard.id, owner="t", backend_factory=lambda name: FakeBackend(transient_failures=99)) == "failed"
     batch = Batch.objects.get(id=batch.id)
     assert batch.status == BatchStatus.COMPLETED
     errors = _read(batch.error_file_id)

@@ -66,7 +66,11 @@ def test_duplicate_custom_id_names_the_first_line(catalogue):
 
 
 def test_mixed_models_are_rejected(catalogue):
-    result = _validate(jsonl([embedding_line("a", "x"), embedding_line("b", "y", model="sentence-transformers/all-MiniLM-L6-v2")]))
+    from controlplane.fleet.models import CatalogueModel
+
+    CatalogueModel.objects.create(name="other-embedder", triton_name="other", kind="embeddings",
+                                  max_batch_size=8, embedding_dimensions=384)
+    result = _validate(jsonl([embedding_line("a", "x"), embedding_line("b", "y", model="other-embedder")]))
     assert _codes(result) == [(2, "mixed_models")]
 
 

@@ -1,0 +1,119 @@
+"""Fleet inventory: registering Triton servers and their GPUs, and the heartbeat that keeps health
+current. On GPU hosts memory comes from Triton's own /metrics; on CPU hosts GPUs are declared."""
+
+from __future__ import annotations
+
+import logging
+import re
+import urllib.request
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.fleet.models import Gpu, PlacementEvent, ServerState, TritonServer
+from controlplane.triton.client import TritonClient
+
+logger = logging.getLogger(__name__)
+
+# Two missed heartbeats in a row mark a server unhealthy: one can be a GC pause, two is an outage.
+UNHEALTHY_AFTER_FAILURES = 2
+_METRIC = re.compile(r'^(nv_gpu_memory_total_bytes|nv_gpu_memory_used_bytes|nv_gpu_utilization)\{[^}]*gpu_uuid="([^"]+)"[^}]*\}\s+([0-9.eE+-]+)$')
+
+
+@transaction.atomic
+def server_register(
+    *, name: str, grpc_url: str, gpu_memory_bytes: list[int], metrics_url: str = "", real_gpus: bool = False
+) -> TritonServer:
+    """Create or update a server and its declared GPUs (index i gets gpu_memory_bytes[i])."""
+    server, _ = TritonServer.objects.update_or_create(
+        name=name, defaults={"grpc_url": grpc_url, "metrics_url": metrics_url, "real_gpus": real_gpus}
+    )
+    for index, total in enumerate(gpu_memory_bytes):
+        Gpu.objects.update_or_create(server=server, index=index, defaults={"total_memory_bytes": total})
+    server.gpus.filter(index__gte=len(gpu_memory_bytes)).delete()
+    return server
+
+
+def server_set_operator_state(*, server: TritonServer, state: str | None, actor: str) -> None:
+    """Drain or cordon a server (or clear it with None); the planner does the rest on its next run."""
+    with transaction.atomic():
+        effective = state or (ServerState.UNHEALTHY if server.consecutive_failures >= UNHEALTHY_AFTER_FAILURES
+                              else ServerState.HEALTHY)
+        TritonServer.objects.filter(id=server.id).update(operator_state=state, state=effective)
+        PlacementEvent.objects.create(server=server, action=f"server_{state or 'uncordon'}", actor=actor,
+                                      reason=f"operator set {state or 'normal scheduling'}")
+
+
+def parse_gpu_metrics(text: str) -> list[dict[str, float]]:
+    """Triton's Prometheus text → per-GPU totals, in the order GPUs appear (Triton lists them by index)."""
+    by_uuid: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        match = _METRIC.match(line.strip())
+        if match:
+            by_uuid.setdefault(match.group(2), {})[match.group(1)] = float(match.group(3))
+    return list(by_uuid.values())
+
+
+def _refresh_gpus(server: TritonServer) -> None:
+    with urllib.request.urlopen(server.metrics_url, timeout=3) as response:
+        gpus = parse_gpu_metrics(response.read().decode())
+    for index, metrics in enumerate(gpus):
+        Gpu.objects.update_or_create(server=server, index=index, defaults={
+            "total_memory_bytes": int(metrics.get("nv_gpu_memory_total_bytes", 0)),
+            "used_by_others_bytes": int(metrics.get("nv_gpu_memory_used_bytes", 0)),
+            "utilization": metrics.get("nv_gpu_utilization"),
+            "declared": False, "name": "nvidia",
+        })
+
+
+def fleet_heartbeat() -> dict[str, str]:
+    """Probe every server once; returns name → state."""
+    states = {}
+    for server in TritonServer.objects.all():
+        client = TritonClient(server.grpc_url, timeout_s=settings.FLEET_PROBE_TIMEOUT_SECONDS)
+        try:
+            alive = client.is_live()
+        finally:
+            client.close()
+        now = timezone.now()
+        if alive:
+            if server.real_gpus and server.metrics_url:
+                try:
+                    _refresh_gpus(server)
+                except OSError as exc:
+                    logger.warning("gpu metrics of %s unavailable: %s", server.name, exc)
+            state = server.operator_state or ServerState.HEALTHY
+            TritonServer.objects.filter(id=server.id).update(
+                state=state, consecutive_failures=0, last_heartbeat_at=now
+            )
+        else:
+            failures = server.consecutive_failures + 1
+            state = server.state
+            if failures >= UNHEALTHY_AFTER_FAILURES:
+                state = ServerState.UNHEALTHY
+                if server.state != ServerState.UNHEALTHY:
+                    PlacementEvent.objects.create(server=server, action="server_unhealthy", actor="heartbeat",
+                                                  ok=False, reason=f"{failures} missed heartbeats")
+            TritonServer.objects.filter(id=server.id).update(state=state, consecutive_failures=failures)
+        states[server.name] = state
+    return states
+
+
+def breaker_record(*, server_id: int, ok: bool) -> None:
+    """Circuit breaker: after FLEET_BREAKER_FAILURES transient failures in a row the server gets no
+    work for FLEET_BREAKER_OPEN_SECONDS; the first call after that is the probe."""
+    if ok:
+        TritonServer.objects.filter(id=server_id, consecutive_failures__gt=0).update(
+            consecutive_failures=0, breaker_open_until=None
+        )
+        return
+    server = TritonServer.objects.filter(id=server_id).first()
+    if server is None:
+        return
+    failures = server.consecutive_failures + 1
+    update: dict[str, object] = {"consecutive_failures": failures}
+    if failures >= settings.FLEET_BREAKER_FAILURES:
+        update["breaker_open_until"] = timezone.now() + timedelta(seconds=settings.FLEET_BREAKER_OPEN_SECONDS)
+    TritonServer.objects.filter(id=server_id).update(**update)

@@ -1,0 +1,249 @@
+"""The placement loop: signal → plan → apply. One run at a time (a lease row), make-before-break.
+
+Each run: sync what Triton actually has loaded, read demand, ask the pure planner for the target, and
+apply the difference through Triton's repository API — loads and scale-ups first, then scale-downs and
+unloads — recording every change as a PlacementEvent."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from controlplane.fleet import planner
+from controlplane.fleet import planner_types as pt
+from controlplane.fleet.demand import activity_touch, demand_by_model, throughput_refresh
+from controlplane.fleet.models import (
+    CatalogueModel,
+    FleetLock,
+    Gpu,
+    Placement,
+    PlacementEvent,
+    PlacementStatus,
+    ServerState,
+    TritonServer,
+)
+from controlplane.triton.client import TritonClient, TritonError, repository_model_config
+
+logger = logging.getLogger(__name__)
+HOLDER = f"{socket.gethostname()}:{os.getpid()}"
+# A failed load is not retried on the same server for this long (the planner may still choose it again).
+LOAD_FAILURE_BACKOFF = timedelta(minutes=2)
+
+
+@dataclass
+class ReconcileReport:
+    ran: bool
+    changes: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+
+def lock_acquire(name: str, ttl_s: float) -> bool:
+    now = timezone.now()
+    FleetLock.objects.get_or_create(name=name)
+    won = FleetLock.objects.filter(Q(expires_at__isnull=True) | Q(expires_at__lt=now), name=name).update(
+        holder=HOLDER, expires_at=now + timedelta(seconds=ttl_s)
+    )
+    return won == 1  # 0: another reconciler holds a live lease
+
+
+def lock_release(name: str) -> None:
+    FleetLock.objects.filter(name=name, holder=HOLDER).update(expires_at=None, holder="")
+
+
+def _gpus_text(gpus: tuple[int, ...]) -> str:
+    return ",".join(str(g) for g in gpus)
+
+
+def _gpus_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(g) for g in text.split(",") if g != "")
+
+
+def _client(server: TritonServer) -> TritonClient:
+    return TritonClient(server.grpc_url, timeout_s=settings.TRITON_TIMEOUT_SECONDS)
+
+
+def _sync_actual_state(servers: list[TritonServer]) -> None:
+    """Forget placements a server no longer has (it restarted, or someone unloaded by hand), and read
+    Triton's queue/compute statistics for the ones it does."""
+    for server in servers:
+        if server.state == ServerState.UNHEALTHY:
+            lost = Placement.objects.filter(server=server)
+        else:
+            client = _client(server)
+            try:
+                ready = {m["name"] for m in client.repository_index() if m.get("state") == "READY"}
+                for placement in Placement.objects.filter(server=server, status=PlacementStatus.READY).select_related("model"):
+                    if placement.model.triton_name in ready:
+                        _record_statistics(client, placement)
+            except TritonError:
+                continue
+            finally:
+                client.close()
+            lost = Placement.objects.filter(server=server, status=PlacementStatus.READY).exclude(
+                model__triton_name__in=ready
+            )
+        for placement in lost.select_related("model"):
+            PlacementEvent.objects.create(model=placement.model, server=server, gpus=placement.gpus, action="lost",
+                                          before=placement.instances, ok=False,
+                                          reason=f"server {server.state}: model not loaded there any more")
+            placement.delete()
+
+
+def _record_statistics(client: TritonClient, placement: Placement) -> None:
+    stats = client.model_statistics(placement.model.triton_name)
+    for entry in stats.get("model_stats", []):
+        inference = entry.get("inference_stats", {})
+        count = int(inference.get("success", {}).get("count", 0) or 0)
+        if count:
+            queue_ns = int(inference.get("queue", {}).get("ns", 0) or 0)
+            compute_ns = sum(int(inference.get(k, {}).get("ns", 0) or 0)
+                             for k in ("compute_input", "compute_infer", "compute_output"))
+            Placement.objects.filter(id=placement.id).update(
+                avg_queue_ms=queue_ns / count / 1e6, avg_compute_ms=compute_ns / count / 1e6
+            )
+
+
+def planner_inputs(now: float) -> tuple:
+    servers = list(TritonServer.objects.all())
+    names = {s.id: s.name for s in servers}
+    models = list(CatalogueModel.objects.filter(is_enabled=True).select_related("pin_server"))
+    demand = demand_by_model()
+    activity_touch([name for name, d in demand.items() if d.pending_lines or d.in_flight_shards])
+    demands, profiles = [], []
+    for m in CatalogueModel.objects.filter(id__in=[m.id for m in models]):
+        d = demand.get(m.name)
+        demands.append(pt.ModelDemand(
+            model=m.triton_name, pending_lines=d.pending_lines if d else 0,
+            lines_per_second_per_instance=m.lines_per_second_per_instance,
+            last_active_at=m.last_active_at.timestamp() if m.last_active_at else None,
+            in_flight=d.in_flight_shards if d else 0,
+        ))
+        profiles.append(pt.ModelProfile(
+            model=m.triton_name, memory_per_instance_bytes=m.memory_per_instance_bytes,
+            load_time_s=m.load_seconds, gpus_per_instance=m.gpus_per_instance,
+            min_instances=m.min_instances, max_instances=max(1, m.max_instances),
+            pin_server=m.pin_server.name if m.pin_server else None, pin_gpus=tuple(m.pin_gpus or ()),
+        ))
+    current = [
+        pt.Placement(p.model.triton_name, names[p.server_id], _gpus_tuple(p.gpus), p.instances)
+        for p in Placement.objects.filter(status__in=(PlacementStatus.READY, PlacementStatus.LOADING),
+                                          instances__gt=0, model__is_enabled=True).select_related("model")
+    ]
+    inventory = [pt.Server(s.name, pt.ServerState(s.state)) for s in servers]
+    gpus = [pt.Gpu(names[g.server_id], g.index, g.total_memory_bytes, g.used_by_others_bytes)
+            for g in Gpu.objects.all()]
+    params = pt.PlannerParams(
+        now=now, idle_ttl_s=settings.FLEET_IDLE_TTL_SECONDS, interval_s=settings.FLEET_PAYBACK_HORIZON_SECONDS,
+        hysteresis=settings.FLEET_HYSTERESIS,
+    )
+    return demands, inventory, gpus, profiles, current, params
+
+
+def fleet_reconcile(*, actor: str = "reconciler") -> ReconcileReport:
+    if not lock_acquire("reconcile", ttl_s=settings.FLEET_RECONCILE_LOCK_SECONDS):
+        return ReconcileReport(ran=False)
+    try:
+        throughput_refresh()
+        servers = list(TritonServer.objects.all())
+        _sync_actual_state(servers)
+        result = planner.plan(*planner_inputs(time.time()))
+        return _apply(result, actor)
+    finally:
+        lock_release("reconcile")
+
+
+def _apply(result: pt.Plan, actor: str) -> ReconcileReport:
+    report = ReconcileReport(ran=True)
+    groups: dict[tuple[str, str], list[pt.Change]] = defaultdict(list)
+    order: list[tuple[str, str]] = []
+    for change in result.changes:  # already make-before-break: every addition precedes any removal
+        key = (change.model, change.server_id)
+        if key not in groups:
+            order.append(key)
+        groups[key].append(change)
+    for model_name, server_name in order:
+        model = CatalogueModel.objects.get(triton_name=model_name)
+        server = TritonServer.objects.get(name=server_name)
+        blocked = Placement.objects.filter(model=model, server=server, status=PlacementStatus.FAILED,
+                                           failed_until__gt=timezone.now()).exists()
+        if blocked and any(c.after > c.before for c in groups[(model_name, server_name)]):
+            continue
+        ok, message = _apply_group(model, server, groups[(model_name, server_name)], actor)
+        (report.changes if ok else report.failures).append(message)
+    return report
+
+
+def _apply_group(model: CatalogueModel, server: TritonServer, changes: list[pt.Change], actor: str) -> tuple[bool, str]:
+    target = {_gpus_text(p.gpus): p.instances for p in _current_rows(model, server)}
+    for change in changes:
+        target[_gpus_text(change.gpus)] = change.after
+    target = {gpus: n for gpus, n in target.items() if n > 0}
+    reason = "; ".join(c.reason or c.kind.value for c in changes)
+    summary = f"{model.triton_name}@{server.name}: {', '.join(f'{c.kind.value} gpus[{_gpus_text(c.gpus)}] {c.before}->{c.after}' for c in changes)}"
+    client = _client(server)
+    started = time.monotonic()
+    try:
+        if target:
+            config = repository_model_config(settings.TRITON_MODEL_REPOSITORY, model.triton_name)
+            config["instance_group"] = _instance_groups(server, target)
+            client.load_model(model.triton_name, config=config)
+        elif server.state != ServerState.UNHEALTHY:
+            # Dispatch stops routing here first (rows go before the unload), then in-flight calls finish.
+            Placement.objects.filter(model=model, server=server).delete()
+            time.sleep(settings.FLEET_UNLOAD_GRACE_SECONDS)
+            client.unload_model(model.triton_name)
+    except TritonError as exc:
+        if target:
+            _record_failure(model, server, changes, str(exc), actor)
+            return False, f"{summary}: {exc}"
+        logger.warning("unload of %s on %s failed (ignored, server may be gone): %s", model.triton_name, server.name, exc)
+    finally:
+        client.close()
+    elapsed = time.monotonic() - started
+    with transaction.atomic():
+        Placement.objects.filter(model=model, server=server).exclude(gpus__in=list(target)).delete()
+        for gpus, instances in target.items():
+            Placement.objects.update_or_create(model=model, server=server, gpus=gpus, defaults={
+                "instances": instances, "status": PlacementStatus.READY, "failed_until": None, "last_error": ""})
+        if any(c.before == 0 for c in changes) and target:
+            # Measured load time feeds the planner's payback rule (smoothed: loads vary with host load).
+            CatalogueModel.objects.filter(id=model.id).update(load_seconds=0.5 * model.load_seconds + 0.5 * elapsed)
+        for c in changes:
+            PlacementEvent.objects.create(model=model, server=server, gpus=_gpus_text(c.gpus), action=c.kind.value,
+                                          before=c.before, after=c.after, reason=c.reason or reason, actor=actor)
+    return True, f"{summary} ({elapsed:.1f}s)"
+
+
+def _current_rows(model: CatalogueModel, server: TritonServer) -> list[pt.Placement]:
+    return [pt.Placement(model.triton_name, server.name, _gpus_tuple(p.gpus), p.instances)
+            for p in Placement.objects.filter(model=model, server=server, instances__gt=0)
+            .exclude(status=PlacementStatus.FAILED)]
+
+
+def _instance_groups(server: TritonServer, target: dict[str, int]) -> list[dict]:
+    if server.real_gpus:
+        return [{"count": n, "kind": "KIND_GPU", "gpus": list(_gpus_tuple(g))} for g, n in sorted(target.items())]
+    # Declared GPUs on a CPU host: the instances exist as CPU instances; the memory accounting is the
+    # planner's, against the declared inventory.
+    return [{"count": sum(target.values()), "kind": "KIND_CPU"}]
+
+
+def _record_failure(model: CatalogueModel, server: TritonServer, changes: list[pt.Change], error: str, actor: str) -> None:
+    until = timezone.now() + LOAD_FAILURE_BACKOFF
+    with transaction.atomic():
+        for c in changes:
+            Placement.objects.update_or_create(model=model, server=server, gpus=_gpus_text(c.gpus), defaults={
+                "instances": c.before, "status": PlacementStatus.FAILED if c.before == 0 else PlacementStatus.READY,
+                "failed_until": until, "last_error": error[:2000]})
+            PlacementEvent.objects.create(model=model, server=server, gpus=_gpus_text(c.gpus), action=c.kind.value,
+                                          before=c.before, after=c.after, ok=False, reason=error[:2000], actor=actor)
