@@ -9,17 +9,22 @@ SEED = [
                     {"name": "TOKENS", "datatype": "INT32", "dims": [1]}],
         # ~90 MB of fp32 weights plus activations and the python backend stub: measured ~450 MB RSS.
         "memory_per_instance_bytes": 512 * 1024**2, "load_seconds": 15.0, "max_instances": 2,
+        "lines_per_second_per_instance": 20.0,
     },
     {
         "name": "identity", "triton_name": "identity", "kind": "tensor", "max_batch_size": 256,
         "inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [-1]}],
         "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "dims": [-1]}],
+        # Declared until measured: lets the first reconcile size a flood before any shard has finished.
         "memory_per_instance_bytes": 64 * 1024**2, "load_seconds": 2.0, "max_instances": 4,
+        "lines_per_second_per_instance": 100.0,
     },
     {
         "name": "scale2", "triton_name": "scale2", "kind": "tensor", "max_batch_size": 256,
         "inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [-1]}],
         "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "dims": [-1]}],
+        # Declared until measured: lets the first reconcile size a flood before any shard has finished.
         "memory_per_instance_bytes": 64 * 1024**2, "load_seconds": 2.0, "max_instances": 4,
+        "lines_per_second_per_instance": 100.0,
     },
 ]

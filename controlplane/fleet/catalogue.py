@@ -1,0 +1,145 @@
+"""Catalogue entries for models built by `python -m build_engines`.
+
+The manifest that `export` writes beside every artefact is the contract: this module reads it as plain
+JSON, checks that the file Triton will serve is the one the manifest describes, and takes the interface
+from the emitted config.pbtxt, so a registered entry cannot disagree with what Triton loads.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from controlplane.core.errors import ValidationFailed
+from controlplane.fleet.models import CatalogueModel, ModelKind
+from controlplane.triton.client import repository_model_config
+
+# The tensors the batch runner sends and reads for an embeddings model (batches/packing.py).
+EMBEDDINGS_INTERFACE = {"inputs": {"TEXT": "BYTES"}, "outputs": {"EMBEDDING": "FP32", "TOKENS": "INT32"}}
+TRITON_VERSION = "1"  # the version folder `build_engines emit` writes
+
+# Declared placement profile until the planner measures one. minilm_ort's python-backend stub measured
+# 405 MiB RSS on CPU with 86 MiB of weights loaded (onnxruntime, transformers and the tokenizer are the
+# rest): weights x2 (room for ORT's prepacked copies) + 320 MiB gives ~490 MiB for it and grows with the
+# model. Loading it took 7 s on a quiet 2-core CPU and 16 s at load average 5.5; 15 s matches the seed's
+# torch minilm, which loads the same libraries.
+RUNTIME_OVERHEAD_BYTES = 320 * 1024**2
+DEFAULT_LOAD_SECONDS = 15.0
+
+
+def catalogue_register_from_manifest(
+    *, manifest_path: Path, name: str, triton_name: str, model_repository: Path | None = None
+) -> CatalogueModel:
+    """Create or update the catalogue entry `name` served by Triton model `triton_name`.
+
+    Invariants: the artefact beside the manifest and the copy in `model_repository/<triton_name>/1/`
+    both hash to the manifest's sha256 (else ValidationFailed, nothing written); the emitted config
+    declares the embeddings interface. Updating an entry refreshes its interface but keeps its placement
+    profile, which the planner may have measured since, and its is_enabled, which an operator may have set.
+    """
+    repository = Path(model_repository or settings.TRITON_MODEL_REPOSITORY)
+    manifest = _read_manifest(manifest_path, triton_name)
+    rebuild = f"run `python -m build_engines all {manifest['model']}`"
+    artefact = str(manifest["artefact"])
+    served = repository / triton_name / TRITON_VERSION / artefact
+    for path in dict.fromkeys([manifest_path.parent.resolve() / artefact, served.resolve()]):
+        _check_sha256(path, str(manifest["sha256"]), rebuild)
+
+    config = _emitted_config(repository, triton_name, rebuild)
+    inputs, outputs = _tensors(config.get("input", [])), _tensors(config.get("output", []))
+    _check_embeddings_interface(triton_name, inputs, outputs)
+    interface = {
+        "triton_name": triton_name,
+        "kind": ModelKind.EMBEDDINGS,
+        # Protobuf JSON omits zero values; a model without batching gets one row per call.
+        "max_batch_size": int(config.get("max_batch_size", 0)) or 1,
+        "inputs": inputs,
+        "outputs": outputs,
+        "embedding_dimensions": next(t["dims"][-1] for t in outputs if t["name"] == "EMBEDDING"),
+    }
+    profile = {
+        "memory_per_instance_bytes": 2 * int(manifest.get("bytes") or served.stat().st_size) + RUNTIME_OVERHEAD_BYTES,
+        "load_seconds": DEFAULT_LOAD_SECONDS,
+    }
+    with transaction.atomic():
+        taken = CatalogueModel.objects.filter(triton_name=triton_name).exclude(name=name).first()
+        if taken is not None:
+            raise ValidationFailed(
+                f"Triton model {triton_name!r} is already in the catalogue as {taken.name!r}; "
+                f"register under that name or pass another --triton-name.",
+                param="triton_name",
+            )
+        model, _ = CatalogueModel.objects.update_or_create(
+            name=name, defaults=interface, create_defaults={**interface, **profile}
+        )
+    return model
+
+
+def _read_manifest(path: Path, triton_name: str) -> dict[str, Any]:
+    # Before the manifest is read, the triton name is the best guess at the spec (`minilm_ort` -> minilm).
+    rebuild = f"run `python -m build_engines all {triton_name.rsplit('_', 1)[0]}`"
+    try:
+        manifest = json.loads(path.read_text("utf-8"))
+    except FileNotFoundError:
+        raise ValidationFailed(f"No manifest at {path}: {rebuild} to export and emit the model.") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValidationFailed(f"Cannot read the manifest {path}: {exc}; {rebuild} to write it again.") from exc
+    missing = [key for key in ("artefact", "sha256", "model") if not isinstance(manifest, dict) or key not in manifest]
+    if missing:
+        raise ValidationFailed(f"{path} is not a build_engines manifest (no {', '.join(missing)}); {rebuild}.")
+    return manifest
+
+
+def _check_sha256(path: Path, expected: str, rebuild: str) -> None:
+    if not path.is_file():
+        raise ValidationFailed(f"{path} is missing: {rebuild} to export it and copy it into the Triton repository.")
+    # build_engines hashes with this when it writes the manifest; its manifest module imports no torch.
+    from build_engines.manifest import sha256_file
+
+    actual = sha256_file(path)
+    if actual != expected:
+        raise ValidationFailed(
+            f"{path} has sha256 {actual[:12]}…, the manifest says {expected[:12]}…: the file changed after it "
+            f"was built; {rebuild} to rebuild and re-emit it."
+        )
+
+
+def _emitted_config(repository: Path, triton_name: str, rebuild: str) -> dict[str, Any]:
+    if not (repository / triton_name / "config.pbtxt").is_file():
+        raise ValidationFailed(f"No {repository / triton_name / 'config.pbtxt'}: {rebuild} to emit it.")
+    return repository_model_config(repository, triton_name)
+
+
+def _tensors(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # The catalogue's shape for tensors: KServe datatype names, dims without the batch axis.
+    return [
+        {
+            "name": entry["name"],
+            "datatype": "BYTES" if entry["data_type"] == "TYPE_STRING" else entry["data_type"].removeprefix("TYPE_"),
+            "dims": [int(d) for d in entry.get("dims", [])],
+        }
+        for entry in entries
+    ]
+
+
+def _check_embeddings_interface(triton_name: str, inputs: list[dict[str, Any]], outputs: list[dict[str, Any]]) -> None:
+    declared = {
+        "inputs": {t["name"]: t["datatype"] for t in inputs},
+        "outputs": {t["name"]: t["datatype"] for t in outputs},
+    }
+    wrong = [
+        f"{side[:-1]} {tensor} {datatype}"
+        for side, tensors in EMBEDDINGS_INTERFACE.items()
+        for tensor, datatype in tensors.items()
+        if declared[side].get(tensor) != datatype
+    ]
+    if wrong:
+        raise ValidationFailed(
+            f"Triton model {triton_name!r} lacks the embeddings interface ({', '.join(wrong)}); register the "
+            f"text model `build_engines emit` writes as <name>_ort.",
+            param="triton_name",
+        )
