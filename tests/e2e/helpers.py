@@ -4,8 +4,7 @@ import io
 import json
 import random
 
-WORDS = ("batch shard worker triton model tenant embedding request output error lease attempt queue "
-         "placement fleet latency throughput cancel expire finalize validate").split()
+WORDS = ["batch", "shard", "worker", "triton", "model", "tenant", "embedding", "request", "output", "error", "lease", "attempt", "queue", "placement", "fleet", "latency", "throughput", "cancel", "expire", "finalize", "validate"]
 
 
 def embedding_lines(n: int, *, seed: int = 0, prefix: str = "req") -> list[dict]:
