@@ -35,10 +35,12 @@ lint: install
 bench: install
 	bash scripts/ensure_services.sh
 	$(PY) bench/run.py
+	$(PY) bench/placement.py
 
 bench-quick: install
 	bash scripts/ensure_services.sh
 	$(PY) bench/run.py --quick
+	$(PY) bench/placement.py --quick
 
 clean:
 	rm -rf var build_engines/out

@@ -7,25 +7,20 @@ zero errors — including after one Triton process is SIGKILLed mid-run."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import psycopg
 import pytest
-import redis
 
-from controlplane.triton.local_server import running_local_server
-from deploy.local.stack import Stack, find_free_port
+from deploy.local.fleet import local_fleet
 from tests.e2e.helpers import assert_exactly_once, submit
 
 pytestmark = pytest.mark.e2e
 
-ADMIN_DB_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 BROKER_URL = "redis://127.0.0.1:6379/12"
 GPU_BYTES = 256 * 1024**2
 INSTANCE_BYTES = 64 * 1024**2
@@ -79,38 +74,14 @@ class Watcher(threading.Thread):
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    db_name = f"cp_fleet_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(ADMIN_DB_URL, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{db_name}"')
-    db_url = ADMIN_DB_URL.rsplit("/", 1)[0] + f"/{db_name}"
-    redis.Redis.from_url(BROKER_URL).flushdb()
-    logs = Path(tmp_path_factory.mktemp("fleet"))
-    servers = [running_local_server(log_path=logs / f"triton{i}.log") for i in range(3)]
-    handles = [cm.__enter__() for cm in servers]
     env = {
-        "DATABASE_URL": db_url, "CELERY_BROKER_URL": BROKER_URL, "SHARD_MAX_LINES": "4",
-        "SHARD_LEASE_SECONDS": "3", "RESCUE_INTERVAL_SECONDS": "1",
+        "SHARD_MAX_LINES": "4", "SHARD_LEASE_SECONDS": "3", "RESCUE_INTERVAL_SECONDS": "1",
         "FLEET_RECONCILE_INTERVAL_SECONDS": str(RECONCILE_S), "FLEET_HEARTBEAT_INTERVAL_SECONDS": "1",
         "FLEET_IDLE_TTL_SECONDS": "6", "FLEET_PAYBACK_HORIZON_SECONDS": "5", "FLEET_UNLOAD_GRACE_SECONDS": "1.5",
     }
-    stack = Stack(var_dir=logs / "stack", web_port=find_free_port(), env=env, with_triton=False,
-                  worker_concurrency=2)
-    try:
-        stack.start()
-        register = "; ".join(
-            f"server_register(name='triton{i}', grpc_url='{h.grpc_url}', gpu_memory_bytes=[{GPU_BYTES}])"
-            for i, h in enumerate(handles)
-        )
-        stack.manage("shell", "-c", f"from controlplane.fleet.inventory import server_register; {register}")
-        key = stack.manage("tenant_create", "fleet-tenant").stdout.strip().splitlines()[-1]
-        yield stack, handles, db_url, key
-    finally:
-        stack.stop()
-        for cm in servers:
-            with contextlib.suppress(Exception):  # a server this test killed is already gone
-                cm.__exit__(None, None, None)
-        with psycopg.connect(ADMIN_DB_URL, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+    with local_fleet(Path(tmp_path_factory.mktemp("fleet")), servers=3, gpu_bytes=GPU_BYTES, env=env,
+                     broker_url=BROKER_URL) as running:
+        yield running.stack, running.servers, running.db_url, running.api_key
 
 
 def _wait_done(client, batch_ids: list[str], timeout_s: float = 240) -> list:

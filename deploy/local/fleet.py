@@ -1,0 +1,66 @@
+"""A local multi-server fleet: N tritonserver processes with declared GPUs plus the control-plane stack,
+on a throwaway Postgres database. Used by the placement scenario test and the placement benchmark."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import redis
+
+from controlplane.triton.local_server import LocalTriton, running_local_server
+from deploy.local.stack import Stack, find_free_port
+
+ADMIN_DB_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+@dataclass
+class LocalFleet:
+    stack: Stack
+    servers: list[LocalTriton]
+    db_url: str
+    api_key: str
+
+
+@contextlib.contextmanager
+def local_fleet(
+    work_dir: Path, *, servers: int, gpu_bytes: int, env: dict[str, str], broker_url: str
+) -> Iterator[LocalFleet]:
+    db_name = f"cp_fleet_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(ADMIN_DB_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{db_name}"')
+    db_url = ADMIN_DB_URL.rsplit("/", 1)[0] + f"/{db_name}"
+    redis.Redis.from_url(broker_url).flushdb()
+    with contextlib.ExitStack() as stack_of_servers:
+        handles = [stack_of_servers.enter_context(
+            _tolerant(running_local_server(log_path=work_dir / f"triton{i}.log"))) for i in range(servers)]
+        stack = Stack(var_dir=work_dir / "stack", web_port=find_free_port(),
+                      env={"DATABASE_URL": db_url, "CELERY_BROKER_URL": broker_url, **env}, with_triton=False)
+        try:
+            stack.start()
+            register = "; ".join(
+                f"server_register(name='triton{i}', grpc_url='{h.grpc_url}', gpu_memory_bytes=[{gpu_bytes}])"
+                for i, h in enumerate(handles)
+            )
+            stack.manage("shell", "-c", f"from controlplane.fleet.inventory import server_register; {register}")
+            key = stack.manage("tenant_create", "fleet-tenant").stdout.strip().splitlines()[-1]
+            yield LocalFleet(stack, handles, db_url, key)
+        finally:
+            stack.stop()
+    with psycopg.connect(ADMIN_DB_URL, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def _tolerant(cm: contextlib.AbstractContextManager[LocalTriton]) -> Iterator[LocalTriton]:
+    """Stopping a server that a test killed on purpose must not fail the teardown."""
+    handle = cm.__enter__()
+    try:
+        yield handle
+    finally:
+        with contextlib.suppress(Exception):
+            cm.__exit__(None, None, None)
