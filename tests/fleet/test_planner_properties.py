@@ -1,0 +1,515 @@
+"""Property tests for the placement planner: one property per rule in the planner's docstring.
+
+Memory is in abstract units (the planner only compares integers). Scenarios come in two flavours:
+``clean`` current placements are feasible and valid (fit in memory, respect pins and max_instances) so
+rules about what the planner must *keep* can be stated exactly; ``messy`` ones may be overcommitted or
+violate pins, to check the planner still produces a safe plan from a bad starting point.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import defaultdict
+from dataclasses import dataclass, replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from controlplane.fleet.planner import diff_placements, plan
+from controlplane.fleet.planner_types import (
+    ChangeKind,
+    Gpu,
+    ModelDemand,
+    ModelProfile,
+    Placement,
+    PlannerParams,
+    Server,
+    ServerState,
+)
+
+NOW = 10_000.0
+# PLANNER_EXAMPLES=5000 for a deep run; the default keeps tests/fleet well under a minute on 2 cores.
+SETTINGS = settings(
+    max_examples=int(os.environ.get("PLANNER_EXAMPLES", "150")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+H, C, D, U = ServerState.HEALTHY, ServerState.CORDONED, ServerState.DRAINING, ServerState.UNHEALTHY
+
+
+@pytest.fixture
+def storage_dir():
+    """Shadows the suite-wide autouse fixture, which needs pytest-django; the planner touches no storage,
+    so this module also runs with ``-p no:django``."""
+    return None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    demands: tuple[ModelDemand, ...]
+    servers: tuple[Server, ...]
+    gpus: tuple[Gpu, ...]
+    profiles: tuple[ModelProfile, ...]
+    current: tuple[Placement, ...]
+    params: PlannerParams
+
+    def run(self, current=None, **overrides):
+        args = dict(
+            demands=self.demands,
+            servers=self.servers,
+            gpus=self.gpus,
+            profiles=self.profiles,
+            current=self.current if current is None else current,
+            params=self.params,
+        )
+        args.update(overrides)
+        return plan(**args)
+
+    # -- independent views used by the properties -------------------------------------------------
+    def prof(self, m):
+        return next(p for p in self.profiles if p.model == m)
+
+    def demand(self, m):
+        return next((d for d in self.demands if d.model == m), ModelDemand(m))
+
+    def state(self, sid):
+        return next(s.state for s in self.servers if s.server_id == sid)
+
+    def cap(self):
+        return {(g.server_id, g.index): g.total_memory_bytes - g.used_by_others_bytes for g in self.gpus}
+
+    def used(self, placements):
+        out = defaultdict(int)
+        for p in placements:
+            for i in p.gpus:
+                out[(p.server_id, i)] += p.instances * self.prof(p.model).memory_per_instance_bytes
+        return out
+
+    def count(self, placements, m, states=(H, C)):
+        return sum(p.instances for p in placements if p.model == m and self.state(p.server_id) in states)
+
+
+# Strategies are built once at import: constructing them inside the composite costs more than planning.
+_N_SERVERS, _N_GPUS, _K, _LO = st.integers(1, 3), st.integers(1, 4), st.sampled_from([1, 1, 1, 2]), st.integers(0, 1)
+_PIN_GPUS = {
+    1: st.sampled_from([()] * 6 + [(0, 1), (1, 2, 3), (0,), (1,)]),
+    2: st.sampled_from([()] * 6 + [(0, 1), (1, 2, 3)]),
+}
+_PIN_SERVER = st.sampled_from([None] * 5 + ["s0"])
+_LOAD, _HI, _N_MODELS = st.sampled_from([0, 5, 30, 120]), st.integers(1, 4), st.integers(1, 5)
+_PENDING, _RATE = st.sampled_from([0, 0, 1, 100, 3_000, 50_000]), st.sampled_from([0, 5, 50, 500])
+_LAST = st.sampled_from([None, 0, 10, 100, 250, 400, 1_000, 5_000]).map(lambda ago: None if ago is None else NOW - ago)
+_IN_FLIGHT = st.sampled_from([0, 0, 1])
+_INTERVAL, _HYST = st.sampled_from([30, 60, 300]), st.sampled_from([0, 0.1, 0.25, 0.5])
+_TOTALS = (8, 16, 24, 40, 80)
+
+
+@dataclass(frozen=True)
+class _Knobs:
+    state: st.SearchStrategy
+    total: st.SearchStrategy
+    used: dict
+    mem: st.SearchStrategy
+    ttl: st.SearchStrategy
+    attempts: st.SearchStrategy
+    pending: st.SearchStrategy = _PENDING
+    last: st.SearchStrategy = _LAST
+    demand_row: st.SearchStrategy = st.sampled_from([True, True, False])  # no row: implicitly idle
+
+
+def _attempts(lo, hi):
+    count = st.sampled_from([1, 1, 2, 3])
+    return st.lists(st.tuples(st.integers(0, 4), st.integers(0, 2), st.integers(0, 3), count), min_size=lo, max_size=hi)
+
+
+_GENERAL = _Knobs(
+    st.sampled_from([H, H, H, H, C, D, D, U]),
+    st.sampled_from(_TOTALS),
+    {t: st.integers(0, t // 2) for t in _TOTALS},
+    st.integers(1, 30),
+    st.sampled_from([0, 300, 600, 3_600]),
+    _attempts(0, 8),
+)
+_MESSY = replace(_GENERAL, used={t: st.integers(0, t + 8) for t in _TOTALS})
+# Small, full GPUs and long TTLs, so busy models must evict idle ones.
+_PRESSURE = _Knobs(
+    st.sampled_from([H, H, H, C]),
+    st.sampled_from([8, 16]),
+    {8: st.just(0), 16: st.just(0)},
+    st.integers(3, 10),
+    st.just(3_600),
+    _attempts(4, 14),
+    st.sampled_from([0, 0, 0, 100, 50_000]),
+    st.sampled_from([NOW - 1_000, NOW - 500, NOW - 10]),
+    st.just(True),
+)
+
+
+@st.composite
+def scenarios(draw, messy=False, pressure=False):
+    kn = _PRESSURE if pressure else _MESSY if messy else _GENERAL
+    servers = tuple(Server(f"s{i}", draw(kn.state)) for i in range(draw(_N_SERVERS)))
+    gpus = []
+    for s in servers:
+        for i in range(draw(_N_GPUS)):
+            total = draw(kn.total)
+            gpus.append(Gpu(s.server_id, i, total, draw(kn.used[total])))
+    profiles, demands = [], []
+    for j in range(draw(_N_MODELS)):
+        k, lo = draw(_K), draw(_LO)
+        profiles.append(
+            ModelProfile(f"m{j}", draw(kn.mem), draw(_LOAD), k, lo, draw(_HI), draw(_PIN_SERVER), draw(_PIN_GPUS[k]))
+        )
+        if draw(kn.demand_row):
+            demands.append(ModelDemand(f"m{j}", draw(kn.pending), draw(_RATE), draw(kn.last), draw(_IN_FLIGHT)))
+    params = PlannerParams(now=NOW, idle_ttl_s=draw(kn.ttl), interval_s=draw(_INTERVAL), hysteresis=draw(_HYST))
+    sc = Scenario(tuple(demands), servers, tuple(gpus), tuple(profiles), (), params)
+    # Current placements: random attempts, kept only when valid unless ``messy``.
+    by_server = defaultdict(list)
+    for g in gpus:
+        by_server[g.server_id].append(g.index)
+    current, cap = {}, sc.cap()
+    for mi, si, start, n in draw(kn.attempts):
+        prof, sid = profiles[mi % len(profiles)], servers[si % len(servers)].server_id
+        idx = by_server[sid]
+        if len(idx) < prof.gpus_per_instance:
+            continue
+        chosen = tuple(sorted(idx[(start + t) % len(idx)] for t in range(prof.gpus_per_instance)))
+        pins_ok = (prof.pin_server in (None, sid)) and (not prof.pin_gpus or set(chosen) <= set(prof.pin_gpus))
+        total = sum(v for (m, _, _), v in current.items() if m == prof.model)
+        trial = Placement(prof.model, sid, chosen, n)
+        used = sc.used([Placement(*k, v) for k, v in current.items()] + [trial])
+        fits = all(used[(sid, i)] <= cap[(sid, i)] for i in chosen)
+        if messy or (pins_ok and fits and total + n <= prof.max_instances):
+            current[trial.key] = current.get(trial.key, 0) + n
+    return Scenario(
+        sc.demands, servers, sc.gpus, sc.profiles, tuple(Placement(*k, v) for k, v in current.items()), params
+    )
+
+
+@st.composite
+def eviction_scenarios(draw):
+    """One healthy server whose GPUs are full of idle models of distinct ages; a busy model arrives."""
+    n_gpus, n_idle = draw(st.integers(1, 2)), draw(st.integers(2, 5))
+    gpus = tuple(Gpu("s0", i, 16) for i in range(n_gpus))
+    profiles = [ModelProfile(f"idle{j}", draw(st.integers(2, 8)), 5, 1, draw(_LO), 3) for j in range(n_idle)]
+    ages = draw(st.permutations(range(n_idle)))
+    demands = [ModelDemand(p.model, 0, 10, NOW - 10 * (1 + age)) for p, age in zip(profiles, ages, strict=True)]
+    current, used = [], defaultdict(int)
+    for j, i, n in draw(
+        st.lists(
+            st.tuples(st.integers(0, n_idle - 1), st.integers(0, n_gpus - 1), st.integers(1, 2)), min_size=2, max_size=8
+        )
+    ):
+        prof = profiles[j]
+        if (
+            used[i] + n * prof.memory_per_instance_bytes <= 16
+            and sum(p.instances for p in current if p.model == prof.model) + n <= prof.max_instances
+        ):
+            used[i] += n * prof.memory_per_instance_bytes
+            current.append(Placement(prof.model, "s0", (i,), n))
+    k = draw(st.integers(1, n_gpus))
+    profiles.append(ModelProfile("hot", draw(st.integers(2, 16)), 5, k, 0, 2))
+    demands.append(ModelDemand("hot", draw(st.sampled_from([1, 50_000])), 10, NOW, draw(st.integers(0, 1))))
+    merged = _totals(current)
+    return Scenario(
+        tuple(demands),
+        (Server("s0"),),
+        gpus,
+        tuple(profiles),
+        tuple(Placement(*key, v) for key, v in merged.items()),
+        PlannerParams(now=NOW, idle_ttl_s=3_600),
+    )
+
+
+def _totals(placements):
+    out = defaultdict(int)
+    for p in placements:
+        out[p.key] += p.instances
+    return out
+
+
+# Most properties run on a mix: general fleets, plus small full GPUs where evictions actually happen.
+CLEAN = st.one_of(scenarios(), scenarios(pressure=True), eviction_scenarios())
+MESSY = st.one_of(scenarios(messy=True), scenarios(pressure=True))
+
+
+def want(sc, m):
+    prof, d = sc.prof(m), sc.demand(m)
+    floor = max(prof.min_instances, 1)
+    raw = d.pending_lines / (d.lines_per_second_per_instance * sc.params.interval_s)
+    return raw, min(max(math.ceil(raw), floor), prof.max_instances)
+
+
+@SETTINGS
+@given(MESSY)
+def test_never_exceeds_gpu_memory(sc):
+    out = sc.run()
+    cap, used = sc.cap(), sc.used(out.placements)
+    for gid, u in used.items():
+        assert u == 0 or u <= cap[gid], (gid, u, cap[gid])
+
+
+@SETTINGS
+@given(MESSY)
+def test_server_states(sc):
+    out = sc.run()
+    cur = defaultdict(int)
+    for p in sc.current:
+        cur[p.key] += p.instances
+    for p in out.placements:
+        state = sc.state(p.server_id)
+        assert state is not U
+        if state in (C, D):  # nothing new, nothing bigger
+            assert p.instances <= cur[p.key]
+        if state is D:  # kept only while the model has no other capacity
+            assert sc.count(out.placements, p.model) == 0
+
+
+@SETTINGS
+@given(MESSY)
+def test_gang_and_pins(sc):
+    out = sc.run()
+    gpu_ids = {(g.server_id, g.index) for g in sc.gpus}
+    for p in out.placements:
+        prof = sc.prof(p.model)
+        assert len(p.gpus) == prof.gpus_per_instance
+        assert all((p.server_id, i) in gpu_ids for i in p.gpus)
+        assert prof.pin_server in (None, p.server_id)
+        assert not prof.pin_gpus or set(p.gpus) <= set(prof.pin_gpus)
+
+
+@SETTINGS
+@given(CLEAN)
+def test_work_gets_an_instance_if_it_fits_anywhere(sc):
+    out = sc.run()
+    cap, used = sc.cap(), sc.used(out.placements)
+    evictable = defaultdict(int)  # lower bound: idle models with min_instances=0 can always be evicted
+    for p in out.placements:
+        prof = sc.prof(p.model)
+        if not sc.demand(p.model).busy and prof.min_instances == 0:
+            for i in p.gpus:
+                evictable[(p.server_id, i)] += p.instances * prof.memory_per_instance_bytes
+    for prof in sc.profiles:
+        if not sc.demand(prof.model).busy or sc.count(out.placements, prof.model):
+            continue
+        for s in sc.servers:
+            if s.state is not H or prof.pin_server not in (None, s.server_id):
+                continue
+            room = [
+                g.index
+                for g in sc.gpus
+                if g.server_id == s.server_id
+                and (not prof.pin_gpus or g.index in prof.pin_gpus)
+                and cap[(s.server_id, g.index)] - used[(s.server_id, g.index)] + evictable[(s.server_id, g.index)]
+                >= prof.memory_per_instance_bytes
+            ]
+            assert len(room) < prof.gpus_per_instance, (prof.model, s.server_id, room, out)
+
+
+@SETTINGS
+@given(CLEAN)
+def test_busy_models_are_never_evicted_and_scale_only_to_demand(sc):
+    out = sc.run()
+    for prof in sc.profiles:
+        m, d = prof.model, sc.demand(prof.model)
+        n_all = sc.count(out.placements, m, (H, C, D))
+        assert n_all <= prof.max_instances
+        c_sched, c_all = sc.count(sc.current, m), sc.count(sc.current, m, (H, C, D))
+        if d.busy and c_sched:
+            assert sc.count(out.placements, m) >= 1
+        if d.pending_lines and d.lines_per_second_per_instance:
+            _, w = want(sc, m)
+            assert n_all <= max(w, c_all)
+            assert sc.count(out.placements, m) >= min(c_sched, w)
+
+
+@SETTINGS
+@given(CLEAN)
+def test_idle_models_scale_to_min_after_ttl_and_never_grow(sc):
+    out = sc.run()
+    for prof in sc.profiles:
+        d = sc.demand(prof.model)
+        if d.busy:
+            continue
+        n = sc.count(out.placements, prof.model, (H, C, D))
+        c_sched = sc.count(sc.current, prof.model)
+        if d.last_active_at is None or NOW - d.last_active_at >= sc.params.idle_ttl_s:
+            assert n <= prof.min_instances
+        else:
+            assert n <= max(c_sched, prof.min_instances)
+        # Evictions never go below min_instances, and an idle model is loaded only to reach that floor
+        # (an evicted idle model is not re-placed elsewhere).
+        assert sc.count(out.placements, prof.model) >= min(c_sched, prof.min_instances)
+        grew = [c for c in out.changes if c.model == prof.model and c.after > c.before]
+        assert not grew or c_sched < prof.min_instances, grew
+
+
+@SETTINGS
+@given(CLEAN)
+def test_eviction_takes_least_recently_used_idle_model_first(sc):
+    out = sc.run()
+    cur = {p.key: p.instances for p in sc.current}
+    tgt = {p.key: p.instances for p in out.placements}
+
+    def recency(m):
+        last = sc.demand(m).last_active_at
+        return -math.inf if last is None else last
+
+    for (m2, sid, gpus), n in cur.items():
+        d2 = sc.demand(m2)
+        if d2.busy or sc.state(sid) is not H or tgt.get((m2, sid, gpus), 0) >= n:
+            continue
+        if d2.last_active_at is None or NOW - d2.last_active_at >= sc.params.idle_ttl_s:
+            continue  # shrunk by the TTL, not evicted
+        for prof in sc.profiles:
+            m1 = prof.model
+            if sc.demand(m1).busy or recency(m1) >= recency(m2):
+                continue
+            if sc.count(out.placements, m1) > prof.min_instances:  # older m1 could still give memory
+                still_on = {i for (m, s, g) in tgt if m == m1 and s == sid for i in g}
+                assert any(i not in still_on for i in gpus), (m1, m2, sid, gpus)
+
+
+@SETTINGS
+@given(CLEAN, st.floats(-1.0, 1.0), st.sampled_from([5, 50, 500]), st.data())
+def test_hysteresis_small_demand_change_moves_nothing(sc, wobble, rate, data):
+    candidates = sorted({p.model for p in sc.current if sc.state(p.server_id) is H})
+    if not candidates:
+        return
+    m = data.draw(st.sampled_from(candidates))
+    if any(p.model == m and sc.state(p.server_id) is not H for p in sc.current):
+        return  # relocation off other servers is not a demand change
+    prof, c = sc.prof(m), sc.count(sc.current, m)
+    h, T = sc.params.hysteresis, sc.params.interval_s
+    pending = max(1, round(c * rate * T * (1 + wobble * h)))
+    demand = ModelDemand(m, pending, rate, NOW, 0)
+    sc = Scenario(
+        tuple(d for d in sc.demands if d.model != m) + (demand,),
+        sc.servers,
+        sc.gpus,
+        sc.profiles,
+        sc.current,
+        sc.params,
+    )
+    raw, _ = want(sc, m)
+    floor = max(prof.min_instances, 1)
+    if not (floor <= c <= prof.max_instances and abs(min(max(raw, floor), prof.max_instances) - c) <= h * c):
+        return
+    out = sc.run()
+    assert sorted(p for p in out.placements if p.model == m) == sorted(p for p in sc.current if p.model == m)
+
+
+@SETTINGS
+@given(CLEAN)
+def test_growth_pays_back_its_load_time(sc):
+    out = sc.run()
+    T = sc.params.interval_s
+    for prof in sc.profiles:
+        d = sc.demand(prof.model)
+        n = sc.count(out.placements, prof.model, (H, C, D))
+        base = max(sc.count(sc.current, prof.model, (H, C, D)), prof.min_instances, 1)
+        if n > base:
+            r = d.lines_per_second_per_instance
+            assert d.pending_lines and r
+            assert min(T, d.pending_lines / (n * r)) > prof.load_time_s
+
+
+@SETTINGS
+@given(
+    st.integers(1, 200_000),
+    st.sampled_from([1, 10, 100]),
+    st.sampled_from([0, 1, 10, 100]),
+    st.integers(0, 2),
+    st.integers(1, 8),
+    st.sampled_from([10, 60, 600]),
+)
+def test_instances_proportional_to_demand_with_ample_memory(pending, rate, load, lo, hi, interval):
+    lo = min(lo, hi)
+    prof = ModelProfile("m", 1, load, min_instances=lo, max_instances=hi)
+    out = plan(
+        [ModelDemand("m", pending, rate, NOW)],
+        [Server("s")],
+        [Gpu("s", 0, 1000)],
+        [prof],
+        [],
+        PlannerParams(now=NOW, interval_s=interval),
+    )
+    floor = max(lo, 1)
+    w = min(max(math.ceil(pending / (rate * interval)), floor), hi)
+    worth = [n for n in range(1, w + 1) if min(interval, pending / (n * rate)) > load]
+    assert sum(p.instances for p in out.placements) == max(floor, max(worth, default=0))
+
+
+@SETTINGS
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2), st.integers(0, 3), st.integers(0, 60)),
+        min_size=1,
+        max_size=8,
+        unique_by=lambda t: t[:2],
+    ),
+    st.integers(1, 40),
+)
+def test_best_fit_picks_the_tightest_gpu(gpu_specs, need):
+    gpus = [Gpu(f"s{s}", i, 40 + 40 * (i % 2), min(used, 40)) for s, i, used in gpu_specs]
+    servers = [Server(sid) for sid in sorted({g.server_id for g in gpus})]
+    out = plan([ModelDemand("m", 10, 1, NOW)], servers, gpus, [ModelProfile("m", need, 0)], [], PlannerParams(now=NOW))
+    leftovers = [g.total_memory_bytes - g.used_by_others_bytes - need for g in gpus]
+    fitting = [x for x in leftovers if x >= 0]
+    if not fitting:
+        assert out.placements == ()
+        return
+    (p,) = out.placements
+    g = next(g for g in gpus if (g.server_id, g.index) == (p.server_id, p.gpus[0]))
+    assert g.total_memory_bytes - g.used_by_others_bytes - need == min(fitting)
+
+
+@SETTINGS
+@given(MESSY, st.randoms(use_true_random=False))
+def test_deterministic_and_independent_of_input_order(sc, rnd):
+    def shuffled(xs):
+        xs = list(xs)
+        rnd.shuffle(xs)
+        return xs
+
+    first = sc.run()
+    again = plan(
+        shuffled(sc.demands),
+        shuffled(sc.servers),
+        shuffled(sc.gpus),
+        shuffled(sc.profiles),
+        shuffled(sc.current),
+        sc.params,
+    )
+    assert again == first
+    assert list(first.placements) == sorted(first.placements)
+
+
+@SETTINGS
+@given(MESSY)
+def test_idempotent(sc):
+    first = sc.run()
+    second = sc.run(current=first.placements)
+    assert second.placements == first.placements
+    assert second.changes == ()
+
+
+@SETTINGS
+@given(MESSY)
+def test_changes_are_make_before_break_and_reach_the_target(sc):
+    out = sc.run()
+    kinds = [c.kind for c in out.changes]
+    adds = [k in (ChangeKind.LOAD, ChangeKind.SCALE_UP) for k in kinds]
+    assert adds == sorted(adds, reverse=True)  # every addition precedes every removal
+    state = defaultdict(int)
+    for p in sc.current:
+        state[p.key] += p.instances
+    for c in out.changes:
+        key = (c.model, c.server_id, c.gpus)
+        assert state[key] == c.before and c.reason
+        state[key] = c.after
+    assert {k: v for k, v in state.items() if v} == {p.key: p.instances for p in out.placements}
+    assert diff_placements(out.placements, out.placements) == []
