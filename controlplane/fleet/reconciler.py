@@ -196,6 +196,9 @@ def _apply_group(model: CatalogueModel, server: TritonServer, changes: list[pt.C
         if target:
             config = repository_model_config(settings.TRITON_MODEL_REPOSITORY, model.triton_name)
             config["instance_group"] = _instance_groups(server, target)
+            gang = [g for g in target if "," in g]
+            if server.real_gpus and gang:
+                config.setdefault("parameters", {})["gpu_device_ids"] = {"string_value": ";".join(sorted(gang))}
             client.load_model(model.triton_name, config=config)
         elif server.state != ServerState.UNHEALTHY:
             # Dispatch stops routing here first (rows go before the unload), then in-flight calls finish.
@@ -232,7 +235,17 @@ def _current_rows(model: CatalogueModel, server: TritonServer) -> list[pt.Placem
 
 def _instance_groups(server: TritonServer, target: dict[str, int]) -> list[dict]:
     if server.real_gpus:
-        return [{"count": n, "kind": "KIND_GPU", "gpus": list(_gpus_tuple(g))} for g, n in sorted(target.items())]
+        groups = []
+        for gpus, count in sorted(target.items()):
+            ids = list(_gpus_tuple(gpus))
+            if len(ids) == 1:
+                groups.append({"count": count, "kind": "KIND_GPU", "gpus": ids})
+            else:
+                # Triton's `count` is per listed GPU, so {count, gpus: [0, 1]} would start single-GPU copies.
+                # A gang (tensor-parallel) instance is one KIND_MODEL instance that the backend spreads
+                # over its GPUs itself; _apply_group passes the ids as the `gpu_device_ids` parameter.
+                groups.append({"count": count, "kind": "KIND_MODEL"})
+        return groups
     # Declared GPUs on a CPU host: the instances exist as CPU instances; the memory accounting is the
     # planner's, against the declared inventory.
     return [{"count": sum(target.values()), "kind": "KIND_CPU"}]
