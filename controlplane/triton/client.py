@@ -305,6 +305,9 @@ def repository_model_config(model_repository: str | Path, name: str) -> dict[str
     from google.protobuf import json_format, text_format
     from tritonclient.grpc import model_config_pb2
 
-    text = (Path(model_repository) / name / "config.pbtxt").read_text()
-    message = text_format.Parse(text, model_config_pb2.ModelConfig())
+    path = Path(model_repository) / name / "config.pbtxt"
+    try:
+        message = text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+    except (OSError, text_format.ParseError) as exc:
+        raise PermanentTritonError(f"cannot read the config of {name!r} at {path}: {exc}") from exc
     return json_format.MessageToDict(message, preserving_proto_field_name=True)

@@ -1,0 +1,74 @@
+"""The reconciler against a real tritonserver: loads what demand asks for, records events, notices a
+model that disappeared, and marks a failing load without crashing the loop."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.batches import services
+from controlplane.batches.models import Batch
+from controlplane.fleet.inventory import server_register
+from controlplane.fleet.models import CatalogueModel, Placement, PlacementEvent, PlacementStatus
+from controlplane.fleet.reconciler import fleet_reconcile
+from controlplane.triton.client import TritonClient
+from tests.batches.helpers import jsonl, tensor_line, upload
+from tests.triton_fixture import pytest_runtest_makereport, triton_model_repository, triton_server
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def fleet(triton_server, tenant, monkeypatch, settings):
+    monkeypatch.setattr(services, "enqueue_shards", lambda ids: None)
+    monkeypatch.setattr(services, "_enqueue_validate", lambda batch_id: None)
+    settings.FLEET_UNLOAD_GRACE_SECONDS = 0
+    server = server_register(name="t0", grpc_url=triton_server.grpc_url, gpu_memory_bytes=[1024**3])
+    client = TritonClient(triton_server.grpc_url)
+    yield server, client
+    for name in ("identity", "scale2"):
+        if client.is_model_ready(name):
+            client.unload_model(name)
+    client.close()
+
+
+def _demand(tenant, model: str, lines: int = 40) -> Batch:
+    file = upload(tenant, jsonl([tensor_line(f"{model}-{i}", [[1.0, 2.0]], model=model) for i in range(lines)]))
+    batch = services.batch_create(tenant=tenant, input_file_id=file.id, endpoint="/v2/infer", completion_window="24h")
+    services.batch_validate(batch_id=batch.id)
+    return batch
+
+
+def test_demand_loads_the_model_and_records_events(fleet, tenant):
+    server, client = fleet
+    _demand(tenant, "identity")
+    report = fleet_reconcile(actor="test")
+    assert report.ran and not report.failures, report
+    placement = Placement.objects.get(model__triton_name="identity", server=server)
+    assert placement.status == PlacementStatus.READY and placement.instances >= 1
+    assert client.is_model_ready("identity")
+    event = PlacementEvent.objects.get(model__triton_name="identity", action="load")
+    assert event.ok and event.actor == "test" and event.after == placement.instances
+    # Planning again with nothing changed moves nothing.
+    assert fleet_reconcile(actor="test").changes == []
+
+
+def test_a_model_unloaded_behind_our_back_is_noticed_and_reloaded(fleet, tenant):
+    server, client = fleet
+    _demand(tenant, "identity")
+    fleet_reconcile()
+    client.unload_model("identity")
+    fleet_reconcile()
+    assert PlacementEvent.objects.filter(action="lost", ok=False).exists()
+    assert client.is_model_ready("identity")
+
+
+def test_a_failing_load_marks_the_placement_failed(fleet, tenant):
+    server, client = fleet
+    CatalogueModel.objects.filter(triton_name="scale2").update(triton_name="no_such_model")
+    _demand(tenant, "scale2")
+    report = fleet_reconcile()
+    assert report.failures and "no_such_model" in report.failures[0]
+    placement = Placement.objects.get(model__triton_name="no_such_model")
+    assert placement.status == PlacementStatus.FAILED and placement.failed_until is not None
+    assert PlacementEvent.objects.filter(action="load", ok=False).exists()
+    assert fleet_reconcile().failures == []  # backed off: not retried on that server at once
