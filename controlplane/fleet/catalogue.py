@@ -23,9 +23,9 @@ EMBEDDINGS_INTERFACE = {"inputs": {"TEXT": "BYTES"}, "outputs": {"EMBEDDING": "F
 TRITON_VERSION = "1"  # the version folder `build_engines emit` writes
 
 # Declared placement profile until the planner measures one. minilm_ort's python-backend stub measured
-# 405 MiB RSS on CPU with 86 MiB of weights loaded (onnxruntime, transformers and the tokenizer are the
+# 414 MiB RSS on CPU with 86 MiB of weights loaded (onnxruntime, transformers and the tokenizer are the
 # rest): weights x2 (room for ORT's prepacked copies) + 320 MiB gives ~490 MiB for it and grows with the
-# model. Loading it took 7 s on a quiet 2-core CPU and 16 s at load average 5.5; 15 s matches the seed's
+# model. Loading it took 7 s on a 2-core CPU at load average 2.8 and 16 s at 5.5; 15 s matches the seed's
 # torch minilm, which loads the same libraries.
 RUNTIME_OVERHEAD_BYTES = 320 * 1024**2
 DEFAULT_LOAD_SECONDS = 15.0

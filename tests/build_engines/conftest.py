@@ -1,4 +1,4 @@
-"""Fixtures for the build_engines suite: plain pytest, no Django, no GPU.
+"""Fixtures for the build_engines suite: plain pytest, no Django (but test_serving.py), no GPU.
 
 MiniLM is exported and verified once per session, at a small profile, by the real `all` command; the
 tests then inspect what it left behind. Small shapes keep the suite near a minute on a 2-core CPU.
@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+# test_serving.py starts a real tritonserver; a failing test there gets the server's log tail in its report.
+from tests.triton_fixture import pytest_runtest_makereport  # noqa: F401 - pytest finds hooks by name
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
