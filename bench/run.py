@@ -26,11 +26,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import numpy as np  # noqa: E402
 
-WORDS = (
-    "the a of to and in is for on with as by at from that this it be are was or an which batch inference "
-    "server model request shard worker throughput latency queue tenant output file embedding vector token "
-    "sentence length dynamic batching triton control plane placement memory gpu cpu cluster"
-).split()
+WORDS = ["the", "a", "of", "to", "and", "in", "is", "for", "on", "with", "as", "by", "at", "from", "that", "this", "it", "be", "are", "was", "or", "an", "which", "batch", "inference", "server", "model", "request", "shard", "worker", "throughput", "latency", "queue", "tenant", "output", "file", "embedding", "vector", "token", "sentence", "length", "dynamic", "batching", "triton", "control", "plane", "placement", "memory", "gpu", "cpu", "cluster"]
 
 
 def corpus(n: int, seed: int = 42) -> list[str]:

@@ -32,13 +32,21 @@ def fleet(catalogue):
     identity = CatalogueModel.objects.get(triton_name="identity")
     identity.gpus_per_instance = 2
     identity.save()
-    Placement.objects.create(model=minilm, server=a, gpus="0", instances=2, status="ready",
-                             avg_queue_ms=1.5, avg_compute_ms=12.25)
+    Placement.objects.create(
+        model=minilm, server=a, gpus="0", instances=2, status="ready", avg_queue_ms=1.5, avg_compute_ms=12.25
+    )
     Placement.objects.create(model=identity, server=a, gpus="0,1", instances=1, status="ready")
-    Placement.objects.create(model=CatalogueModel.objects.get(triton_name="scale2"), server=b, gpus="0",
-                             instances=0, status="failed", last_error="load failed: out of memory")
-    PlacementEvent.objects.create(model=minilm, server=a, gpus="0", action="load", before=0, after=2,
-                                  reason="pending demand")
+    Placement.objects.create(
+        model=CatalogueModel.objects.get(triton_name="scale2"),
+        server=b,
+        gpus="0",
+        instances=0,
+        status="failed",
+        last_error="load failed: out of memory",
+    )
+    PlacementEvent.objects.create(
+        model=minilm, server=a, gpus="0", action="load", before=0, after=2, reason="pending demand"
+    )
     return a, b
 
 
@@ -50,10 +58,19 @@ def test_fleet_pages_render(admin_client, fleet):
     a, _ = fleet
     placement = Placement.objects.get(gpus="0,1")
     event = PlacementEvent.objects.first()
-    for path in ("tritonserver/", f"tritonserver/{a.id}/change/", "tritonserver/add/", "placement/",
-                 f"placement/{placement.id}/change/", "placementevent/", f"placementevent/{event.id}/change/",
-                 "cataloguemodel/", f"cataloguemodel/{placement.model_id}/change/",
-                 "placement/?status__exact=failed", "placementevent/?q=pending"):
+    for path in (
+        "tritonserver/",
+        f"tritonserver/{a.id}/change/",
+        "tritonserver/add/",
+        "placement/",
+        f"placement/{placement.id}/change/",
+        "placementevent/",
+        f"placementevent/{event.id}/change/",
+        "cataloguemodel/",
+        f"cataloguemodel/{placement.model_id}/change/",
+        "placement/?status__exact=failed",
+        "placementevent/?q=pending",
+    ):
         assert admin_client.get(f"/admin/fleet/{path}").status_code == 200, path
     changelist = admin_client.get(SERVERS).content.decode()
     assert "/admin/fleet/tritonserver/overview/" in changelist
@@ -66,8 +83,16 @@ def test_overview_shows_servers_gpus_and_gang_placements(admin_client, fleet):
     page = admin_client.get(f"{SERVERS}overview/")
     assert page.status_code == 200
     html = page.content.decode()
-    for text in ("triton-a", "triton-b", "gang 0,1", "queue 1.5 ms", "compute 12.3 ms", "load failed: out of memory",
-                 "pending demand", "16.0\xa0GB"):
+    for text in (
+        "triton-a",
+        "triton-b",
+        "gang 0,1",
+        "queue 1.5 ms",
+        "compute 12.3 ms",
+        "load failed: out of memory",
+        "pending demand",
+        "16.0\xa0GB",
+    ):
         assert text in html, text
 
     overview = fleet_overview()
@@ -97,11 +122,14 @@ def test_empty_overview_renders(admin_client, db):
     assert b"No Triton servers registered" in admin_client.get(f"{SERVERS}overview/").content
 
 
-@pytest.mark.parametrize(("action", "state", "operator_state", "event"), [
-    ("drain", "draining", "draining", "server_draining"),
-    ("cordon", "cordoned", "cordoned", "server_cordoned"),
-    ("return_to_normal", "healthy", None, "server_uncordon"),
-])
+@pytest.mark.parametrize(
+    ("action", "state", "operator_state", "event"),
+    [
+        ("drain", "draining", "draining", "server_draining"),
+        ("cordon", "cordoned", "cordoned", "server_cordoned"),
+        ("return_to_normal", "healthy", None, "server_uncordon"),
+    ],
+)
 def test_operator_actions_set_state_and_record_an_event(admin_client, fleet, action, state, operator_state, event):
     a, b = fleet
     TritonServer.objects.filter(id=b.id).update(operator_state="cordoned", state="cordoned")
@@ -134,8 +162,7 @@ def test_rebalance_now_reports_a_broker_error(admin_client, fleet, monkeypatch):
         raise OperationalError("[Errno 111] Connection refused")
 
     monkeypatch.setattr(fleet_reconcile_task, "delay", down)
-    response = admin_client.post(SERVERS, {"action": "rebalance_now", "_selected_action": [fleet[0].id]},
-                                 follow=True)
+    response = admin_client.post(SERVERS, {"action": "rebalance_now", "_selected_action": [fleet[0].id]}, follow=True)
     assert response.status_code == 200
     [(level, message)] = [(m.level, m.message) for m in response.context["messages"]]
     assert level == ERROR and "Connection refused" in message
@@ -143,28 +170,42 @@ def test_rebalance_now_reports_a_broker_error(admin_client, fleet, monkeypatch):
 
 def _catalogue_post(model: CatalogueModel, **changes) -> dict:
     data = {
-        "name": model.name, "triton_name": model.triton_name, "kind": model.kind,
-        "max_batch_size": model.max_batch_size, "embedding_dimensions": model.embedding_dimensions or "",
-        "is_enabled": "on", "inputs": '[{"name": "INPUT0", "datatype": "FP32", "dims": [-1]}]', "outputs": "",
-        "min_instances": 0, "max_instances": 4, "pin_server": "", "pin_gpus": "[]",
-        "memory_per_instance_bytes": model.memory_per_instance_bytes, "load_seconds": 2.0, "gpus_per_instance": 1,
+        "name": model.name,
+        "triton_name": model.triton_name,
+        "kind": model.kind,
+        "max_batch_size": model.max_batch_size,
+        "embedding_dimensions": model.embedding_dimensions or "",
+        "is_enabled": "on",
+        "inputs": '[{"name": "INPUT0", "datatype": "FP32", "dims": [-1]}]',
+        "outputs": "",
+        "min_instances": 0,
+        "max_instances": 4,
+        "pin_server": "",
+        "pin_gpus": "[]",
+        "memory_per_instance_bytes": model.memory_per_instance_bytes,
+        "load_seconds": 2.0,
+        "gpus_per_instance": 1,
     }
     return {**data, **changes}
 
 
-@pytest.mark.parametrize(("pin_gpus", "extra", "error"), [
-    ('["a"]', {}, "list of GPU indices"),
-    ('{"gpu": 0}', {}, "list of GPU indices"),
-    ("[0, 0]", {}, "distinct"),
-    ("[true]", {}, "list of GPU indices"),
-    ("not json", {}, "valid JSON"),
-    ("[0]", {"gpus_per_instance": 2}, "pins fewer GPUs than one instance needs"),
-    ("[]", {"min_instances": 5, "max_instances": 2}, "min_instances"),
-])
+@pytest.mark.parametrize(
+    ("pin_gpus", "extra", "error"),
+    [
+        ('["a"]', {}, "list of GPU indices"),
+        ('{"gpu": 0}', {}, "list of GPU indices"),
+        ("[0, 0]", {}, "distinct"),
+        ("[true]", {}, "list of GPU indices"),
+        ("not json", {}, "valid JSON"),
+        ("[0]", {"gpus_per_instance": 2}, "pins fewer GPUs than one instance needs"),
+        ("[]", {"min_instances": 5, "max_instances": 2}, "min_instances"),
+    ],
+)
 def test_bad_placement_profile_is_a_form_error(admin_client, catalogue, pin_gpus, extra, error):
     model = CatalogueModel.objects.get(triton_name="identity")
-    response = admin_client.post(f"/admin/fleet/cataloguemodel/{model.id}/change/",
-                                 _catalogue_post(model, pin_gpus=pin_gpus, **extra))
+    response = admin_client.post(
+        f"/admin/fleet/cataloguemodel/{model.id}/change/", _catalogue_post(model, pin_gpus=pin_gpus, **extra)
+    )
     assert response.status_code == 200  # the form again, with the error
     assert error in response.content.decode()
     model.refresh_from_db()
@@ -173,9 +214,10 @@ def test_bad_placement_profile_is_a_form_error(admin_client, catalogue, pin_gpus
 
 def test_placement_profile_saves_pins(admin_client, fleet):
     model = CatalogueModel.objects.get(triton_name="identity")
-    response = admin_client.post(f"/admin/fleet/cataloguemodel/{model.id}/change/",
-                                 _catalogue_post(model, pin_server=fleet[0].id, pin_gpus="[1, 0]",
-                                                 gpus_per_instance=2))
+    response = admin_client.post(
+        f"/admin/fleet/cataloguemodel/{model.id}/change/",
+        _catalogue_post(model, pin_server=fleet[0].id, pin_gpus="[1, 0]", gpus_per_instance=2),
+    )
     assert response.status_code == 302
     model.refresh_from_db()
     assert (model.pin_server_id, model.pin_gpus, model.outputs) == (fleet[0].id, [0, 1], [])
@@ -184,12 +226,26 @@ def test_placement_profile_saves_pins(admin_client, fleet):
 def test_declared_gpus_are_editable_inline(admin_client, fleet):
     a, _ = fleet
     gpus = list(a.gpus.order_by("index"))
-    data = {"name": a.name, "grpc_url": a.grpc_url, "metrics_url": "",
-            "gpus-TOTAL_FORMS": 2, "gpus-INITIAL_FORMS": 2, "gpus-MIN_NUM_FORMS": 0, "gpus-MAX_NUM_FORMS": 1000}
+    data = {
+        "name": a.name,
+        "grpc_url": a.grpc_url,
+        "metrics_url": "",
+        "gpus-TOTAL_FORMS": 2,
+        "gpus-INITIAL_FORMS": 2,
+        "gpus-MIN_NUM_FORMS": 0,
+        "gpus-MAX_NUM_FORMS": 1000,
+    }
     for i, gpu in enumerate(gpus):
-        data.update({f"gpus-{i}-id": gpu.id, f"gpus-{i}-server": a.id, f"gpus-{i}-index": gpu.index,
-                     f"gpus-{i}-name": "declared", f"gpus-{i}-total_memory_bytes": 24 * GIB,
-                     f"gpus-{i}-used_by_others_bytes": 0})
+        data.update(
+            {
+                f"gpus-{i}-id": gpu.id,
+                f"gpus-{i}-server": a.id,
+                f"gpus-{i}-index": gpu.index,
+                f"gpus-{i}-name": "declared",
+                f"gpus-{i}-total_memory_bytes": 24 * GIB,
+                f"gpus-{i}-used_by_others_bytes": 0,
+            }
+        )
     response = admin_client.post(f"{SERVERS}{a.id}/change/", data)
     assert response.status_code == 302, response.content.decode()[:2000]
     assert set(a.gpus.values_list("total_memory_bytes", flat=True)) == {24 * GIB}
@@ -203,12 +259,23 @@ def test_measured_gpus_are_read_only(admin_client, fleet):
 
 
 def test_fleet_register_creates_a_server_with_gpus(db):
-    call_command("fleet_register", "triton-x", "x:8001", "--gpu-memory", "16G,512M,1024",
-                 "--metrics-url", "http://x:8002/metrics", "--real-gpus")
+    call_command(
+        "fleet_register",
+        "triton-x",
+        "x:8001",
+        "--gpu-memory",
+        "16G,512M,1024",
+        "--metrics-url",
+        "http://x:8002/metrics",
+        "--real-gpus",
+    )
     server = TritonServer.objects.get(name="triton-x")
     assert (server.grpc_url, server.metrics_url, server.real_gpus) == ("x:8001", "http://x:8002/metrics", True)
-    assert list(server.gpus.values_list("index", "total_memory_bytes")) == [(0, 16 * GIB), (1, 512 * 1024**2),
-                                                                             (2, 1024)]
+    assert list(server.gpus.values_list("index", "total_memory_bytes")) == [
+        (0, 16 * GIB),
+        (1, 512 * 1024**2),
+        (2, 1024),
+    ]
     call_command("fleet_register", "triton-x", "x:8001", "--gpu-memory", "24GiB")  # update: one GPU left
     assert list(server.gpus.values_list("total_memory_bytes", flat=True)) == [24 * GIB]
 
