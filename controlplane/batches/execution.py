@@ -131,8 +131,10 @@ class _ShardRunner:
         self.tokens = 0
 
     def run(self) -> tuple[list[dict[str, Any]], bool]:
-        pack = pack_embeddings if self.model.kind == ModelKind.EMBEDDINGS else pack_tensors
-        calls = pack(self.lines, self.model.max_batch_size)
+        if self.model.kind == ModelKind.EMBEDDINGS:
+            calls = pack_embeddings(self.lines, self.model.max_batch_size, min_calls=settings.DISPATCH_INFLIGHT_CALLS)
+        else:
+            calls = pack_tensors(self.lines, self.model.max_batch_size)
         self.remaining = members_per_line(calls)
         stopped = False
         last_check = time.monotonic()

@@ -6,6 +6,7 @@ to a similar length, which on this CPU embeds ~1.6x faster than file order (docs
 from __future__ import annotations
 
 import base64
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,16 +63,19 @@ def members_per_line(calls: list[Call]) -> dict[int, int]:
 # --- embeddings ------------------------------------------------------------------------------------
 
 
-def pack_embeddings(lines: dict[int, ParsedLine], max_batch_size: int) -> list[Call]:
+def pack_embeddings(lines: dict[int, ParsedLine], max_batch_size: int, *, min_calls: int = 1) -> list[Call]:
+    """``min_calls``: a small shard is still split into this many calls (the calls kept in flight), so
+    every model instance gets a share instead of one instance doing it all while the others idle."""
     items = [
         (len(text), number, slot, text)
         for number, parsed in lines.items()
         for slot, text in enumerate(_embedding(parsed).texts)
     ]
     items.sort(key=lambda item: (item[0], item[1], item[2]))
+    size = max(1, min(max_batch_size, math.ceil(len(items) / max(1, min_calls))))
     calls = []
-    for begin in range(0, len(items), max_batch_size):
-        chunk = items[begin : begin + max_batch_size]
+    for begin in range(0, len(items), size):
+        chunk = items[begin : begin + size]
         texts = np.array([[text.encode()] for _, _, _, text in chunk], dtype=np.object_)
         members = [Member(number, slot, i, 1) for i, (_, number, slot, _) in enumerate(chunk)]
         calls.append(Call({"TEXT": texts}, ["EMBEDDING", "TOKENS"], members))
