@@ -4,7 +4,6 @@ already done."""
 
 from __future__ import annotations
 
-import json
 import logging
 import tempfile
 import time
@@ -28,6 +27,7 @@ from controlplane.batches.packing import (
     slice_outputs,
     tensor_body,
 )
+from controlplane.batches.parts import encode_entry
 from controlplane.batches.records import failed_response_record, output_record
 from controlplane.batches.requests import ModelResolver, ParsedLine, parse_line
 from controlplane.batches.shards import (
@@ -204,8 +204,7 @@ def _write_part(shard: Shard, entries: list[dict[str, Any]], stopped: bool) -> P
     completed = failed = tokens = 0
     with tempfile.TemporaryFile() as tmp:
         for entry in entries:
-            tmp.write(json.dumps(entry, separators=(",", ":")).encode())
-            tmp.write(b"\n")
+            tmp.write(encode_entry(entry["line"], entry["kind"], entry["record"]))
             if entry["kind"] == "out":
                 completed += 1
                 usage = entry["record"]["response"]["body"].get("usage")

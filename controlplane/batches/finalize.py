@@ -11,7 +11,7 @@ import secrets
 import tempfile
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import IO, Any
+from typing import IO
 
 from django.conf import settings
 from django.db import transaction
@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from controlplane.batches.lines import iter_lines
 from controlplane.batches.models import SHARD_OPEN_STATUSES, Batch, BatchStatus, Shard, ShardStatus, StopReason
+from controlplane.batches.parts import decode_entry, dumps
 from controlplane.batches.records import error_record
 from controlplane.batches.services import event_record
 from controlplane.files.models import File
@@ -67,14 +68,14 @@ def batches_finalize_stuck() -> list[str]:
     return done
 
 
-def _part_entries(part_name: str) -> Iterator[dict[str, Any]]:
+def _part_entries(part_name: str) -> Iterator[tuple[int, str, bytes]]:
     with blob_open(part_name) as part:
         for raw in part:
             if raw.strip():
-                yield json.loads(raw)
+                yield decode_entry(raw)
 
 
-def _missing_lines(batch: Batch, shard: Shard, done: set[int]) -> Iterator[dict[str, Any]]:
+def _missing_lines(batch: Batch, shard: Shard, done: set[int]) -> Iterator[tuple[int, str, bytes]]:
     code, message = _MISSING_LINE_ERRORS[
         StopReason(batch.stop_reason) if batch.stop_reason and shard.status != ShardStatus.FAILED else None
     ]
@@ -85,17 +86,12 @@ def _missing_lines(batch: Batch, shard: Shard, done: set[int]) -> Iterator[dict[
             if line.is_blank or line.number in done or line.data is None:
                 continue
             custom_id = json.loads(line.data)["custom_id"]
-            yield {"line": line.number, "kind": "err",
-                   "record": error_record(batch.id, line.number, custom_id, code=code, message=message)}
+            record = error_record(batch.id, line.number, custom_id, code=code, message=message)
+            yield line.number, "err", dumps(record) + b"\n"
 
 
 def _input_name(batch: Batch) -> str:
     return File.objects.only("storage_name").get(id=batch.input_file_id).storage_name
-
-
-def _write_line(out: IO[bytes], record: dict[str, Any]) -> None:
-    out.write(json.dumps(record, separators=(",", ":")).encode())
-    out.write(b"\n")
 
 
 def batch_finalize(*, batch_id: str) -> None:
@@ -107,14 +103,14 @@ def batch_finalize(*, batch_id: str) -> None:
         for shard in Shard.objects.filter(batch_id=batch_id).order_by("index"):
             entries = list(_part_entries(shard.part_name)) if shard.part_name else []
             if shard.status != ShardStatus.SUCCEEDED:
-                entries += list(_missing_lines(batch, shard, {e["line"] for e in entries}))
-                entries.sort(key=lambda e: e["line"])
-            for entry in entries:
-                if entry["kind"] == "out":
-                    _write_line(out, entry["record"])
+                entries += list(_missing_lines(batch, shard, {number for number, _, _ in entries}))
+                entries.sort(key=lambda entry: entry[0])
+            for _, kind, payload in entries:
+                if kind == "out":
+                    out.write(payload)
                     completed += 1
                 else:
-                    _write_line(err, entry["record"])
+                    err.write(payload)
                     failed += 1
         files = [_store_result(batch, out, "output", completed), _store_result(batch, err, "error", failed)]
     terminal = {StopReason.CANCEL: BatchStatus.CANCELLED, StopReason.EXPIRE: BatchStatus.EXPIRED}.get(

@@ -95,7 +95,7 @@ def embedding_body(
         if request.encoding_format == "base64":
             embedding: Any = base64.b64encode(vector.astype("<f4").tobytes()).decode()
         else:
-            embedding = vector.tolist()
+            embedding = vector  # encoded straight from numpy by the part writer (orjson)
         data.append({"object": "embedding", "index": slot, "embedding": embedding})
     body = {
         "object": "list",
