@@ -32,7 +32,8 @@ class Stack:
     var_dir: Path
     web_port: int = 8000
     env: dict[str, str] = field(default_factory=dict)
-    worker_concurrency: int = 2
+    # Shards run side by side per worker; WORKER_CONCURRENCY overrides it (the benchmark compares).
+    worker_concurrency: int = field(default_factory=lambda: int(os.environ.get("WORKER_CONCURRENCY", "2")))
     with_triton: bool = True
     with_beat: bool = True
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
