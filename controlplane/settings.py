@@ -83,6 +83,7 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 LANGUAGE_CODE = "en-us"
 STATIC_URL = "static/"
+SERVE_STATIC = env_bool("SERVE_STATIC", True)
 STATIC_ROOT = VAR_DIR / "static"
 
 # Storage: local directory by default; STORAGE_BACKEND=s3 switches to django-storages' S3 backend,

@@ -1,8 +1,9 @@
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import admin
 from django.http import HttpRequest, JsonResponse
-from django.urls import path
+from django.urls import path, re_path
 
 from controlplane.batches.views import BatchCancelView, BatchDetailView, BatchListCreateView
 from controlplane.files.views import FileContentView, FileDetailView, FileListCreateView
@@ -22,3 +23,10 @@ urlpatterns = [
     path("v1/batches/<str:batch_id>", BatchDetailView.as_view()),
     path("v1/batches/<str:batch_id>/cancel", BatchCancelView.as_view()),
 ]
+
+if settings.SERVE_STATIC:
+    # The local stack has no web server in front of gunicorn; serve the admin's CSS/JS from the apps.
+    # Production sets SERVE_STATIC=0 and serves `collectstatic` output from its ingress or a CDN.
+    from django.contrib.staticfiles.views import serve as static_serve
+
+    urlpatterns += [re_path(r"^static/(?P<path>.*)$", static_serve, {"insecure": True})]

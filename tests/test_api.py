@@ -134,6 +134,11 @@ def test_admin_pages_render(admin_client, api, tenant, django_capture_on_commit_
     assert Batch.objects.get(id=batch_id).status == "cancelled"
 
 
+def test_admin_static_files_are_served_by_the_local_stack(client):
+    response = client.get("/static/admin/css/base.css")
+    assert response.status_code == 200
+
+
 def test_triton_serve_command_runs_a_server_in_explicit_mode(tmp_path):
     """`manage.py triton_serve` starts a real tritonserver with nothing loaded."""
     import signal
