@@ -350,7 +350,8 @@ class _Planner:
         victims = self.victims(m) if self.demand(m).busy else []
         best = None
         for sid in sorted(s for s in self.srv if self.state(s) is ServerState.HEALTHY):
-            if not self.pins_ok(prof, sid, ()):
+            # avoid_servers: a load of this model just failed there (e.g. out of memory): try elsewhere.
+            if not self.pins_ok(prof, sid, ()) or sid in prof.avoid_servers:
                 continue
             per_gpu = []
             for i in self.gpu_idx.get(sid, []):

@@ -98,9 +98,12 @@ class ModelProfile:
     max_instances: int = 1
     pin_server: str | None = None
     pin_gpus: tuple[int, ...] = ()
+    # Servers where a load of this model recently failed: no new instances there until the backoff ends.
+    avoid_servers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pin_gpus", _sorted_unique(tuple(self.pin_gpus), "pin_gpus"))
+        object.__setattr__(self, "avoid_servers", tuple(sorted(set(self.avoid_servers))))
         if self.memory_per_instance_bytes <= 0 or self.load_time_s < 0 or self.gpus_per_instance < 1:
             raise ValueError(f"invalid profile for {self.model!r}")
         if not 0 <= self.min_instances <= self.max_instances or self.max_instances < 1:

@@ -120,6 +120,11 @@ def planner_inputs(now: float) -> tuple:
     demand = demand_by_model()
     activity_touch([name for name, d in demand.items() if d.pending_lines or d.in_flight_shards])
     demands, profiles = [], []
+    failed: dict[int, list[str]] = defaultdict(list)
+    for model_id, server_id in Placement.objects.filter(
+        status=PlacementStatus.FAILED, failed_until__gt=timezone.now()
+    ).values_list("model_id", "server_id"):
+        failed[model_id].append(names[server_id])
     for m in CatalogueModel.objects.filter(id__in=[m.id for m in models]):
         d = demand.get(m.name)
         demands.append(pt.ModelDemand(
@@ -133,6 +138,7 @@ def planner_inputs(now: float) -> tuple:
             load_time_s=m.load_seconds, gpus_per_instance=m.gpus_per_instance,
             min_instances=m.min_instances, max_instances=max(1, m.max_instances),
             pin_server=m.pin_server.name if m.pin_server else None, pin_gpus=tuple(m.pin_gpus or ()),
+            avoid_servers=tuple(failed[m.id]),
         ))
     current = [
         pt.Placement(p.model.triton_name, names[p.server_id], _gpus_tuple(p.gpus), p.instances)

@@ -336,3 +336,13 @@ def test_diff_placements_orders_additions_before_removals():
 def test_inconsistent_input_is_rejected(build):
     with pytest.raises(ValueError):
         build()
+
+
+def test_a_server_where_the_load_failed_is_avoided_and_the_model_goes_elsewhere():
+    servers, gpus = [Server("a"), Server("b")], [Gpu("a", 0, 80), Gpu("b", 0, 80)]
+    profile = ModelProfile("m", 10, 1.0, max_instances=1)
+    assert [p.server_id for p in run([busy("m")], servers, gpus, [profile]).placements] == ["a"]
+    avoided = ModelProfile("m", 10, 1.0, max_instances=1, avoid_servers=("a",))
+    assert [p.server_id for p in run([busy("m")], servers, gpus, [avoided]).placements] == ["b"]
+    # With nowhere else to go the model waits rather than retrying the failing server at once.
+    assert run([busy("m")], [Server("a")], [Gpu("a", 0, 80)], [avoided]).placements == ()
