@@ -4,6 +4,7 @@ and every change writes a BatchEvent."""
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -143,7 +144,7 @@ def batch_validate(*, batch_id: str) -> None:
             Shard(
                 batch_id=batch.id, index=plan.index, start_line=plan.start_line, end_line=plan.end_line,
                 start_byte=plan.start_byte, end_byte=plan.end_byte, request_count=plan.request_count,
-                lease_expires_at=now + _requeue_after(),
+                lease_expires_at=now + pending_dispatch_deadline(),
             )
             for plan in result.shards
         )
@@ -153,11 +154,9 @@ def batch_validate(*, batch_id: str) -> None:
         transaction.on_commit(lambda: enqueue_shards(shard_ids))
 
 
-def _requeue_after() -> Any:
-    from datetime import timedelta
-
-    # A pending shard whose task message was lost is re-enqueued after this long (duplicates are
-    # harmless: claims are conditional), long enough not to flood a merely busy queue.
+def pending_dispatch_deadline() -> timedelta:
+    """A pending shard whose task message was lost is re-enqueued after this long (duplicates are
+    harmless: claims are conditional), long enough not to flood a merely busy queue."""
     return timedelta(seconds=settings.SHARD_LEASE_SECONDS * 10)
 
 

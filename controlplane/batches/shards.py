@@ -13,7 +13,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
-from controlplane.batches.services import enqueue_shards, event_record
+from controlplane.batches.services import enqueue_shards, event_record, pending_dispatch_deadline
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ def shards_rescue() -> list[int]:
     ).values_list("id", flat=True)
     for shard_id in list(lost):
         if Shard.objects.filter(id=shard_id, status=ShardStatus.PENDING, lease_expires_at__lt=now).update(
-            lease_expires_at=now + timedelta(seconds=settings.SHARD_LEASE_SECONDS * 10)
+            lease_expires_at=now + pending_dispatch_deadline()
         ):
             requeue.append(shard_id)
     if requeue:
