@@ -35,6 +35,7 @@ INSTALLED_APPS = [
     "controlplane.files",
     "controlplane.fleet",
     "controlplane.batches",
+    "controlplane.scheduling",
 ]
 
 MIDDLEWARE = [
@@ -122,8 +123,8 @@ REST_FRAMEWORK = {
 FILE_MAX_BYTES = env_int("FILE_MAX_BYTES", 1024**3, minimum=1)  # 1 GiB, as OpenAI's batch limit
 BATCH_MAX_LINE_BYTES = env_int("BATCH_MAX_LINE_BYTES", 1024 * 1024, minimum=1)
 BATCH_MAX_LINES = env_int("BATCH_MAX_LINES", 5_000_000, minimum=1)
-# A shard should run seconds, not hours: 256 MiniLM lines take about a second on one CPU core.
-SHARD_MAX_LINES = env_int("SHARD_MAX_LINES", 256, minimum=1)
+# Upper bound on lines per shard; shards are sized by time (SCHEDULER_SHARD_SECONDS) below it.
+SHARD_MAX_LINES = env_int("SHARD_MAX_LINES", 2048, minimum=1)
 # Lease long enough for a shard on a slow CPU, short enough that a killed worker's shard is retried
 # quickly; a running shard renews it after every Triton call.
 SHARD_LEASE_SECONDS = env_int("SHARD_LEASE_SECONDS", 60, minimum=1)
@@ -134,6 +135,31 @@ EXPIRY_INTERVAL_SECONDS = env_float("EXPIRY_INTERVAL_SECONDS", 30.0)
 DISPATCH_INFLIGHT_CALLS = env_int("DISPATCH_INFLIGHT_CALLS", 3, minimum=1)
 # Shortest completion window accepted; OpenAI accepts only 24h, shorter ones exist for tests and demos.
 BATCH_COMPLETION_WINDOWS = env_list("BATCH_COMPLETION_WINDOWS", ["24h"])
+
+# --- Scheduling (docs/ARCHITECTURE.md, "Scheduling") -------------------------------------------
+# "fair": priority classes, weighted fair share, deadlines. "fifo": oldest batch first (the baseline
+# the fairness benchmark compares against).
+SCHEDULER_POLICY = env_str("SCHEDULER_POLICY", "fair")
+# A running shard cannot be preempted, so a newcomer waits at most about one shard per slot: shards
+# are cut to this much measured model time (0.25–1 s keeps per-shard overhead small and waits short).
+SCHEDULER_SHARD_SECONDS = env_float("SCHEDULER_SHARD_SECONDS", 0.5)
+SCHEDULER_SHARD_MIN_LINES = env_int("SCHEDULER_SHARD_MIN_LINES", 4, minimum=1)
+# A normal or low batch not served for this long is served before every class (bounded wait).
+SCHEDULER_AGING_SECONDS = env_float("SCHEDULER_AGING_SECONDS", 600.0)
+# Usage half-life of the fair share: a tenant's lead over others is forgotten at this pace.
+SCHEDULER_HALF_LIFE_SECONDS = env_float("SCHEDULER_HALF_LIFE_SECONDS", 3600.0)
+# A batch whose remaining work needs more than this fraction of its time left is promoted.
+SCHEDULER_DEADLINE_FRACTION = env_float("SCHEDULER_DEADLINE_FRACTION", 0.5)
+# Default cap on Triton calls in flight per ready instance (a model's max_inflight_calls overrides):
+# two shards of DISPATCH_INFLIGHT_CALLS calls keep an instance's dynamic batcher fed.
+SCHEDULER_CALLS_PER_INSTANCE = env_int("SCHEDULER_CALLS_PER_INSTANCE", 6, minimum=1)
+# A queued slot whose message was lost stops counting against the cap after this.
+SCHEDULER_SLOT_QUEUED_SECONDS = env_float("SCHEDULER_SLOT_QUEUED_SECONDS", 60.0)
+# A slot runs shards back to back for at most this long, then hands its place back to the broker,
+# so one task never holds a worker thread for hours.
+SCHEDULER_SLOT_BUDGET_SECONDS = env_float("SCHEDULER_SLOT_BUDGET_SECONDS", 30.0)
+# How often beat tops up every model's slots (the other top-ups are event-driven).
+SCHEDULER_TOPUP_INTERVAL_SECONDS = env_float("SCHEDULER_TOPUP_INTERVAL_SECONDS", 2.0)
 
 # --- Triton ---------------------------------------------------------------------------------------
 TRITON_GRPC_URLS = env_list("TRITON_GRPC_URLS", ["127.0.0.1:8011"])

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.db import models
 
 from controlplane.core.models import new_public_id
-from controlplane.tenants.models import Tenant
+from controlplane.tenants.models import Priority, Tenant
 
 
 def new_batch_id() -> str:
@@ -50,6 +50,11 @@ class Batch(models.Model):
     status = models.CharField(max_length=16, choices=BatchStatus.choices, default=BatchStatus.VALIDATING)
     stop_reason = models.CharField(max_length=16, choices=StopReason.choices, null=True, blank=True)
     metadata = models.JSONField(null=True, blank=True)
+    priority = models.CharField(max_length=8, choices=Priority.choices, default=Priority.NORMAL)
+    # Estimated work units (tokens for embeddings, rows for tensors) of the whole input, from validation.
+    work_units = models.PositiveBigIntegerField(default=0)
+    # When a shard of this batch was last claimed (or the batch became runnable): the age for aging.
+    last_dispatched_at = models.DateTimeField(null=True, blank=True)
     errors = models.JSONField(null=True, blank=True)
     model = models.CharField(max_length=200, blank=True, default="")
     output_file_id = models.CharField(max_length=40, null=True, blank=True)
@@ -105,6 +110,12 @@ class Shard(models.Model):
     start_byte = models.PositiveBigIntegerField()
     end_byte = models.PositiveBigIntegerField(help_text="exclusive")
     request_count = models.PositiveIntegerField()
+    # Estimated at validation (tokens for embeddings, rows for tensors); charged to the tenant's
+    # fair share at claim and corrected at commit with the measured value.
+    work_units = models.PositiveBigIntegerField(default=0)
+    # A pending shard is runnable once not_before has passed (deferred work waits here, in the
+    # database, not as a Celery countdown).
+    not_before = models.DateTimeField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=ShardStatus.choices, default=ShardStatus.PENDING)
     attempt = models.PositiveIntegerField(default=0)
     lease_owner = models.CharField(max_length=200, blank=True, default="")
@@ -120,7 +131,10 @@ class Shard(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["batch", "index"], name="uniq_shard_index")]
-        indexes = [models.Index(fields=["status", "lease_expires_at"])]
+        indexes = [
+            models.Index(fields=["status", "lease_expires_at"]),
+            models.Index(fields=["batch", "status", "index"]),
+        ]
 
     def __str__(self) -> str:
         return f"{self.batch_id}#{self.index}"

@@ -21,6 +21,9 @@ class File(models.Model):
     purpose = models.CharField(max_length=32, choices=Purpose.choices)
     bytes = models.PositiveBigIntegerField()
     storage_name = models.CharField(max_length=500)
+    # Non-blank lines, counted while the upload streamed: the enqueued-lines quota is checked at
+    # batch create from it, before validation reads the file. Null for files stored before counting.
+    line_count = models.PositiveBigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:

@@ -29,6 +29,13 @@ class CatalogueModel(models.Model):
     min_instances = models.PositiveIntegerField(default=0)
     max_instances = models.PositiveIntegerField(default=4)
     lines_per_second_per_instance = models.FloatField(default=0.0, help_text="Smoothed measured throughput")
+    # Scheduling (controlplane/scheduling/): the cap on Triton calls in flight for this model across
+    # the fleet; empty means derived from ready instances (SCHEDULER_CALLS_PER_INSTANCE each).
+    max_inflight_calls = models.PositiveIntegerField(null=True, blank=True)
+    # Measured shard seconds per work unit (token or row) for one dispatch slot, smoothed; declared
+    # until the first shard finishes. Shards are sized from it to run SCHEDULER_SHARD_SECONDS.
+    seconds_per_work_unit = models.FloatField(default=0.0005)
+    paused = models.BooleanField(default=False, help_text="No new shard of this model is dispatched.")
     pin_server = models.ForeignKey("TritonServer", on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     pin_gpus = models.JSONField(default=list, blank=True)
     last_active_at = models.DateTimeField(null=True, blank=True)

@@ -10,6 +10,8 @@ SEED = [
         # ~90 MB of fp32 weights plus activations and the python backend stub: measured ~450 MB RSS.
         "memory_per_instance_bytes": 512 * 1024**2, "load_seconds": 15.0, "max_instances": 2,
         "lines_per_second_per_instance": 20.0,
+        # ~40 lines/s of ~25 tokens per dispatch slot on this 2-core host: shards of ~0.5 s are ~500 tokens.
+        "seconds_per_work_unit": 0.001,
     },
     {
         "name": "identity", "triton_name": "identity", "kind": "tensor", "max_batch_size": 256,
@@ -18,6 +20,8 @@ SEED = [
         # Declared until measured: lets the first reconcile size a flood before any shard has finished.
         "memory_per_instance_bytes": 64 * 1024**2, "load_seconds": 2.0, "max_instances": 4,
         "lines_per_second_per_instance": 100.0,
+        # A [1, 4] row costs the control plane ~0.3 ms; the model itself nearly nothing.
+        "seconds_per_work_unit": 0.0003,
     },
     {
         "name": "scale2", "triton_name": "scale2", "kind": "tensor", "max_batch_size": 256,
@@ -26,5 +30,7 @@ SEED = [
         # Declared until measured: lets the first reconcile size a flood before any shard has finished.
         "memory_per_instance_bytes": 64 * 1024**2, "load_seconds": 2.0, "max_instances": 4,
         "lines_per_second_per_instance": 100.0,
+        # A [1, 4] row costs the control plane ~0.3 ms; the model itself nearly nothing.
+        "seconds_per_work_unit": 0.0003,
     },
 ]

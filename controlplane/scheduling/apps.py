@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class SchedulingConfig(AppConfig):
+    name = "controlplane.scheduling"
+    default_auto_field = "django.db.models.BigAutoField"
