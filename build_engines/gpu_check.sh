@@ -138,7 +138,7 @@ import numpy as np
 import tritonclient.http as http
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as pb
-from controlplane.triton.local_server import running_local_server
+from deploy.local.triton_server import running_local_server
 
 repo, log, kind = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 models = sorted(p.name for p in repo.iterdir())

@@ -211,7 +211,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 900)
 CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 960)
 CELERY_TASK_DEFAULT_QUEUE = "control"
-CELERY_TASK_ROUTES = {"batches.shard_process": {"queue": "shards"}}
+CELERY_TASK_ROUTES = {"scheduling.slot_run": {"queue": "shards"}}
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
@@ -222,6 +222,10 @@ CELERY_BEAT_SCHEDULE = {
     "expire-batches": {
         "task": "batches.batches_expire",
         "schedule": timedelta(seconds=EXPIRY_INTERVAL_SECONDS),
+    },
+    "slots-topup": {
+        "task": "scheduling.slots_topup",
+        "schedule": timedelta(seconds=SCHEDULER_TOPUP_INTERVAL_SECONDS),
     },
     "fleet-heartbeat": {
         "task": "fleet.heartbeat",

@@ -137,37 +137,3 @@ def test_admin_pages_render(admin_client, api, tenant, django_capture_on_commit_
 def test_admin_static_files_are_served_by_the_local_stack(client):
     response = client.get("/static/admin/css/base.css")
     assert response.status_code == 200
-
-
-def test_triton_serve_command_runs_a_server_in_explicit_mode(tmp_path):
-    """`manage.py triton_serve` starts a real tritonserver with nothing loaded."""
-    import signal
-    import subprocess
-    import sys
-    import time
-    import urllib.request
-
-    from controlplane.triton.local_server import free_port
-
-    http = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "manage.py", "triton_serve", "--http-port", str(http), "--grpc-port", str(free_port()),
-         "--metrics-port", str(free_port())],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/live", timeout=1):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None, "triton_serve did not come up"
-                time.sleep(0.3)
-        request = urllib.request.Request(f"http://127.0.0.1:{http}/v2/repository/index", method="POST", data=b"{}")
-        with urllib.request.urlopen(request, timeout=5) as response:
-            index = response.read().decode()
-        assert '"minilm"' in index and "READY" not in index
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(30)

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from controlplane.triton.client import TritonClient
-from controlplane.triton.local_server import DEFAULT_MODEL_REPOSITORY, LocalTriton, running_local_server
+from deploy.local.triton_server import DEFAULT_MODEL_REPOSITORY, LocalTriton, running_local_server
 
 
 @pytest.fixture(scope="session")

@@ -55,24 +55,34 @@ class LeaseLost(Exception):
 
 
 class ShardDeferred(Exception):
-    """Triton stayed unavailable; the shard went back to pending and the task should retry later."""
+    """Triton stayed unavailable; the shard went back to pending (runnable again after its not_before)."""
 
 
 def shard_run(*, shard_id: int, owner: str, backend_factory: Callable[[str], InferenceBackend]) -> str:
+    """Claim one given shard and run it (tests and operator tools; the scheduler claims by policy and
+    calls shard_execute). Raises ShardDeferred when Triton stayed unavailable."""
     model = _shard_model(shard_id)
     backend: InferenceBackend | None = None
     if model is not None:
         try:
             backend = backend_factory(model.triton_name)
         except TransientTritonError as exc:
-            # Nowhere to run it yet (no placement, server down): leave the shard pending, unclaimed.
-            raise ShardDeferred(str(exc)) from exc
+            raise ShardDeferred(str(exc)) from exc  # nowhere to run it yet: leave it pending, unclaimed
     shard = shard_claim(shard_id=shard_id, owner=owner)
     if shard is None or model is None or backend is None:
         if shard_skip_if_stopping(shard_id=shard_id):
             batch_try_finalize(batch_id=Shard.objects.only("batch_id").get(id=shard_id).batch_id)
             return "skipped"
         return "not_claimed"
+    outcome = shard_execute(shard=shard, model=model, backend=backend)
+    if outcome == "deferred":
+        raise ShardDeferred(shard.last_error or "Triton unavailable")
+    return outcome
+
+
+def shard_execute(*, shard: Shard, model: CatalogueModel, backend: InferenceBackend) -> str:
+    """Run a shard this caller has claimed, publish its part under the attempt number, and finalize the
+    batch if it was the last one. Returns succeeded, stopped, stale, lease_lost, deferred or failed."""
     batch = shard.batch
     try:
         lines = _read_shard(shard)
@@ -85,10 +95,11 @@ def shard_run(*, shard_id: int, owner: str, backend_factory: Callable[[str], Inf
         return "lease_lost"
     except TransientTritonError as exc:
         status = shard_release(shard_id=shard.id, attempt=shard.attempt, error=str(exc))
+        shard.last_error = str(exc)
         if status == ShardStatus.FAILED:
             batch_try_finalize(batch_id=batch.id)
             return "failed"
-        raise ShardDeferred(str(exc)) from exc
+        return "deferred"
     summary = _write_part(shard, entries, stopped)
     if not shard_commit(shard_id=shard.id, attempt=shard.attempt, summary=summary):
         blob_delete(summary.part_name)

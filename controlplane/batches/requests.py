@@ -70,6 +70,16 @@ class ParsedLine:
     request: EmbeddingRequest | TensorRequest
 
 
+def work_units(parsed: ParsedLine) -> int:
+    """What a line costs the model, in the unit fair share is charged in: rows for tensor models,
+    tokens for text. Tokens are estimated here (about four characters per word piece, plus the two
+    special tokens) and replaced by the tokenizer's count when the shard commits."""
+    request = parsed.request
+    if isinstance(request, TensorRequest):
+        return request.rows
+    return sum(len(text) // 4 + 2 for text in request.texts)
+
+
 class ModelResolver:
     """Looks catalogue models up once per name for the life of one validation or shard run."""
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.db.models import Case, F, OuterRef, PositiveBigIntegerField, QuerySet, Subquery, Sum, Value, When
+from django.db.models.functions import Coalesce
 
 from controlplane.batches.models import ACTIVE_STATUSES, Batch, Shard, ShardStatus
 from controlplane.core.errors import NotFound
@@ -30,6 +31,20 @@ def batch_active_for_file(*, file: File) -> Batch | None:
 
 def batch_active_count(*, tenant: Tenant) -> int:
     return Batch.objects.filter(tenant=tenant, status__in=ACTIVE_STATUSES).count()
+
+
+def batch_enqueued_lines(*, tenant: Tenant) -> int:
+    """Requests in the tenant's non-terminal batches: each batch's validated ``total_lines``, or, while it
+    is still validating (``total_lines`` is 0 until then), the line count its input file recorded at
+    upload (0 for a file stored before uploads counted lines)."""
+    upload_lines = File.objects.filter(id=OuterRef("input_file_id")).values("line_count")[:1]
+    lines = Case(
+        When(total_lines__gt=0, then=F("total_lines")),
+        default=Coalesce(Subquery(upload_lines), Value(0)),
+        output_field=PositiveBigIntegerField(),
+    )
+    total = Batch.objects.filter(tenant=tenant, status__in=ACTIVE_STATUSES).aggregate(n=Sum(lines))["n"]
+    return int(total or 0)
 
 
 def batch_has_open_shards(*, batch_id: str) -> bool:

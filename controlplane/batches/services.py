@@ -4,15 +4,14 @@ and every change writes a BatchEvent."""
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import Q, Sum
 from django.utils import timezone
 
-from controlplane.batches import selectors
+from controlplane.batches.admission import batch_admit
 from controlplane.batches.models import (
     ACTIVE_STATUSES,
     Batch,
@@ -25,7 +24,8 @@ from controlplane.batches.models import (
 )
 from controlplane.batches.validation import validate_input
 from controlplane.batches.windows import parse_completion_window
-from controlplane.core.errors import Conflict, QuotaExceeded, ValidationFailed
+from controlplane.core import dispatch
+from controlplane.core.errors import Conflict, ValidationFailed
 from controlplane.files.models import File
 from controlplane.files.selectors import file_get
 from controlplane.files.storage import blob_open
@@ -55,7 +55,8 @@ def _validate_metadata(metadata: Any) -> dict[str, str] | None:
 
 
 def batch_create(
-    *, tenant: Tenant, input_file_id: Any, endpoint: Any, completion_window: Any, metadata: Any = None
+    *, tenant: Tenant, input_file_id: Any, endpoint: Any, completion_window: Any, metadata: Any = None,
+    priority: Any = None,
 ) -> Batch:
     if endpoint not in Endpoint.values:
         raise ValidationFailed(f"endpoint must be one of {Endpoint.values}, got {endpoint!r}.", param="endpoint")
@@ -70,35 +71,17 @@ def batch_create(
             param="input_file_id",
         )
     with transaction.atomic():
-        # Lock the tenant row so two concurrent creates cannot both slip under the quota.
+        # Lock the tenant row so two concurrent creates cannot both slip under a quota.
         locked = Tenant.objects.select_for_update().get(id=tenant.id)
-        active = selectors.batch_active_count(tenant=locked)
-        if active >= locked.max_concurrent_batches:
-            raise QuotaExceeded(
-                f"Tenant has {active} active batches, the limit is {locked.max_concurrent_batches}; "
-                "wait for one to finish or cancel one.",
-            )
+        chosen_priority = batch_admit(tenant=locked, input_file=input_file, priority=priority)
         batch = Batch.objects.create(
             tenant=locked, endpoint=endpoint, input_file_id=input_file.id,
-            completion_window=completion_window, metadata=metadata,
+            completion_window=completion_window, metadata=metadata, priority=chosen_priority,
             expires_at=timezone.now() + window,
         )
-        event_record(batch_id=batch.id, kind="created", message=f"input {input_file.id}")
-        transaction.on_commit(lambda: _enqueue_validate(batch.id))
+        event_record(batch_id=batch.id, kind="created", message=f"input {input_file.id}, priority {chosen_priority}")
+        dispatch.batch_validate_enqueue(batch.id)
     return batch
-
-
-def _enqueue_validate(batch_id: str) -> None:
-    from controlplane.batches.tasks import batch_validate_task
-
-    batch_validate_task.delay(batch_id)
-
-
-def enqueue_shards(shard_ids: list[int]) -> None:
-    from controlplane.batches.tasks import shard_process_task
-
-    for shard_id in shard_ids:
-        shard_process_task.delay(shard_id)
 
 
 def batch_validate(*, batch_id: str) -> None:
@@ -116,6 +99,7 @@ def batch_validate(*, batch_id: str) -> None:
         result = validate_input(
             stream, endpoint=batch.endpoint, max_line_bytes=settings.BATCH_MAX_LINE_BYTES,
             max_lines=settings.BATCH_MAX_LINES, shard_lines=settings.SHARD_MAX_LINES,
+            shard_seconds=settings.SCHEDULER_SHARD_SECONDS, min_shard_lines=settings.SCHEDULER_SHARD_MIN_LINES,
         )
     if not result.ok:
         errors = result.errors
@@ -124,19 +108,15 @@ def batch_validate(*, batch_id: str) -> None:
                                 "message": f"{result.error_count - len(errors)} more errors not listed."}]
         _batch_fail(batch, errors)
         return
-    queued = (
-        Batch.objects.filter(tenant_id=batch.tenant_id, status__in=ACTIVE_STATUSES)
-        .exclude(id=batch.id).aggregate(n=Sum("total_lines"))["n"] or 0
-    )
-    if queued + result.total > batch.tenant.max_enqueued_lines:
-        _batch_fail(batch, [{"code": "quota_exceeded", "param": None, "line": None, "message": (
-            f"{result.total} requests would bring the tenant's enqueued requests to {queued + result.total}, "
-            f"over the limit of {batch.tenant.max_enqueued_lines}.")}])
+    over_quota = _enqueued_quota_error(batch, result.total, result.work_units)
+    if over_quota is not None:
+        _batch_fail(batch, [over_quota])
         return
     now = timezone.now()
     with transaction.atomic():
         moved = Batch.objects.filter(id=batch.id, status=BatchStatus.VALIDATING).update(
-            status=BatchStatus.IN_PROGRESS, in_progress_at=now, total_lines=result.total, model=result.model
+            status=BatchStatus.IN_PROGRESS, in_progress_at=now, last_dispatched_at=now, total_lines=result.total,
+            work_units=result.work_units, model=result.model,
         )
         if moved != 1:
             return  # cancelled while we validated: the cancel path finalizes it
@@ -144,20 +124,38 @@ def batch_validate(*, batch_id: str) -> None:
             Shard(
                 batch_id=batch.id, index=plan.index, start_line=plan.start_line, end_line=plan.end_line,
                 start_byte=plan.start_byte, end_byte=plan.end_byte, request_count=plan.request_count,
-                lease_expires_at=now + pending_dispatch_deadline(),
+                work_units=plan.work_units,
             )
             for plan in result.shards
         )
         event_record(batch_id=batch.id, kind="in_progress",
                      message=f"{result.total} requests in {len(result.shards)} shards, model {result.model}")
-        shard_ids = list(Shard.objects.filter(batch_id=batch.id).order_by("index").values_list("id", flat=True))
-        transaction.on_commit(lambda: enqueue_shards(shard_ids))
+        # The batch is runnable: the dispatcher decides when its shards run (Postgres is the queue).
+        dispatch.slots_topup_enqueue(result.model)
 
 
-def pending_dispatch_deadline() -> timedelta:
-    """A pending shard whose task message was lost is re-enqueued after this long (duplicates are
-    harmless: claims are conditional), long enough not to flood a merely busy queue."""
-    return timedelta(seconds=settings.SHARD_LEASE_SECONDS * 10)
+def _enqueued_quota_error(batch: Batch, lines: int, work: int) -> dict[str, Any] | None:
+    """The tenant's quotas on work waiting across its non-terminal batches, with this batch's exact
+    counts (create checked lines from the upload's count; tokens are known only now)."""
+    tenant = batch.tenant
+    others = (
+        Batch.objects.filter(tenant_id=batch.tenant_id, status__in=ACTIVE_STATUSES).exclude(id=batch.id)
+        .aggregate(lines=Sum("total_lines"), work=Sum("work_units", filter=Q(endpoint=Endpoint.EMBEDDINGS)))
+    )
+    queued_lines = (others["lines"] or 0) + lines
+    if queued_lines > tenant.max_enqueued_lines:
+        return {"code": "quota_exceeded", "param": None, "line": None, "message": (
+            f"{lines} requests would bring the tenant's enqueued requests to {queued_lines}, "
+            f"over the limit of {tenant.max_enqueued_lines}.")}
+    if batch.endpoint == Endpoint.EMBEDDINGS:
+        queued_tokens = (others["work"] or 0) + work
+        if queued_tokens > tenant.max_enqueued_tokens:
+            # OpenAI's code for the same condition, so clients can handle it the same way.
+            return {"code": "token_limit_exceeded", "param": None, "line": None, "message": (
+                f"Enqueued token limit reached: this batch's ~{work} tokens would bring the tenant's "
+                f"enqueued tokens to ~{queued_tokens}, over the limit of {tenant.max_enqueued_tokens}. "
+                "Wait for other batches to finish or split the file.")}
+    return None
 
 
 def _batch_fail(batch: Batch, errors: list[dict[str, Any]]) -> None:
@@ -182,7 +180,7 @@ def batch_cancel(*, batch: Batch) -> Batch:
         ):
             _stop_pending_shards(batch.id)
             event_record(batch_id=batch.id, kind="cancelling")
-            transaction.on_commit(lambda: _enqueue_finalize_check(batch.id))
+            dispatch.batch_finalize_enqueue(batch.id)
         else:
             current = Batch.objects.get(id=batch.id)
             if current.status not in (BatchStatus.CANCELLING, BatchStatus.CANCELLED):
@@ -194,14 +192,8 @@ def batch_cancel(*, batch: Batch) -> Batch:
 
 def _stop_pending_shards(batch_id: str) -> None:
     Shard.objects.filter(batch_id=batch_id, status=ShardStatus.PENDING).update(
-        status=ShardStatus.SKIPPED, finished_at=timezone.now(), lease_expires_at=None
+        status=ShardStatus.SKIPPED, finished_at=timezone.now(), lease_expires_at=None, not_before=None
     )
-
-
-def _enqueue_finalize_check(batch_id: str) -> None:
-    from controlplane.batches.tasks import batch_finalize_task
-
-    batch_finalize_task.delay(batch_id)
 
 
 def batches_expire() -> list[str]:
@@ -222,7 +214,7 @@ def batches_expire() -> list[str]:
             ).update(stop_reason=StopReason.EXPIRE):
                 _stop_pending_shards(batch_id)
                 event_record(batch_id=batch_id, kind="expiring")
-                transaction.on_commit(lambda b=batch_id: _enqueue_finalize_check(b))
+                dispatch.batch_finalize_enqueue(batch_id)
             else:
                 continue
         expired.append(batch_id)

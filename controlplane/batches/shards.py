@@ -13,7 +13,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
-from controlplane.batches.services import enqueue_shards, event_record, pending_dispatch_deadline
+from controlplane.batches.services import event_record
+from controlplane.core import dispatch
 
 logger = logging.getLogger(__name__)
 
@@ -99,16 +100,24 @@ def shard_commit(*, shard_id: int, attempt: int, summary: PartSummary) -> bool:
     return True
 
 
+# A released shard waits this long (doubling per attempt, capped) before it is runnable again: the
+# wait lives in the shard row (not_before), not in a Celery countdown held by a worker.
+RELEASE_BACKOFF_SECONDS = 1.0
+RELEASE_BACKOFF_MAX_SECONDS = 30.0
+
+
 def shard_release(*, shard_id: int, attempt: int, error: str) -> str | None:
     """Give a running shard back after a transient failure. Returns the new status (pending, or failed
     once attempts are exhausted), or None when the lease had already been lost."""
     exhausted = Shard.objects.filter(id=shard_id, attempt__gte=settings.SHARD_MAX_ATTEMPTS).exists()
     new_status = ShardStatus.FAILED if exhausted else ShardStatus.PENDING
+    now = timezone.now()
+    backoff = min(RELEASE_BACKOFF_MAX_SECONDS, RELEASE_BACKOFF_SECONDS * 2 ** max(0, attempt - 1))
     with transaction.atomic():
         won = Shard.objects.filter(id=shard_id, attempt=attempt, status=ShardStatus.RUNNING).update(
-            status=new_status, last_error=error[:2000], lease_owner="",
-            lease_expires_at=None if exhausted else _lease_until(),
-            finished_at=timezone.now() if exhausted else None,
+            status=new_status, last_error=error[:2000], lease_owner="", lease_expires_at=None,
+            not_before=None if exhausted else now + timedelta(seconds=backoff),
+            finished_at=now if exhausted else None,
         )
         if won != 1:
             return None
@@ -119,12 +128,15 @@ def shard_release(*, shard_id: int, attempt: int, error: str) -> str | None:
 
 
 def shards_rescue() -> list[int]:
-    """Re-queue shards whose worker died (lease expired) and pending shards whose message was lost.
-    Returns the shard ids re-enqueued."""
+    """Put shards whose worker died (lease expired) back to pending, or close them when their batch is
+    stopping or their attempts are spent. Returns the shard ids made runnable again; the dispatcher's
+    next top-up gives them slots."""
     now = timezone.now()
-    requeue: list[int] = []
+    runnable: list[int] = []
     expired = Shard.objects.filter(status=ShardStatus.RUNNING, lease_expires_at__lt=now)
-    for shard in expired.select_related("batch").only("id", "attempt", "batch_id", "index", "batch__stop_reason"):
+    for shard in expired.select_related("batch").only(
+        "id", "attempt", "batch_id", "index", "batch__stop_reason", "batch__model"
+    ):
         # A stopping batch runs nothing new: the dead worker's lines are accounted as cancelled/expired.
         if shard.batch.stop_reason:
             new_status = ShardStatus.SKIPPED
@@ -136,30 +148,14 @@ def shards_rescue() -> list[int]:
         with transaction.atomic():
             won = Shard.objects.filter(id=shard.id, attempt=shard.attempt, status=ShardStatus.RUNNING).update(
                 status=new_status, lease_owner="", last_error="lease expired: worker lost",
-                lease_expires_at=None if closed else now + timedelta(seconds=settings.SHARD_LEASE_SECONDS),
-                finished_at=now if closed else None,
+                lease_expires_at=None, not_before=None, finished_at=now if closed else None,
             )
             if won == 1:
                 event_record(batch_id=shard.batch_id, shard_index=shard.index,
                              kind=f"shard_rescued_{new_status}", message=f"lease of attempt {shard.attempt} expired")
                 if closed:
-                    transaction.on_commit(lambda b=shard.batch_id: _finalize_check(b))
+                    dispatch.batch_finalize_enqueue(shard.batch_id)
                 else:
-                    requeue.append(shard.id)
-    lost = Shard.objects.filter(
-        status=ShardStatus.PENDING, lease_expires_at__lt=now, batch__status=BatchStatus.IN_PROGRESS
-    ).values_list("id", flat=True)
-    for shard_id in list(lost):
-        if Shard.objects.filter(id=shard_id, status=ShardStatus.PENDING, lease_expires_at__lt=now).update(
-            lease_expires_at=now + pending_dispatch_deadline()
-        ):
-            requeue.append(shard_id)
-    if requeue:
-        enqueue_shards(requeue)
-    return requeue
-
-
-def _finalize_check(batch_id: str) -> None:
-    from controlplane.batches.tasks import batch_finalize_task
-
-    batch_finalize_task.delay(batch_id)
+                    runnable.append(shard.id)
+                    dispatch.slots_topup_enqueue(shard.batch.model)
+    return runnable

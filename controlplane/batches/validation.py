@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from controlplane.batches.lines import iter_lines
-from controlplane.batches.requests import LineIssue, ModelResolver, parse_line
+from controlplane.batches.requests import LineIssue, ModelResolver, parse_line, work_units
 
 # The batch's errors list stays readable: the first problems name their lines, a count says the rest.
 MAX_REPORTED_ERRORS = 100
@@ -21,11 +21,13 @@ class ShardPlan:
     start_byte: int
     end_byte: int
     request_count: int
+    work_units: int
 
 
 @dataclass
 class ValidationResult:
     total: int = 0
+    work_units: int = 0
     model: str = ""
     shards: list[ShardPlan] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
@@ -42,23 +44,28 @@ class ValidationResult:
 
 
 def validate_input(
-    stream: IO[bytes], *, endpoint: str, max_line_bytes: int, max_lines: int, shard_lines: int
+    stream: IO[bytes], *, endpoint: str, max_line_bytes: int, max_lines: int, shard_lines: int,
+    shard_seconds: float = 0.0, min_shard_lines: int = 1,
 ) -> ValidationResult:
+    """Check every line and plan the shards. A shard closes when its estimated model time (work units ×
+    the model's measured seconds per unit) reaches ``shard_seconds``, but never below
+    ``min_shard_lines`` or above ``shard_lines`` lines (``shard_seconds`` 0 sizes by lines alone)."""
     result = ValidationResult()
     resolver = ModelResolver()
     # 16-byte digests instead of the ids themselves bound memory for million-line files.
     seen_ids: dict[bytes, int] = {}
     shard_start: tuple[int, int] | None = None  # (line, byte) of the open shard's first request
-    shard_count = 0
+    shard_count = shard_work = 0
+    shard_budget = float("inf")  # work units per shard, known once the model is
     last_line, last_end = 0, 0
 
     def close_shard() -> None:
-        nonlocal shard_start, shard_count
+        nonlocal shard_start, shard_count, shard_work
         if shard_start is not None and shard_count:
-            result.shards.append(
-                ShardPlan(len(result.shards), shard_start[0], last_line, shard_start[1], last_end, shard_count)
-            )
-        shard_start, shard_count = None, 0
+            result.shards.append(ShardPlan(
+                len(result.shards), shard_start[0], last_line, shard_start[1], last_end, shard_count, shard_work
+            ))
+        shard_start, shard_count, shard_work = None, 0, 0
 
     for line in iter_lines(stream, max_line_bytes=max_line_bytes):
         if line.is_blank:
@@ -90,6 +97,9 @@ def validate_input(
         seen_ids[digest] = line.number
         if not result.model:
             result.model = parsed.model_name
+            model = resolver.get(parsed.model_name)
+            if shard_seconds > 0 and model is not None and model.seconds_per_work_unit > 0:
+                shard_budget = shard_seconds / model.seconds_per_work_unit
         elif parsed.model_name != result.model:
             result.add_error(
                 "mixed_models",
@@ -100,9 +110,12 @@ def validate_input(
             continue
         if shard_start is None:
             shard_start = (line.number, line.start)
+        units = work_units(parsed)
+        result.work_units += units
         shard_count += 1
+        shard_work += units
         last_line, last_end = line.number, line.end
-        if shard_count >= shard_lines:
+        if shard_count >= shard_lines or (shard_work >= shard_budget and shard_count >= min_shard_lines):
             close_shard()
     close_shard()
     if result.total == 0 and result.error_count == 0:

@@ -33,6 +33,8 @@ class BatchListCreateView(APIView):
             endpoint=data["endpoint"],
             completion_window=data["completion_window"],
             metadata=data.get("metadata"),
+            # An extra body field (the openai SDK sends it with extra_body={"priority": "high"}).
+            priority=data.get("priority"),
         )
         return Response(batch_render(batch))
 

@@ -2,11 +2,14 @@
 
 Bodies follow OpenAI's error shape, ``{"error": {"message", "type", "param", "code"}}``, so the
 official SDK raises its usual typed exceptions (NotFoundError, BadRequestError, ...) with our message.
+A 429 also carries ``Retry-After`` and OpenAI's ``x-ratelimit-*`` headers, and names the limit in the body.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Mapping
 from typing import Any
 
 from django.http import Http404
@@ -48,10 +51,72 @@ class PayloadTooLarge(DomainError):
     code = "file_too_large"
 
 
+def ratelimit_headers(*, name: str, limit: int, remaining: int, reset_seconds: float) -> dict[str, str]:
+    """OpenAI's headers for one limit: ``name`` is ``requests`` for the request rate, otherwise the quota
+    (``enqueued-lines``); reset is written like OpenAI's ``12s``."""
+    return {
+        f"x-ratelimit-limit-{name}": str(limit),
+        f"x-ratelimit-remaining-{name}": str(max(0, remaining)),
+        f"x-ratelimit-reset-{name}": f"{whole_seconds(reset_seconds)}s",
+    }
+
+
+def whole_seconds(seconds: float) -> int:
+    """Round a wait up to whole seconds, at least 1: HTTP's Retry-After has no fractions, and a client told
+    0 would retry at once into the same limit."""
+    return max(1, math.ceil(seconds))
+
+
 class QuotaExceeded(DomainError):
+    """Over a quota or rate limit. With ``limit`` set, the body names the limit
+    (``{"name", "value", "current", "requested"}``) and the response carries its ``x-ratelimit-*`` headers;
+    ``QuotaExceeded(message)`` alone still works and only gets a Retry-After."""
+
     status_code = 429
     error_type = "rate_limit_error"
     code = "quota_exceeded"
+    # For callers that give no estimate: the quotas here free up as batches finish, minutes rather than
+    # seconds, so a client polling faster than once a minute only adds load.
+    default_retry_after = 60.0
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        limit: str | None = None,
+        value: int | None = None,
+        current: int | None = None,
+        requested: int | None = None,
+        retry_after: float | None = None,
+        header_name: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ):
+        super().__init__(message, param=param, code=code)
+        self.limit = limit
+        self.value = value
+        self.current = current
+        self.requested = requested
+        self.retry_after = self.default_retry_after if retry_after is None else retry_after
+        self.extra_headers = dict(headers or {})
+        # ``max_enqueued_lines`` → ``x-ratelimit-*-enqueued-lines``; the request rate passes "requests".
+        self.header_name = header_name or (limit.removeprefix("max_").replace("_", "-") if limit else None)
+
+    def limit_body(self) -> dict[str, Any] | None:
+        if self.limit is None:
+            return None
+        return {"name": self.limit, "value": self.value, "current": self.current, "requested": self.requested}
+
+    def response_headers(self) -> dict[str, str]:
+        headers = {"Retry-After": str(whole_seconds(self.retry_after))}
+        if self.header_name and self.value is not None and self.current is not None:
+            headers.update(ratelimit_headers(
+                name=self.header_name, limit=self.value, remaining=self.value - self.current,
+                reset_seconds=self.retry_after,
+            ))
+        headers.update(self.extra_headers)
+        return headers
 
 
 def error_body(message: str, *, error_type: str, param: str | None, code: str | None) -> dict[str, Any]:
@@ -74,6 +139,12 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
     # Imported here: rest_framework.views loads the authentication classes, which import this module.
     from rest_framework.views import exception_handler as drf_default_handler
 
+    if isinstance(exc, QuotaExceeded):
+        body = error_body(exc.message, error_type=exc.error_type, param=exc.param, code=exc.code)
+        limit = exc.limit_body()
+        if limit is not None:
+            body["error"]["limit"] = limit
+        return Response(body, status=exc.status_code, headers=exc.response_headers())
     if isinstance(exc, DomainError):
         return Response(
             error_body(exc.message, error_type=exc.error_type, param=exc.param, code=exc.code),

@@ -1,10 +1,11 @@
 from __future__ import annotations
 
-from typing import IO
+from typing import IO, cast
 
 from django.db import transaction
 
 from controlplane.core.errors import Conflict, ValidationFailed
+from controlplane.files.linecount import LineCountingReader
 from controlplane.files.models import File, new_file_id
 from controlplane.files.storage import blob_delete, blob_save
 from controlplane.tenants.models import Tenant
@@ -18,18 +19,21 @@ def file_create(
     *, tenant: Tenant, content: IO[bytes], filename: str, purpose: str, size: int
 ) -> File:
     """Store the blob first, then the row: a crash between the two leaves an orphan blob, never a row
-    pointing at nothing."""
+    pointing at nothing. Its non-blank lines are counted as storage reads it (``line_count``), so batch
+    create can check the enqueued-lines quota without reading the file again."""
     if purpose not in File.Purpose.values:
         raise ValidationFailed(
             f"purpose must be 'batch' for uploads, got {purpose!r}.", param="purpose"
         )
     file_id = new_file_id()
-    name = blob_save(_storage_name(tenant, file_id), content)
+    counting = LineCountingReader(content, size=size)
+    # cast: storage only calls read/seek/tell on it, which the wrapper provides.
+    name = blob_save(_storage_name(tenant, file_id), cast(IO[bytes], counting))
     try:
         with transaction.atomic():
             return File.objects.create(
                 id=file_id, tenant=tenant, filename=filename[:255], purpose=purpose, bytes=size,
-                storage_name=name,
+                storage_name=name, line_count=counting.line_count,
             )
     except Exception:
         blob_delete(name)

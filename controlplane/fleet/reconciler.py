@@ -19,6 +19,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from controlplane.core import dispatch
 from controlplane.fleet import planner
 from controlplane.fleet import planner_types as pt
 from controlplane.fleet.demand import activity_touch, demand_by_model, throughput_refresh
@@ -163,7 +164,10 @@ def fleet_reconcile(*, actor: str = "reconciler") -> ReconcileReport:
         servers = list(TritonServer.objects.all())
         _sync_actual_state(servers)
         result = planner.plan(*planner_inputs(time.time()))
-        return _apply(result, actor)
+        report = _apply(result, actor)
+        if report.changes:
+            dispatch.slots_topup_enqueue()  # capacity changed: the dispatcher resizes every model's slots
+        return report
     finally:
         lock_release("reconcile")
 

@@ -16,7 +16,8 @@ from controlplane.fleet.models import Placement, PlacementStatus, ServerState, T
 # Routes are read from Postgres at most this often per process: fresh enough to follow a rebalance
 # within a beat interval, rare enough that dispatch is not a database load.
 ROUTE_CACHE_SECONDS = 1.0
-_ROUTABLE = (ServerState.HEALTHY, ServerState.CORDONED)
+# Servers that get calls (cordoned: no new placements, but keeps serving what it has).
+ROUTABLE_STATES = (ServerState.HEALTHY, ServerState.CORDONED)
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ def routes_for_model(triton_name: str, *, fresh: bool = False) -> list[Route]:
     rows = (
         Placement.objects.filter(
             model__triton_name=triton_name, status=PlacementStatus.READY, instances__gt=0,
-            server__state__in=_ROUTABLE,
+            server__state__in=ROUTABLE_STATES,
         )
         .exclude(server__breaker_open_until__gt=timezone.now())
         .values("server_id", "server__name", "server__grpc_url")

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
 
-from controlplane.tenants.models import ApiKey, Tenant
+from controlplane.tenants.models import ApiKey, Tenant, TenantEvent
+from controlplane.tenants.services import tenant_set_paused
 
 
 class ApiKeyInline(admin.TabularInline):
@@ -13,12 +16,52 @@ class ApiKeyInline(admin.TabularInline):
     can_delete = False
 
 
+class TenantEventInline(admin.TabularInline):
+    model = TenantEvent
+    extra = 0
+    max_num = 0
+    fields = readonly_fields = ("created_at", "kind", "actor", "message")
+    can_delete = False
+    verbose_name_plural = "history"
+
+
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ("name", "is_active", "max_concurrent_batches", "max_enqueued_lines", "created_at")
-    list_filter = ("is_active",)
+    list_display = (
+        "name", "is_active", "paused", "weight", "max_priority", "default_priority", "max_concurrent_batches",
+        "max_enqueued_lines", "max_requests_per_minute", "created_at",
+    )
+    # Plain settings are edited in place (the admin's log records who changed what); pausing goes through
+    # the actions, which write a TenantEvent.
+    list_editable = ("weight", "max_priority", "default_priority")
+    list_filter = ("is_active", "paused", "max_priority")
     search_fields = ("name",)
-    inlines = [ApiKeyInline]
+    readonly_fields = ("paused", "created_at", "updated_at")
+    fieldsets = (
+        (None, {"fields": ("name", "is_active", "created_at", "updated_at")}),
+        ("Quotas (over a quota is a 429)", {"fields": (
+            "max_concurrent_batches", "max_enqueued_lines", "max_enqueued_tokens", "max_requests_per_minute",
+        )}),
+        ("Scheduling (pause and resume with the actions on the list page)", {"fields": (
+            "weight", "max_priority", "default_priority", "paused",
+        )}),
+    )
+    inlines = [ApiKeyInline, TenantEventInline]
+    actions = ["pause", "resume"]
+
+    def _set_paused(self, request: HttpRequest, queryset: QuerySet[Tenant], *, paused: bool) -> None:
+        actor = request.user.get_username()
+        changed = [t.name for t in queryset if tenant_set_paused(tenant_id=t.id, paused=paused, actor=actor)]
+        verb = "Paused" if paused else "Resumed"
+        self.message_user(request, f"{verb}: {', '.join(changed)}." if changed else f"{verb}: nothing to change.")
+
+    @admin.action(description="Pause: dispatch no new shards of the selected tenants")
+    def pause(self, request: HttpRequest, queryset: QuerySet[Tenant]) -> None:
+        self._set_paused(request, queryset, paused=True)
+
+    @admin.action(description="Resume dispatching the selected tenants' shards")
+    def resume(self, request: HttpRequest, queryset: QuerySet[Tenant]) -> None:
+        self._set_paused(request, queryset, paused=False)
 
 
 @admin.register(ApiKey)

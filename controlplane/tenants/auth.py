@@ -9,10 +9,13 @@ from django.utils import timezone
 from rest_framework import authentication, exceptions, permissions
 
 from controlplane.tenants.models import ApiKey, Tenant
-from controlplane.tenants.services import hash_api_key
+from controlplane.tenants.services import api_request_record, hash_api_key
 
 # Writing last_used_at on every request would make each API call a write; once a minute is enough.
 _LAST_USED_RESOLUTION = timedelta(minutes=1)
+# Where the request's RequestRate is left for RateLimitHeadersMiddleware (on the Django request, which
+# the middleware sees; DRF's Request does not pass attribute writes through).
+REQUEST_RATE_ATTR = "api_request_rate"
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):
@@ -31,6 +34,9 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         if key is None or not key.tenant.is_active:
             raise exceptions.AuthenticationFailed("Incorrect API key provided.")
         now = timezone.now()
+        # Counted here, so every authenticated API request is, whatever the view; over the limit is a 429.
+        rate = api_request_record(api_key=key, now=now)
+        setattr(request._request, REQUEST_RATE_ATTR, rate)
         if key.last_used_at is None or now - key.last_used_at > _LAST_USED_RESOLUTION:
             ApiKey.objects.filter(id=key.id).update(last_used_at=now)
         return key.tenant, key

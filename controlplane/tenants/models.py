@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
 from django.db import models
 
 from controlplane.core.models import TimestampedModel
@@ -15,6 +16,14 @@ class Priority(models.TextChoices):
 
 # Lower rank is served first.
 PRIORITY_RANK = {Priority.HIGH: 0, Priority.NORMAL: 1, Priority.LOW: 2}
+
+
+def priority_rank(value: object) -> int | None:
+    """The rank of a priority class name, or None when ``value`` is not one."""
+    try:
+        return PRIORITY_RANK[Priority(value)]
+    except ValueError:
+        return None
 
 
 class Tenant(TimestampedModel):
@@ -40,6 +49,17 @@ class Tenant(TimestampedModel):
     def __str__(self) -> str:
         return self.name
 
+    def clean(self) -> None:
+        if self.weight is not None and not self.weight > 0:
+            # Shares are proportional to weight: 0 would starve the tenant, a negative one is meaningless.
+            raise ValidationError({"weight": "Weight must be above 0; pause the tenant to stop its work."})
+        # A default above the allowed maximum would turn every request without a priority into a 400.
+        default_rank, max_rank = priority_rank(self.default_priority), priority_rank(self.max_priority)
+        if default_rank is not None and max_rank is not None and default_rank < max_rank:
+            raise ValidationError(
+                {"default_priority": f"The default priority cannot be above the maximum, {self.max_priority!r}."}
+            )
+
 
 class ApiKey(TimestampedModel):
     """An API key. Only its SHA-256 is stored: keys carry 256 random bits, so no salt/KDF is needed."""
@@ -53,3 +73,42 @@ class ApiKey(TimestampedModel):
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.tenant.name})"
+
+
+class TenantEvent(models.Model):
+    """Audit trail of operator changes to a tenant (pause, resume), shown in the admin."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="events")
+    kind = models.CharField(max_length=32)
+    actor = models.CharField(max_length=100)
+    message = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} {self.kind} by {self.actor}"
+
+
+class ApiKeyRequestWindow(models.Model):
+    """Requests made with one API key in one fixed one-minute window (the per-key request rate).
+
+    A table rather than the cache: the embedded default has no shared cache (LocMem is per gunicorn
+    process, so N workers would allow N × the limit), and the one database every process already uses
+    gives an exact count with a single upsert, on SQLite and Postgres alike. Old windows are pruned as
+    each key opens a new one, so the table holds about one row per active key.
+    """
+
+    # No index of its own: the unique (api_key, window_start) index serves lookups by key.
+    api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="request_windows", db_index=False)
+    window_start = models.DateTimeField()
+    count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["api_key", "window_start"], name="uniq_api_key_request_window"),
+        ]
+
+    def __str__(self) -> str:
+        return f"key {self.api_key_id} @ {self.window_start:%H:%M}: {self.count}"

@@ -2,14 +2,17 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
-from controlplane.core.errors import Conflict
-from controlplane.tenants.models import ApiKey, Tenant
+from controlplane.core.errors import Conflict, QuotaExceeded, ratelimit_headers, whole_seconds
+from controlplane.tenants.models import ApiKey, ApiKeyRequestWindow, Tenant, TenantEvent
 
 KEY_PREFIX = "sk-cp-"
+REQUEST_WINDOW = timedelta(minutes=1)
 
 
 def hash_api_key(raw_key: str) -> str:
@@ -37,3 +40,86 @@ def tenant_create(*, name: str) -> tuple[Tenant, str]:
 
 def api_key_revoke(*, key: ApiKey) -> None:
     ApiKey.objects.filter(id=key.id, revoked_at__isnull=True).update(revoked_at=timezone.now())
+
+
+def tenant_set_paused(*, tenant_id: int, paused: bool, actor: str) -> bool:
+    """Pause or resume a tenant: a paused tenant's batches keep their state but no new shard of theirs is
+    dispatched. Returns whether anything changed; only a change writes a TenantEvent."""
+    with transaction.atomic():
+        # Conditional, so a repeated click (or two operators at once) records one event, not two.
+        changed = Tenant.objects.filter(id=tenant_id, paused=not paused).update(paused=paused)
+        if changed:
+            TenantEvent.objects.create(
+                tenant_id=tenant_id, kind="paused" if paused else "resumed", actor=actor[:100],
+                message="no new shards are dispatched" if paused else "dispatch resumed",
+            )
+    return bool(changed)
+
+
+@dataclass(frozen=True)
+class RequestRate:
+    """One key's use of its per-minute request limit, this request included."""
+
+    limit: int
+    count: int
+    reset_seconds: float  # until the next window starts and the count is back to 0
+
+    def headers(self) -> dict[str, str]:
+        return ratelimit_headers(
+            name="requests", limit=self.limit, remaining=self.limit - self.count, reset_seconds=self.reset_seconds
+        )
+
+
+def request_window_start(now: datetime) -> datetime:
+    """Fixed one-minute windows aligned to the minute, so every process agrees on the window."""
+    return now.replace(second=0, microsecond=0)
+
+
+def api_request_record(*, api_key: ApiKey, now: datetime) -> RequestRate:
+    """Count one API request for ``api_key`` in the current window; over the tenant's
+    ``max_requests_per_minute`` raise QuotaExceeded (429) with Retry-After at the next window."""
+    window_start = request_window_start(now)
+    count = _request_window_increment(api_key_id=api_key.id, window_start=window_start)
+    if count == 1:
+        # First request of a new window: the key's earlier windows are done with. This keeps about one row
+        # per key at the cost of one indexed DELETE per key per minute.
+        ApiKeyRequestWindow.objects.filter(api_key_id=api_key.id, window_start__lt=window_start).delete()
+    rate = RequestRate(
+        limit=api_key.tenant.max_requests_per_minute,
+        count=count,
+        reset_seconds=(window_start + REQUEST_WINDOW - now).total_seconds(),
+    )
+    if rate.count > rate.limit:
+        raise QuotaExceeded(
+            f"Rate limit reached for requests per minute on this API key: limit {rate.limit}, used "
+            f"{rate.count - 1}, requested 1. Try again in {whole_seconds(rate.reset_seconds)}s.",
+            code="rate_limit_exceeded", limit="max_requests_per_minute", value=rate.limit,
+            current=rate.count - 1, requested=1, retry_after=rate.reset_seconds, header_name="requests",
+        )
+    return rate
+
+
+def _request_window_increment(*, api_key_id: int, window_start: datetime) -> int:
+    """Add one to the key's count for the window and return the new count, in one statement.
+
+    The ORM has no increment-on-conflict (``bulk_create(update_conflicts=True)`` can only copy the new
+    row's values), and UPDATE-then-INSERT needs a retry when two processes insert the same window at once
+    plus a second query to read the count back. ``INSERT … ON CONFLICT DO UPDATE … RETURNING`` is atomic
+    and returns exactly this request's count, with the same syntax on Postgres and SQLite (3.35+).
+    """
+    meta = ApiKeyRequestWindow._meta
+    quote = connection.ops.quote_name
+    table, key, start, count = (quote(name) for name in (
+        meta.db_table, meta.get_field("api_key").column, meta.get_field("window_start").column,
+        meta.get_field("count").column,
+    ))
+    # Converted as the ORM would (SQLite stores text), so ORM filters on window_start match these rows.
+    start_value = meta.get_field("window_start").get_db_prep_value(window_start, connection)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} ({key}, {start}, {count}) VALUES (%s, %s, 1) "
+            f"ON CONFLICT ({key}, {start}) DO UPDATE SET {count} = {table}.{count} + 1 RETURNING {count}",
+            [api_key_id, start_value],
+        )
+        row = cursor.fetchone()
+    return int(row[0])

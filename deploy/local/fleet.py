@@ -12,8 +12,8 @@ from pathlib import Path
 import psycopg
 import redis
 
-from controlplane.triton.local_server import LocalTriton, running_local_server
 from deploy.local.stack import Stack, find_free_port
+from deploy.local.triton_server import LocalTriton, running_local_server
 
 ADMIN_DB_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 

@@ -1,7 +1,12 @@
 """Local process runner: Triton, web, Celery worker and beat as child processes of one Python process.
 
 Used by `make demo`, `make serve`, the end-to-end tests and the benchmark, so all four run the stack
-the same way. Production runs the same four commands under Kubernetes or compose (see deploy/)."""
+the same way. Production runs the same four commands under Kubernetes or compose (see deploy/).
+
+With its own Triton (`with_triton=True`, the default) the runner registers that server as a managed fleet
+server, keeps the shipped models warm and waits until they are loaded: dispatch, placement and the admin's
+fleet pages then work as in production. With `with_triton=False` it runs unmanaged on the Triton at
+`triton_grpc_url` (TRITON_GRPC_URLS), or on whatever the caller registers itself (deploy/local/fleet.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from controlplane.triton.local_server import (
+from deploy.local.triton_server import (
     free_port,
     log_tail,
     start_local_server,
@@ -38,6 +43,22 @@ class Stack:
     with_beat: bool = True
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     triton_grpc_url: str = ""
+    # The fleet name of the runner's own Triton; registering again under it (a restarted `make serve` on a
+    # kept database) moves the row to the new port instead of leaving a dead server behind.
+    triton_server_name: str = "local"
+    # Declared GPU memory of the runner's Triton, one size per GPU ("16G", "16G,16G"). This host has no
+    # GPU, yet the planner places against GPU memory: 16 GiB is one common inference card and holds the
+    # shipped models (~0.6 GiB) with room to spare, so nothing is evicted by accident. Set it smaller to
+    # watch eviction, or to your card's size.
+    triton_gpu_memory: str = field(default_factory=lambda: os.environ.get("LOCAL_TRITON_GPU_MEMORY", "16G"))
+    # Kept loaded while idle (min_instances=1) so the first small batch does not wait for a model load:
+    # the catalogue models shipped in triton_models/ (controlplane/fleet/seed.py).
+    warm_models: tuple[str, ...] = ("identity", "scale2", "all-MiniLM-L6-v2")
+    warm_timeout_s: float = 180.0
+    # How long registering and loading the warm models took (the benchmark shows it).
+    warm_seconds: float = field(default=0.0, init=False)
+    triton_metrics_url: str = field(default="", init=False)
+    _warm_started: float = field(default=0.0, init=False, repr=False)
 
     @property
     def base_url(self) -> str:
@@ -53,7 +74,9 @@ class Stack:
         env["CONTROLPLANE_VAR_DIR"] = str(self.var_dir)
         env["PYTHONPATH"] = str(REPO_ROOT)
         env.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
-        if self.triton_grpc_url:
+        if self.triton_grpc_url and not self.with_triton:
+            # Unmanaged: dispatch loads models on first use here. The runner's own Triton is a registered
+            # server instead, and routing follows its placements.
             env["TRITON_GRPC_URLS"] = self.triton_grpc_url
         return env
 
@@ -77,10 +100,20 @@ class Stack:
         return proc
 
     def start(self) -> Stack:
+        try:
+            return self._start()
+        except BaseException:
+            # A half-started stack must not outlive us: web, worker and beat run in their own sessions.
+            self.stop()
+            raise
+
+    def _start(self) -> Stack:
         self.var_dir.mkdir(parents=True, exist_ok=True)
         if self.with_triton:
             self.start_triton()
         self.manage("migrate", "--noinput", "-v0")
+        if self.with_triton:
+            self.register_triton()
         self._spawn("web", [
             str(BIN / "gunicorn"), "controlplane.wsgi:application", "-b", f"127.0.0.1:{self.web_port}",
             # Two processes with a few threads: uploads and downloads stream, so threads mostly wait.
@@ -92,6 +125,8 @@ class Stack:
                 str(BIN / "celery"), "-A", "controlplane", "beat", "-l", "info",
                 "-s", str(self.var_dir / "celerybeat-schedule"),
             ])
+        if self.with_triton:
+            self.wait_warm()  # loads run while web and the worker boot
         self._wait_http(f"{self.base_url}/healthz", "web")
         return self
 
@@ -103,6 +138,30 @@ class Stack:
         self.procs["triton"] = proc
         wait_until_ready(f"http://127.0.0.1:{ports[0]}", 90, proc=proc, log_path=log)
         self.triton_grpc_url = f"127.0.0.1:{ports[1]}"
+        self.triton_metrics_url = f"http://127.0.0.1:{ports[2]}/metrics"
+
+    def register_triton(self) -> None:
+        """Put the runner's Triton under management with declared GPUs and raise the warm models' floor."""
+        self._warm_started = time.monotonic()
+        self.manage("fleet_register", self.triton_server_name, self.triton_grpc_url,
+                    "--gpu-memory", self.triton_gpu_memory, "--metrics-url", self.triton_metrics_url)
+        if self.warm_models:
+            self.manage("catalogue_warm", *self.warm_models, "--min-instances", "1", "--actor", "runner")
+
+    def wait_warm(self) -> None:
+        """Block until the warm models are loaded on a routable server (reconciling at once rather than on
+        beat's first tick); on failure raise with the Triton and worker log tails."""
+        if self.warm_models:
+            result = self.manage("fleet_wait_ready", *self.warm_models, "--timeout", f"{self.warm_timeout_s:g}",
+                                 "--actor", "runner", check=False)
+            if result.returncode != 0:
+                raise RuntimeError(
+                    f"warm models {', '.join(self.warm_models)} not served by {self.triton_server_name} "
+                    f"({self.triton_grpc_url}):\n{result.stdout}{result.stderr}\n"
+                    f"--- triton.log ---\n{log_tail(self.log_dir / 'triton.log')}\n"
+                    f"--- worker.log ---\n{log_tail(self.log_dir / 'worker.log', 30)}"
+                )
+        self.warm_seconds = time.monotonic() - self._warm_started
 
     def start_worker(self, name: str = "worker") -> subprocess.Popen[bytes]:
         return self._spawn(name, [

@@ -10,6 +10,7 @@ from controlplane.batches import services
 from controlplane.batches.execution import shard_run
 from controlplane.batches.finalize import batch_try_finalize
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
+from controlplane.core import dispatch
 from controlplane.files.models import File
 from controlplane.files.storage import blob_open
 from tests.batches.helpers import embedding_line, jsonl, tensor_line, upload
@@ -41,9 +42,7 @@ def _read(file_id: str | None) -> list[dict]:
 @pytest.fixture
 def eager(settings, monkeypatch):
     # Tasks enqueued on commit would run in-process; these tests drive the services themselves.
-    monkeypatch.setattr(services, "_enqueue_validate", lambda batch_id: None)
-    monkeypatch.setattr(services, "enqueue_shards", lambda ids: None)
-    monkeypatch.setattr(services, "_enqueue_finalize_check", lambda batch_id: None)
+    monkeypatch.setattr(dispatch, "send", lambda task_name, args: None)
     settings.SHARD_MAX_LINES = 4
 
 

@@ -19,8 +19,8 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from controlplane.triton.client import TritonClient
-from controlplane.triton.inprocess import InProcessMiniLM
-from controlplane.triton.local_server import LocalTriton
+from deploy.local.inprocess import InProcessMiniLM
+from deploy.local.triton_server import LocalTriton
 from tests.build_engines.conftest import CORPUS, REPO_ROOT
 from tests.triton_fixture import triton_client, triton_server
 
@@ -130,6 +130,7 @@ def test_registered_model_runs_a_batch_through_triton(
     from controlplane.batches.backend import TritonBackend
     from controlplane.batches.execution import shard_run
     from controlplane.batches.models import Batch, BatchStatus, Shard
+    from controlplane.core import dispatch
     from controlplane.files.models import File
     from controlplane.files.storage import blob_open
     from controlplane.fleet.models import CatalogueModel
@@ -151,9 +152,7 @@ def test_registered_model_runs_a_batch_through_triton(
     ]
 
     # The services run the batch in-process; nothing is enqueued.
-    monkeypatch.setattr(services, "_enqueue_validate", lambda batch_id: None)
-    monkeypatch.setattr(services, "enqueue_shards", lambda ids: None)
-    monkeypatch.setattr(services, "_enqueue_finalize_check", lambda batch_id: None)
+    monkeypatch.setattr(dispatch, "send", lambda task_name, args: None)
     settings.SHARD_MAX_LINES = 10  # 24 lines: three shards, the last one short
     file = upload(tenant, jsonl([embedding_line(f"s{i}", s, model=ONNX_NAME) for i, s in enumerate(SENTENCES)]))
     batch = services.batch_create(

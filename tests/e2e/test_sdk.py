@@ -38,7 +38,7 @@ def test_upload_over_limit_is_413_with_a_clear_body(e2e):
 
 
 def test_embeddings_batch_matches_in_process_model(e2e):
-    from controlplane.triton.inprocess import InProcessMiniLM
+    from deploy.local.inprocess import InProcessMiniLM
 
     client = e2e.sdk()
     lines = embedding_lines(40, seed=1)

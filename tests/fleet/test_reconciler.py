@@ -7,6 +7,7 @@ import pytest
 
 from controlplane.batches import services
 from controlplane.batches.models import Batch
+from controlplane.core import dispatch
 from controlplane.fleet.inventory import server_register
 from controlplane.fleet.models import CatalogueModel, Placement, PlacementEvent, PlacementStatus
 from controlplane.fleet.reconciler import fleet_reconcile
@@ -19,8 +20,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def fleet(triton_server, tenant, monkeypatch, settings):
-    monkeypatch.setattr(services, "enqueue_shards", lambda ids: None)
-    monkeypatch.setattr(services, "_enqueue_validate", lambda batch_id: None)
+    monkeypatch.setattr(dispatch, "send", lambda task_name, args: None)
     settings.FLEET_UNLOAD_GRACE_SECONDS = 0
     server = server_register(name="t0", grpc_url=triton_server.grpc_url, gpu_memory_bytes=[1024**3])
     client = TritonClient(triton_server.grpc_url)

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from controlplane.triton.client import TritonClient
-from controlplane.triton.inprocess import InProcessMiniLM
+from deploy.local.inprocess import InProcessMiniLM
 from tests.triton_fixture import (  # noqa: F401 - pytest finds fixtures and hooks by name
     pytest_runtest_makereport,
     triton_client,

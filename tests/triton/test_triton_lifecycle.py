@@ -1,4 +1,5 @@
-"""local_server: backend preparation, environment, and the foreground CLI on a fresh server."""
+"""deploy/local/triton_server.py: backend preparation, environment; and the foreground CLI
+(`python -m deploy.local.triton_serve`) on a fresh server."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sysconfig
 from pathlib import Path
 
 from controlplane.triton.client import TritonClient
-from controlplane.triton.local_server import (
+from deploy.local.triton_server import (
     REPO_ROOT,
     build_env,
     free_port,
@@ -46,7 +47,7 @@ def test_cli_starts_explicit_mode_with_nothing_loaded_and_stops_on_sigterm(tmp_p
         [
             sys.executable,
             "-m",
-            "controlplane.triton.local_server",
+            "deploy.local.triton_serve",
             "--http-port",
             str(http),
             "--grpc-port",

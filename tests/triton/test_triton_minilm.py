@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from controlplane.triton.client import PermanentTritonError, TransientTritonError, TritonClient
-from controlplane.triton.inprocess import InProcessMiniLM
-from controlplane.triton.local_server import REPO_ROOT, LocalTriton
+from deploy.local.inprocess import InProcessMiniLM
+from deploy.local.triton_server import REPO_ROOT, LocalTriton
 
 SENTENCES = [
     "A man is eating food.",

@@ -16,7 +16,7 @@ from controlplane.triton.client import (
     TransientTritonError,
     TritonClient,
 )
-from controlplane.triton.local_server import LocalTriton, free_port
+from deploy.local.triton_server import LocalTriton, free_port
 
 
 def test_server_health_and_metrics(triton_server: LocalTriton, triton_client: TritonClient) -> None:

@@ -1,7 +1,7 @@
 """all-MiniLM-L6-v2 sentence embeddings: tokenise, one BERT pass, mean pooling, L2 normalisation.
 
 The single implementation behind both the Triton model (model.py, next to this file) and
-`controlplane.triton.inprocess` (parity tests, benchmark ceiling). It lives in the model repository,
+`deploy.local.inprocess` (parity tests, benchmark ceiling). It lives in the model repository,
 not in controlplane, because model code must never import the control plane; both sides load this file
 by path. Keep its imports to torch, transformers, numpy and the weights package.
 """

@@ -1,14 +1,13 @@
 """Run the `tritonserver` binary that ships inside the `nvidia-pytriton` wheel.
 
-This is the embedded default: a real Triton 2.51 on CPU with no container. Plain Python on purpose (no
-Django import) so the process runner, the test fixtures and ops scripts can all use it.
-
-    python -m controlplane.triton.local_server --http-port 8010 --grpc-port 8011 --metrics-port 8012
+This is the embedded default: a real Triton 2.51 on CPU with no container. Development only: production
+runs NGC Triton containers (deploy/), so this lives with the local runner, not in the runtime adapter
+(controlplane/triton/). Plain Python on purpose (no Django import) so the process runner, the test fixtures
+and ops scripts can all use it. The foreground CLI is `python -m deploy.local.triton_serve`.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import importlib.util
@@ -343,41 +342,3 @@ def running_local_server(
             stop_local_server(proc)
         return
     raise LocalTritonError(f"tritonserver failed to start after {attempts} attempts") from last_error
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run the local tritonserver in the foreground.")
-    parser.add_argument("--model-repository", default=str(DEFAULT_MODEL_REPOSITORY))
-    parser.add_argument("--http-port", type=int, default=DEFAULT_HTTP_PORT)
-    parser.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT)
-    parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT)
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 exposes it to the network")
-    parser.add_argument("--log-path", default=None, help="append server output here (default: stdout)")
-    parser.add_argument("--backend-dir", default=None, help=f"default: {DEFAULT_BACKEND_CACHE}")
-    parser.add_argument("extra", nargs="*", help="extra tritonserver args, after --")
-    args = parser.parse_args(argv)
-
-    proc = start_local_server(
-        args.model_repository,
-        args.http_port,
-        args.grpc_port,
-        args.metrics_port,
-        args.log_path,
-        args.extra,
-        backend_dir=Path(args.backend_dir) if args.backend_dir else None,
-        die_with_parent=True,
-        host=args.host,
-    )
-
-    def forward(signum: int, _frame: object) -> None:
-        # Triton handles SIGINT/SIGTERM itself by draining; we just pass the signal on and keep waiting.
-        if proc.poll() is None:
-            proc.send_signal(signum)
-
-    signal.signal(signal.SIGINT, forward)
-    signal.signal(signal.SIGTERM, forward)
-    return proc.wait()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

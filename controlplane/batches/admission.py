@@ -1,0 +1,69 @@
+"""Admission at batch create: the priority class asked for, and the tenant's quotas on work waiting.
+
+``batch_admit`` runs inside ``batch_create``'s transaction after the tenant row is locked, so two
+concurrent creates cannot both slip under a quota. It only reads; the caller writes the batch.
+"""
+
+from __future__ import annotations
+
+from controlplane.batches import selectors
+from controlplane.core.errors import QuotaExceeded, ValidationFailed
+from controlplane.files.models import File
+from controlplane.tenants.models import PRIORITY_RANK, Priority, Tenant, priority_rank
+
+# Both quotas free up only when one of the tenant's batches ends, which takes minutes to hours, so no
+# exact reset time exists. A minute is a fair poll interval: a client waiting that long rarely misses
+# much, and one retrying in a loop costs one request a minute.
+ADMISSION_RETRY_AFTER_SECONDS = 60
+# The openai SDK retries a 429 by itself (twice, sleeping Retry-After): for a quota that frees up in
+# minutes that only blocks the caller for two minutes before the same error, so tell it not to.
+_NO_SDK_RETRY = {"x-should-retry": "false"}
+
+
+def batch_admit(*, tenant: Tenant, input_file: File, priority: str | None) -> str:
+    """Return the priority class the new batch gets, or raise ValidationFailed (400) for a priority the
+    tenant may not use, QuotaExceeded (429) when the tenant is at its concurrent-batch limit or the
+    file's lines would take its enqueued lines over the limit. ``tenant`` must be the locked row."""
+    chosen = _priority_choose(tenant=tenant, priority=priority)
+    active = selectors.batch_active_count(tenant=tenant)
+    if active >= tenant.max_concurrent_batches:
+        raise QuotaExceeded(
+            f"Tenant has {active} active batches, the limit is {tenant.max_concurrent_batches}; "
+            "wait for one to finish or cancel one.",
+            code="concurrent_batches_limit_exceeded", limit="max_concurrent_batches",
+            value=tenant.max_concurrent_batches, current=active, requested=1,
+            retry_after=ADMISSION_RETRY_AFTER_SECONDS, headers=_NO_SDK_RETRY,
+        )
+    # A file stored before uploads counted lines adds nothing here; validation still checks its real count.
+    incoming = input_file.line_count or 0
+    enqueued = selectors.batch_enqueued_lines(tenant=tenant)
+    if enqueued + incoming > tenant.max_enqueued_lines:
+        raise QuotaExceeded(
+            f"The input file's {incoming} requests would bring the tenant's enqueued requests to "
+            f"{enqueued + incoming}, over the limit of {tenant.max_enqueued_lines} ({enqueued} already "
+            "enqueued); wait for a batch to finish, cancel one, or split the file.",
+            code="enqueued_lines_limit_exceeded", limit="max_enqueued_lines",
+            value=tenant.max_enqueued_lines, current=enqueued, requested=incoming,
+            retry_after=ADMISSION_RETRY_AFTER_SECONDS, headers=_NO_SDK_RETRY,
+        )
+    return chosen
+
+
+def _priority_choose(*, tenant: Tenant, priority: object) -> str:
+    highest = Priority(tenant.max_priority)
+    if priority is None:
+        # Tenant.clean keeps the default at or below the maximum; for a row edited outside the admin, the
+        # lower of the two rather than a 400 on every request that names no priority.
+        return max(Priority(tenant.default_priority), highest, key=PRIORITY_RANK.__getitem__).value
+    if priority_rank(priority) is None:
+        raise ValidationFailed(
+            f"priority must be one of {', '.join(repr(p.value) for p in Priority)}, got {priority!r}.",
+            param="priority", code="invalid_priority",
+        )
+    asked = Priority(priority)
+    if PRIORITY_RANK[asked] < PRIORITY_RANK[highest]:
+        raise ValidationFailed(
+            f"priority {asked.value!r} is above the highest class allowed for this tenant, {highest.value!r}.",
+            param="priority", code="priority_not_allowed",
+        )
+    return asked.value

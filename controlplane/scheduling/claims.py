@@ -1,0 +1,120 @@
+"""Claiming the next shard of a model by policy, and charging it to the tenant's fair share.
+
+A claim is one transaction: rank the model's runnable batches (policy.py), then take the lowest pending
+shard of the best batch with ``SELECT … FOR UPDATE SKIP LOCKED`` — two claimers never get one shard, and
+neither waits on the other's row. The claimed work is charged to the tenant's virtual time at claim
+(estimated work units) and corrected when the shard settles (measured tokens)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from controlplane.batches.models import Batch, Endpoint, Shard, ShardStatus
+from controlplane.batches.services import event_record
+from controlplane.fleet.models import CatalogueModel
+from controlplane.scheduling import policy, selectors
+from controlplane.scheduling.models import SchedulerClock, TenantShare
+
+# Smoothing of the measured seconds per work unit, and the most one shard may move it: a cold start
+# (a model loading under the first shard) must not make every later shard four lines long.
+SPEED_SMOOTHING = 0.3
+SPEED_STEP_LIMIT = 4.0
+
+
+def shard_claim_next(*, model: CatalogueModel, owner: str) -> Shard | None:
+    """Claim the shard the policy serves next for this model; None when nothing of it is runnable."""
+    now = timezone.now()
+    with transaction.atomic():
+        ranked, _ = selectors.model_ranking(model=model, now=now)
+        for candidate in ranked:
+            shard_id = (
+                Shard.objects.select_for_update(skip_locked=True)
+                .filter(selectors.runnable_q(now), batch_id=candidate.batch_id)
+                .order_by("index").values_list("id", flat=True).first()
+            )
+            if shard_id is None:
+                continue  # its shards were claimed by someone else since the ranking was read
+            won = Shard.objects.filter(id=shard_id, status=ShardStatus.PENDING).update(
+                status=ShardStatus.RUNNING, attempt=F("attempt") + 1, lease_owner=owner, not_before=None,
+                lease_expires_at=now + timedelta(seconds=settings.SHARD_LEASE_SECONDS), started_at=now,
+            )
+            if won != 1:
+                continue  # SQLite has no row locks; its single writer makes this unreachable, but be safe
+            shard = Shard.objects.select_related("batch", "batch__tenant").get(id=shard_id)
+            Batch.objects.filter(id=shard.batch_id).update(last_dispatched_at=now)
+            _charge(tenant_id=shard.batch.tenant_id, weight=shard.batch.tenant.weight, work=shard.work_units, now=now)
+            event_record(batch_id=shard.batch_id, shard_index=shard.index, kind="shard_claimed",
+                         message=f"attempt {shard.attempt} by {owner}")
+            return shard
+    return None
+
+
+def _charge(*, tenant_id: int, weight: float, work: float, now: datetime) -> None:
+    """Advance the tenant's virtual time by the claimed work (locks: share row, then the clock row)."""
+    config = selectors.policy_config()
+    share_row, new_tenant = TenantShare.objects.select_for_update().get_or_create(
+        tenant_id=tenant_id, defaults={"vtime": 0.0, "vtime_at": now}
+    )
+    clock_row, _ = SchedulerClock.objects.select_for_update().get_or_create(
+        name="default", defaults={"vtime": 0.0, "vtime_at": now}
+    )
+    # A tenant without a share row yet is new to the scheduler: the policy starts it at the system clock.
+    existing = None if new_tenant else policy.TenantShare(
+        tenant_id=tenant_id, clock=policy.Clock(share_row.vtime, share_row.vtime_at.timestamp()), weight=weight
+    )
+    system = policy.Clock(clock_row.vtime, clock_row.vtime_at.timestamp())
+    new_share, new_system = policy.charge(existing, tenant_id, max(weight, 1e-6), system, work, now.timestamp(), config)
+    TenantShare.objects.filter(tenant_id=tenant_id).update(
+        vtime=new_share.clock.vtime, vtime_at=now, served_work_units=F("served_work_units") + work
+    )
+    SchedulerClock.objects.filter(name="default").update(vtime=new_system.vtime, vtime_at=now)
+
+
+def shard_settle(*, shard_id: int) -> None:
+    """After a shard committed: correct the tenant's charge with the measured work (the tokenizer's count
+    for text) and fold the shard's measured seconds per work unit into the model's estimate."""
+    row = (
+        Shard.objects.filter(id=shard_id, status=ShardStatus.SUCCEEDED)
+        .values("work_units", "prompt_tokens", "started_at", "finished_at", "batch__endpoint",
+                "batch__tenant_id", "batch__tenant__weight", "batch__model")
+        .first()
+    )
+    if row is None or not row["work_units"]:
+        return
+    measured = row["work_units"]
+    if row["batch__endpoint"] == Endpoint.EMBEDDINGS and row["prompt_tokens"]:
+        measured = row["prompt_tokens"]
+    now = timezone.now()
+    if measured != row["work_units"]:
+        with transaction.atomic():
+            share_row = TenantShare.objects.select_for_update().filter(tenant_id=row["batch__tenant_id"]).first()
+            if share_row is not None:
+                share = policy.TenantShare(
+                    tenant_id=share_row.tenant_id, clock=policy.Clock(share_row.vtime, share_row.vtime_at.timestamp()),
+                    weight=max(row["batch__tenant__weight"], 1e-6),
+                )
+                corrected = policy.correct(share, measured - row["work_units"], now.timestamp(),
+                                           selectors.policy_config())
+                TenantShare.objects.filter(tenant_id=share_row.tenant_id).update(
+                    vtime=corrected.clock.vtime, vtime_at=now,
+                    served_work_units=F("served_work_units") + (measured - row["work_units"]),
+                )
+    if row["started_at"] and row["finished_at"]:
+        seconds = (row["finished_at"] - row["started_at"]).total_seconds()
+        _speed_update(model_name=row["batch__model"], seconds_per_unit=seconds / measured)
+
+
+def _speed_update(*, model_name: str, seconds_per_unit: float) -> None:
+    model = CatalogueModel.objects.filter(name=model_name).only("id", "seconds_per_work_unit").first()
+    if model is None or seconds_per_unit <= 0:
+        return
+    old = model.seconds_per_work_unit
+    if old > 0:
+        seconds_per_unit = min(max(seconds_per_unit, old / SPEED_STEP_LIMIT), old * SPEED_STEP_LIMIT)
+        seconds_per_unit = SPEED_SMOOTHING * seconds_per_unit + (1 - SPEED_SMOOTHING) * old
+    CatalogueModel.objects.filter(id=model.id).update(seconds_per_work_unit=seconds_per_unit)

@@ -1,0 +1,169 @@
+"""Reads of the scheduler: what is runnable per model (as policy candidates), tenants' virtual times,
+each model's slot capacity, and a batch's place in its model's queue."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Count, Q, QuerySet, Sum
+from django.utils import timezone
+
+from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
+from controlplane.fleet.models import CatalogueModel, Placement, PlacementStatus, ServerState
+from controlplane.fleet.routing import fleet_is_managed
+from controlplane.scheduling import policy
+from controlplane.scheduling.models import SchedulerClock, TenantShare
+
+_ROUTABLE = (ServerState.HEALTHY, ServerState.CORDONED)
+
+
+def policy_config() -> policy.PolicyConfig:
+    return policy.PolicyConfig(
+        aging_seconds=settings.SCHEDULER_AGING_SECONDS,
+        half_life_seconds=settings.SCHEDULER_HALF_LIFE_SECONDS,
+        deadline_fraction=settings.SCHEDULER_DEADLINE_FRACTION,
+        fifo=settings.SCHEDULER_POLICY == "fifo",
+    )
+
+
+def runnable_q(now: datetime) -> Q:
+    """A pending shard may be claimed: its batch runs, nobody paused it, and any deferral has passed."""
+    return (
+        Q(status=ShardStatus.PENDING, batch__status=BatchStatus.IN_PROGRESS, batch__stop_reason__isnull=True,
+          batch__tenant__paused=False)
+        & (Q(not_before__isnull=True) | Q(not_before__lte=now))
+    )
+
+
+def runnable_shards(*, model: CatalogueModel, now: datetime) -> QuerySet[Shard]:
+    if model.paused:
+        return Shard.objects.none()
+    return Shard.objects.filter(runnable_q(now), batch__model=model.name)
+
+
+def model_call_cap(model: CatalogueModel) -> int:
+    """Triton calls in flight the model may have across the fleet: the catalogue's cap, or a default
+    per ready instance (unmanaged: per configured server, one instance each)."""
+    if model.max_inflight_calls:
+        return model.max_inflight_calls
+    if fleet_is_managed():
+        instances = Placement.objects.filter(
+            model=model, status=PlacementStatus.READY, instances__gt=0, server__state__in=_ROUTABLE
+        ).aggregate(n=Sum("instances"))["n"] or 0
+    else:
+        instances = len(settings.TRITON_GRPC_URLS)
+    return int(instances) * settings.SCHEDULER_CALLS_PER_INSTANCE
+
+
+def model_slot_cap(model: CatalogueModel) -> int:
+    """Slots (shards at once) = call cap ÷ calls per shard; at least one while the model can run at all."""
+    cap = model_call_cap(model)
+    return max(1, cap // settings.DISPATCH_INFLIGHT_CALLS) if cap > 0 else 0
+
+
+def model_throughput(model: CatalogueModel, slots: int) -> float:
+    """Work units per second the model sustains with its slots (0 = unknown)."""
+    if model.seconds_per_work_unit <= 0 or slots <= 0:
+        return 0.0
+    return slots / model.seconds_per_work_unit
+
+
+def _ts(value: datetime | None, default: datetime) -> float:
+    return (value or default).timestamp()
+
+
+def runnable_candidates(*, model: CatalogueModel, now: datetime, throughput: float) -> list[policy.Candidate]:
+    """One candidate per batch of the model with a runnable shard."""
+    rows = (
+        runnable_shards(model=model, now=now)
+        .values(
+            "batch_id", "batch__tenant_id", "batch__priority", "batch__created_at", "batch__last_dispatched_at",
+            "batch__in_progress_at", "batch__expires_at",
+        )
+        .annotate(work=Sum("work_units"), shards=Count("id"))
+    )
+    remaining = _remaining_work([row["batch_id"] for row in rows])
+    return [
+        policy.Candidate(
+            batch_id=row["batch_id"], tenant_id=row["batch__tenant_id"], priority=policy.Priority(row["batch__priority"]),
+            created_at=row["batch__created_at"].timestamp(),
+            waiting_since=_ts(row["batch__last_dispatched_at"] or row["batch__in_progress_at"], row["batch__created_at"]),
+            expires_at=row["batch__expires_at"].timestamp(),
+            remaining_work=float(remaining.get(row["batch_id"], row["work"] or 0)),
+            throughput=throughput,
+            next_shard_work=float(row["work"] or 0) / max(1, row["shards"]),
+        )
+        for row in rows
+    ]
+
+
+def _remaining_work(batch_ids: list[str]) -> dict[str, int]:
+    """Work units of each batch still pending or running (deadline risk counts both)."""
+    if not batch_ids:
+        return {}
+    rows = (
+        Shard.objects.filter(batch_id__in=batch_ids, status__in=(ShardStatus.PENDING, ShardStatus.RUNNING))
+        .values("batch_id").annotate(work=Sum("work_units"))
+    )
+    return {row["batch_id"]: int(row["work"] or 0) for row in rows}
+
+
+def tenant_shares(tenant_ids: Iterable[int]) -> dict[int, policy.TenantShare]:
+    rows = TenantShare.objects.filter(tenant_id__in=set(tenant_ids)).values(
+        "tenant_id", "vtime", "vtime_at", "tenant__weight"
+    )
+    return {
+        row["tenant_id"]: policy.TenantShare(
+            tenant_id=row["tenant_id"], clock=policy.Clock(row["vtime"], row["vtime_at"].timestamp()),
+            weight=max(row["tenant__weight"], 1e-6),
+        )
+        for row in rows
+    }
+
+
+def system_clock() -> policy.Clock:
+    row = SchedulerClock.objects.filter(name="default").values("vtime", "vtime_at").first()
+    if row is None:
+        return policy.Clock(0.0, timezone.now().timestamp())
+    return policy.Clock(row["vtime"], row["vtime_at"].timestamp())
+
+
+def model_ranking(*, model: CatalogueModel, now: datetime) -> tuple[list[policy.Candidate], float]:
+    """Runnable batches of a model in the order the next claims will serve them, and the throughput used."""
+    throughput = model_throughput(model, model_slot_cap(model))
+    candidates = runnable_candidates(model=model, now=now, throughput=throughput)
+    if not candidates:
+        return [], throughput
+    shares = tenant_shares(c.tenant_id for c in candidates)
+    ranked = policy.rank(candidates, shares, system_clock(), now.timestamp(), policy_config())
+    return ranked, throughput
+
+
+def batches_queue_info(batches: Iterable[Batch]) -> dict[str, dict[str, Any]]:
+    """For in_progress batches with runnable shards: their position among the model's runnable batches
+    (1 = served by the next free slot) and an estimated start of their next shard."""
+    by_model: dict[str, list[str]] = {}
+    for batch in batches:
+        if batch.status == BatchStatus.IN_PROGRESS and batch.model and not batch.stop_reason:
+            by_model.setdefault(batch.model, []).append(batch.id)
+    now = timezone.now()
+    info: dict[str, dict[str, Any]] = {}
+    for name, wanted in by_model.items():
+        model = CatalogueModel.objects.filter(name=name).first()
+        if model is None:
+            continue
+        ranked, throughput = model_ranking(model=model, now=now)
+        starts = policy.start_estimates(ranked, throughput)
+        for position, candidate in enumerate(ranked, start=1):
+            if candidate.batch_id in wanted:
+                wait = starts.get(candidate.batch_id, 0.0)
+                info[candidate.batch_id] = {
+                    "position": position,
+                    "runnable_batches": len(ranked),
+                    "estimated_start_at": int(now.timestamp() + wait) if wait != float("inf") else None,
+                    "deadline_at_risk": policy.deadline_at_risk(candidate, now.timestamp(), policy_config()),
+                }
+    return info
