@@ -153,11 +153,13 @@ SCHEDULER_DEADLINE_FRACTION = env_float("SCHEDULER_DEADLINE_FRACTION", 0.5)
 # Default cap on Triton calls in flight per ready instance (a model's max_inflight_calls overrides):
 # two shards of DISPATCH_INFLIGHT_CALLS calls keep an instance's dynamic batcher fed.
 SCHEDULER_CALLS_PER_INSTANCE = env_int("SCHEDULER_CALLS_PER_INSTANCE", 6, minimum=1)
-# A queued slot whose message was lost stops counting against the cap after this.
-SCHEDULER_SLOT_QUEUED_SECONDS = env_float("SCHEDULER_SLOT_QUEUED_SECONDS", 60.0)
-# A slot runs shards back to back for at most this long, then hands its place back to the broker,
-# so one task never holds a worker thread for hours.
-SCHEDULER_SLOT_BUDGET_SECONDS = env_float("SCHEDULER_SLOT_BUDGET_SECONDS", 30.0)
+# A queued slot whose message was lost (or taken by a worker that died before starting it) stops
+# counting against the cap after this. Short is safe: a message that arrives after its slot expired
+# does nothing, so an early expiry costs one extra message, never an extra shard in flight.
+SCHEDULER_SLOT_QUEUED_SECONDS = env_float("SCHEDULER_SLOT_QUEUED_SECONDS", 20.0)
+# A slot runs shards back to back for at most this long, then hands its place back to the broker
+# (behind other models' slots), so one model's backlog never holds every worker thread.
+SCHEDULER_SLOT_BUDGET_SECONDS = env_float("SCHEDULER_SLOT_BUDGET_SECONDS", 10.0)
 # How often beat tops up every model's slots (the other top-ups are event-driven).
 SCHEDULER_TOPUP_INTERVAL_SECONDS = env_float("SCHEDULER_TOPUP_INTERVAL_SECONDS", 2.0)
 

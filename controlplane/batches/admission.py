@@ -30,9 +30,13 @@ def batch_admit(*, tenant: Tenant, input_file: File, priority: str | None) -> st
         raise QuotaExceeded(
             f"Tenant has {active} active batches, the limit is {tenant.max_concurrent_batches}; "
             "wait for one to finish or cancel one.",
-            code="concurrent_batches_limit_exceeded", limit="max_concurrent_batches",
-            value=tenant.max_concurrent_batches, current=active, requested=1,
-            retry_after=ADMISSION_RETRY_AFTER_SECONDS, headers=_NO_SDK_RETRY,
+            code="concurrent_batches_limit_exceeded",
+            limit="max_concurrent_batches",
+            value=tenant.max_concurrent_batches,
+            current=active,
+            requested=1,
+            retry_after=ADMISSION_RETRY_AFTER_SECONDS,
+            headers=_NO_SDK_RETRY,
         )
     # A file stored before uploads counted lines adds nothing here; validation still checks its real count.
     incoming = input_file.line_count or 0
@@ -42,9 +46,13 @@ def batch_admit(*, tenant: Tenant, input_file: File, priority: str | None) -> st
             f"The input file's {incoming} requests would bring the tenant's enqueued requests to "
             f"{enqueued + incoming}, over the limit of {tenant.max_enqueued_lines} ({enqueued} already "
             "enqueued); wait for a batch to finish, cancel one, or split the file.",
-            code="enqueued_lines_limit_exceeded", limit="max_enqueued_lines",
-            value=tenant.max_enqueued_lines, current=enqueued, requested=incoming,
-            retry_after=ADMISSION_RETRY_AFTER_SECONDS, headers=_NO_SDK_RETRY,
+            code="enqueued_lines_limit_exceeded",
+            limit="max_enqueued_lines",
+            value=tenant.max_enqueued_lines,
+            current=enqueued,
+            requested=incoming,
+            retry_after=ADMISSION_RETRY_AFTER_SECONDS,
+            headers=_NO_SDK_RETRY,
         )
     return chosen
 
@@ -58,12 +66,14 @@ def _priority_choose(*, tenant: Tenant, priority: object) -> str:
     if priority_rank(priority) is None:
         raise ValidationFailed(
             f"priority must be one of {', '.join(repr(p.value) for p in Priority)}, got {priority!r}.",
-            param="priority", code="invalid_priority",
+            param="priority",
+            code="invalid_priority",
         )
     asked = Priority(priority)
     if PRIORITY_RANK[asked] < PRIORITY_RANK[highest]:
         raise ValidationFailed(
             f"priority {asked.value!r} is above the highest class allowed for this tenant, {highest.value!r}.",
-            param="priority", code="priority_not_allowed",
+            param="priority",
+            code="priority_not_allowed",
         )
     return asked.value

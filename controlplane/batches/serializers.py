@@ -10,8 +10,10 @@ def _ts(value: datetime | None) -> int | None:
     return int(value.timestamp()) if value else None
 
 
-def batch_render(batch: Batch) -> dict[str, Any]:
-    """OpenAI's Batch object, field for field."""
+def batch_render(batch: Batch, *, queue: dict[str, Any] | None = None) -> dict[str, Any]:
+    """OpenAI's Batch object, field for field, plus two extra fields the SDK passes through: ``priority``
+    and ``queue`` (position among the model's runnable batches and an estimated start; null when none
+    of the batch's shards is waiting)."""
     return {
         "id": batch.id,
         "object": "batch",
@@ -45,4 +47,6 @@ def batch_render(batch: Batch) -> dict[str, Any]:
             "output_tokens_details": {"reasoning_tokens": 0},
         },
         "metadata": batch.metadata,
+        "priority": batch.priority,
+        "queue": queue,
     }

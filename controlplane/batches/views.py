@@ -1,13 +1,21 @@
 from __future__ import annotations
 
+from typing import Any
+
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.batches import selectors, services
+from controlplane.batches.models import Batch
 from controlplane.batches.serializers import batch_render
 from controlplane.core.errors import ValidationFailed
 from controlplane.core.pagination import cursor_page, parse_limit
+from controlplane.scheduling.selectors import batches_queue_info
+
+
+def _render_with_queue(batch: Batch) -> dict[str, Any]:
+    return batch_render(batch, queue=batches_queue_info([batch]).get(batch.id))
 
 
 class BatchListCreateView(APIView):
@@ -16,7 +24,7 @@ class BatchListCreateView(APIView):
             selectors.batch_list(tenant=request.user),
             after=request.query_params.get("after"),
             limit=parse_limit(request.query_params.get("limit")),
-            render=batch_render,
+            render=_render_with_queue,
         )
         return Response(page)
 
@@ -41,7 +49,7 @@ class BatchListCreateView(APIView):
 
 class BatchDetailView(APIView):
     def get(self, request: Request, batch_id: str) -> Response:
-        return Response(batch_render(selectors.batch_get(tenant=request.user, batch_id=batch_id)))
+        return Response(_render_with_queue(selectors.batch_get(tenant=request.user, batch_id=batch_id)))
 
 
 class BatchCancelView(APIView):

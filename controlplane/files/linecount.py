@@ -55,7 +55,7 @@ class LineCountingReader:
         if self._position > self._counted_to:
             if start > self._counted_to:
                 self._skipped = True
-            self._counter.feed(data[max(0, self._counted_to - start):])
+            self._counter.feed(data[max(0, self._counted_to - start) :])
             self._counted_to = self._position
         return data
 

@@ -33,7 +33,7 @@ _lock = threading.Lock()
 
 
 def fleet_is_managed() -> bool:
-    """With no registered servers the service runs unmanaged on TRITON_GRPC_URLS (embedded default)."""
+    """With no registered servers the service runs unmanaged on TRITON_GRPC_URLS, loading models on first use."""
     return TritonServer.objects.exists()
 
 

@@ -1,5 +1,5 @@
-"""Beat tasks of the placement loop. Both are no-ops when no Triton server is registered (the embedded
-default runs unmanaged on TRITON_GRPC_URLS)."""
+"""Beat tasks of the placement loop. Both are no-ops when no Triton server is registered (the service then
+runs unmanaged on TRITON_GRPC_URLS); the local runner registers its own Triton, so they run there too."""
 
 from __future__ import annotations
 

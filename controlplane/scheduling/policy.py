@@ -132,7 +132,7 @@ def decayed(clock: Clock, now: float, config: PolicyConfig) -> float:
     if math.isinf(config.half_life_seconds):
         return clock.vtime
     elapsed = max(0.0, now - clock.at)
-    return clock.vtime * 2.0 ** (-elapsed / config.half_life_seconds)
+    return clock.vtime * math.exp2(-elapsed / config.half_life_seconds)
 
 
 def effective_vtime(share: TenantShare | None, system: Clock, now: float, config: PolicyConfig) -> float:
@@ -162,7 +162,7 @@ def deadline_at_risk(candidate: Candidate, now: float, config: PolicyConfig) -> 
 def tier(candidate: Candidate, now: float, config: PolicyConfig) -> Tier:
     if deadline_at_risk(candidate, now, config):
         return Tier.URGENT
-    if candidate.priority is not Priority.HIGH and now - candidate.waiting_since >= 2 * config.aging_seconds:
+    if candidate.priority is not Priority.HIGH and now - candidate.waiting_since >= config.aging_seconds:
         return Tier.AGED
     return _CLASS_TIER[candidate.priority]
 

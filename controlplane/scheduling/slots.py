@@ -63,8 +63,9 @@ def _topup_one(model_id: int) -> tuple[str, int]:
 
 
 def _running_lease() -> timedelta:
-    # Long enough to cover a slot's run of back-to-back shards plus one shard's lease.
-    return timedelta(seconds=settings.SCHEDULER_SLOT_BUDGET_SECONDS + settings.SHARD_LEASE_SECONDS)
+    # The same lease as a shard's: a killed worker's slot stops counting as soon as its shard is rescued.
+    # The slot runner renews it in the background while a shard runs (runner.SlotKeeper).
+    return timedelta(seconds=settings.SHARD_LEASE_SECONDS)
 
 
 def slot_start(*, slot_id: int, owner: str) -> Slot | None:

@@ -51,7 +51,10 @@ class TenantAdmin(admin.ModelAdmin):
 
     def _set_paused(self, request: HttpRequest, queryset: QuerySet[Tenant], *, paused: bool) -> None:
         actor = request.user.get_username()
-        changed = [t.name for t in queryset if tenant_set_paused(tenant_id=t.id, paused=paused, actor=actor)]
+        changed = [
+            tenant.name for tenant in queryset.order_by("name")
+            if tenant_set_paused(tenant_id=tenant.id, paused=paused, actor=actor)
+        ]
         verb = "Paused" if paused else "Resumed"
         self.message_user(request, f"{verb}: {', '.join(changed)}." if changed else f"{verb}: nothing to change.")
 

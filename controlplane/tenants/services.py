@@ -106,6 +106,8 @@ def _request_window_increment(*, api_key_id: int, window_start: datetime) -> int
     row's values), and UPDATE-then-INSERT needs a retry when two processes insert the same window at once
     plus a second query to read the count back. ``INSERT … ON CONFLICT DO UPDATE … RETURNING`` is atomic
     and returns exactly this request's count, with the same syntax on Postgres and SQLite (3.35+).
+    It runs in autocommit: inside a request-long transaction (ATOMIC_REQUESTS) the row lock would
+    serialize all of a key's requests, and a failed request would take its count back.
     """
     meta = ApiKeyRequestWindow._meta
     quote = connection.ops.quote_name

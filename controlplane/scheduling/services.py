@@ -1,0 +1,85 @@
+"""Operator actions on the queue: a batch's priority class, pausing a tenant, pausing a model.
+
+Each one commits its change with an audit row (a BatchEvent, the tenant's TenantEvent, or a PlacementEvent
+for a catalogue model) and then asks the dispatcher for a top-up (core.dispatch, sent after commit), so
+the change takes effect at once instead of at the next beat. For a pause the top-up creates nothing (a
+paused tenant's or model's shards are not runnable), but one rule for every action is simpler than
+deciding per action, and a top-up costs one message."""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+
+from controlplane.batches.models import Batch, BatchStatus
+from controlplane.batches.services import event_record
+from controlplane.core import dispatch
+from controlplane.core.errors import Conflict, NotFound, ValidationFailed
+from controlplane.fleet.models import CatalogueModel, PlacementEvent
+from controlplane.tenants.models import Priority
+from controlplane.tenants.services import tenant_set_paused
+
+logger = logging.getLogger(__name__)
+
+# Priority still matters while the batch waits to validate or has shards to run.
+_PRIORITY_STATUSES = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)
+
+
+def batch_priority_set(*, batch_id: str, priority: str, actor: str) -> bool:
+    """Move a live batch to another priority class. Operators may set any class: the tenant's
+    ``max_priority`` limits only what the API accepts. Returns whether anything changed; only a change
+    writes a BatchEvent. A batch that is stopping or finished raises Conflict."""
+    if priority not in Priority.values:
+        raise ValidationFailed(f"priority must be one of {Priority.values}, got {priority!r}.", param="priority")
+    with transaction.atomic():
+        batch = (
+            Batch.objects.select_for_update()
+            .filter(id=batch_id)
+            .values("status", "stop_reason", "priority", "model")
+            .first()
+        )
+        if batch is None:
+            raise NotFound(f"No batch {batch_id!r}.", param="batch_id")
+        if batch["status"] not in _PRIORITY_STATUSES or batch["stop_reason"]:
+            raise Conflict(f"Batch {batch_id} is {batch['status']}: its priority no longer matters.", param="batch_id")
+        if batch["priority"] == priority:
+            return False
+        Batch.objects.filter(id=batch_id).update(priority=priority)
+        event_record(batch_id=batch_id, kind="priority_changed", message=f"{batch['priority']} → {priority} by {actor}")
+        if batch["model"]:  # known once validated; a validating batch has nothing to dispatch yet
+            dispatch.slots_topup_enqueue(batch["model"])
+    return True
+
+
+def tenant_dispatch_set_paused(*, tenant_id: int, paused: bool, actor: str) -> bool:
+    """Pause or resume a tenant (tenants.services writes its TenantEvent) and top up every model: a resumed
+    tenant's shards may be runnable on any of them. Returns whether anything changed."""
+    with transaction.atomic():
+        changed = tenant_set_paused(tenant_id=tenant_id, paused=paused, actor=actor)
+        if changed:
+            dispatch.slots_topup_enqueue(None)
+    return changed
+
+
+def model_set_paused(*, model_id: int, paused: bool, actor: str) -> bool:
+    """Pause or resume dispatch of a catalogue model: its batches stay in_progress and running shards
+    finish, but no new shard of it is claimed (selectors.runnable_shards). Returns whether anything
+    changed; only a change writes a PlacementEvent, the catalogue's audit trail in the fleet admin."""
+    with transaction.atomic():
+        name = CatalogueModel.objects.filter(id=model_id).values_list("name", flat=True).first()
+        if name is None:
+            raise NotFound(f"No catalogue model with id {model_id}.", param="model_id")
+        # Conditional, so a repeated click (or two operators at once) records one event, not two.
+        changed = CatalogueModel.objects.filter(id=model_id, paused=not paused).update(paused=paused)
+        if changed:
+            verb = "paused" if paused else "resumed"
+            PlacementEvent.objects.create(
+                model_id=model_id,
+                action=f"model_{verb}",
+                actor=actor[:100],
+                reason="no new shards are dispatched" if paused else "dispatch resumed",
+            )
+            logger.info("model %s %s by %s", name, verb, actor)
+            dispatch.slots_topup_enqueue(name)
+    return bool(changed)
