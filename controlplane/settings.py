@@ -45,6 +45,8 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    # x-ratelimit-*-requests headers on every API response, like OpenAI's (tenants/auth.py counts).
+    "controlplane.tenants.middleware.RateLimitHeadersMiddleware",
 ]
 
 ROOT_URLCONF = "controlplane.urls"

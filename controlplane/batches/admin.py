@@ -9,6 +9,8 @@ from django.http import HttpRequest
 from controlplane.batches.models import Batch, BatchEvent, Shard
 from controlplane.batches.services import batch_cancel
 from controlplane.core.errors import DomainError
+from controlplane.scheduling.services import batch_priority_set
+from controlplane.tenants.models import Priority
 
 
 class ShardInline(admin.TabularInline):
@@ -37,12 +39,14 @@ class EventInline(admin.TabularInline):
 
 @admin.register(Batch)
 class BatchAdmin(admin.ModelAdmin):
-    list_display = ("id", "tenant", "status", "model", "progress", "total_lines", "created_at", "expires_at")
-    list_filter = ("status", "endpoint", "model", "tenant")
+    list_display = (
+        "id", "tenant", "status", "priority", "model", "progress", "total_lines", "created_at", "expires_at",
+    )
+    list_filter = ("status", "priority", "endpoint", "model", "tenant")
     search_fields = ("id", "input_file_id", "tenant__name", "model")
     readonly_fields = [f.name for f in Batch._meta.fields]
     inlines = [ShardInline, EventInline]
-    actions = ["cancel_batches"]
+    actions = ["cancel_batches", "set_priority_high", "set_priority_normal", "set_priority_low"]
 
     @admin.display(description="progress")
     def progress(self, batch: Batch) -> str:
@@ -60,6 +64,28 @@ class BatchAdmin(admin.ModelAdmin):
             except DomainError as exc:
                 self.message_user(request, exc.message, level=messages.WARNING)
         self.message_user(request, f"Cancelling {cancelled} batch(es).")
+
+    def _set_priority(self, request: HttpRequest, queryset: QuerySet[Batch], priority: str) -> None:
+        # Operators may set any class: the tenant's max_priority limits only the API.
+        actor, changed = request.user.get_username(), 0
+        for batch_id in queryset.values_list("id", flat=True):
+            try:
+                changed += batch_priority_set(batch_id=batch_id, priority=priority, actor=actor)
+            except DomainError as exc:
+                self.message_user(request, exc.message, level=messages.WARNING)
+        self.message_user(request, f"{changed} batch(es) moved to priority {priority}.")
+
+    @admin.action(description="Set priority: high")
+    def set_priority_high(self, request: HttpRequest, queryset: QuerySet[Batch]) -> None:
+        self._set_priority(request, queryset, Priority.HIGH)
+
+    @admin.action(description="Set priority: normal")
+    def set_priority_normal(self, request: HttpRequest, queryset: QuerySet[Batch]) -> None:
+        self._set_priority(request, queryset, Priority.NORMAL)
+
+    @admin.action(description="Set priority: low")
+    def set_priority_low(self, request: HttpRequest, queryset: QuerySet[Batch]) -> None:
+        self._set_priority(request, queryset, Priority.LOW)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

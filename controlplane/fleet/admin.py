@@ -19,6 +19,7 @@ from controlplane.fleet import tasks
 from controlplane.fleet.inventory import server_set_operator_state
 from controlplane.fleet.models import CatalogueModel, Gpu, Placement, PlacementEvent, ServerState, TritonServer
 from controlplane.fleet.selectors import fleet_overview
+from controlplane.scheduling.services import model_set_paused
 
 logger = logging.getLogger(__name__)
 
@@ -68,10 +69,12 @@ class CatalogueModelForm(forms.ModelForm):
 class CatalogueModelAdmin(admin.ModelAdmin):
     form = CatalogueModelForm
     list_display = ("name", "triton_name", "kind", "max_batch_size", "embedding_dimensions", "is_enabled",
-                    "min_instances", "max_instances", "placed_instances", "last_active_at")
-    list_filter = ("kind", "is_enabled")
+                    "paused", "min_instances", "max_instances", "placed_instances", "last_active_at")
+    list_filter = ("kind", "is_enabled", "paused")
     search_fields = ("name", "triton_name")
     readonly_fields = ("lines_per_second_per_instance", "last_active_at")
+    # Pausing goes through the actions (scheduling.services): they write a PlacementEvent and top up slots.
+    actions = ["pause_dispatch", "resume_dispatch"]
     fieldsets = (
         (None, {"fields": ("name", "triton_name", "kind", "max_batch_size", "embedding_dimensions", "is_enabled",
                            "inputs", "outputs")}),
@@ -88,6 +91,20 @@ class CatalogueModelAdmin(admin.ModelAdmin):
     @admin.display(description="placed")
     def placed_instances(self, model: CatalogueModel) -> int:
         return sum(p.instances for p in model.placements.all())
+
+    def _set_paused(self, request: HttpRequest, queryset: QuerySet[CatalogueModel], *, paused: bool) -> None:
+        actor = request.user.get_username()
+        changed = [m.name for m in queryset if model_set_paused(model_id=m.id, paused=paused, actor=actor)]
+        verb = "Paused" if paused else "Resumed"
+        self.message_user(request, f"{verb}: {', '.join(changed)}." if changed else f"{verb}: nothing to change.")
+
+    @admin.action(description="Pause: dispatch no new shards of the selected models")
+    def pause_dispatch(self, request: HttpRequest, queryset: QuerySet[CatalogueModel]) -> None:
+        self._set_paused(request, queryset, paused=True)
+
+    @admin.action(description="Resume dispatching the selected models' shards")
+    def resume_dispatch(self, request: HttpRequest, queryset: QuerySet[CatalogueModel]) -> None:
+        self._set_paused(request, queryset, paused=False)
 
 
 def _has_measured_gpus(server: TritonServer | None) -> bool:

@@ -51,7 +51,9 @@ class QueueActionForm(forms.Form):
     priority = forms.ChoiceField(required=False, choices=Priority.choices)
     tenant_id = forms.IntegerField(required=False)
     model_id = forms.IntegerField(required=False)
-    paused = forms.TypedChoiceField(required=False, choices=[("1", "pause"), ("0", "resume")], coerce=lambda v: v == "1")
+    paused = forms.TypedChoiceField(
+        required=False, choices=[("1", "pause"), ("0", "resume")], coerce=lambda v: v == "1"
+    )
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}

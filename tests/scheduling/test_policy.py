@@ -58,7 +58,8 @@ def share(tenant_id, vtime, at=NOW, weight=1.0) -> TenantShare:
 
 
 @pytest.mark.parametrize(
-    "kw", [{"aging_seconds": -1.0}, {"half_life_seconds": 0.0}, {"deadline_fraction": -0.1}, {"aging_seconds": math.nan}]
+    "kw",
+    [{"aging_seconds": -1.0}, {"half_life_seconds": 0.0}, {"deadline_fraction": -0.1}, {"aging_seconds": math.nan}],
 )
 def test_config_rejects_bad_values(kw):
     with pytest.raises(ValueError):
