@@ -249,7 +249,9 @@ class _Planner:
             why = "busy without a throughput estimate; size kept"
         else:
             idle_for = math.inf if d.last_active_at is None else prm.now - d.last_active_at
-            if idle_for >= prm.idle_ttl_s:
+            if d.last_active_at is None:
+                n, why = lo, f"no work yet; held at min_instances={lo}"
+            elif idle_for >= prm.idle_ttl_s:
                 n, why = lo, f"idle past the {prm.idle_ttl_s:g}s TTL; scaled to min_instances={lo}"
             else:
                 n = min(max(self.count(m), lo), hi)

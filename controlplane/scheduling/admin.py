@@ -17,23 +17,12 @@ from django.urls import URLPattern, URLResolver, path, reverse
 from django.utils import timezone
 
 from controlplane.core.errors import DomainError
+from controlplane.fleet.admin import ReadOnlyAdmin
 from controlplane.scheduling.models import Slot, TenantShare
 from controlplane.scheduling.selectors import queue_overview
-from controlplane.scheduling.services import batch_priority_set, model_set_paused, tenant_dispatch_set_paused
+from controlplane.scheduling.services import batch_priority_set, model_set_paused
 from controlplane.tenants.models import Priority
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Rows the scheduler owns: operators look; they steer through the queue page's actions."""
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+from controlplane.tenants.services import tenant_set_paused
 
 
 class QueueActionForm(forms.Form):
@@ -67,6 +56,7 @@ class QueueActionForm(forms.Form):
         return cleaned
 
 
+# Slots and shares are the scheduler's rows: operators look, and steer through the queue page's actions.
 @admin.register(Slot)
 class SlotAdmin(ReadOnlyAdmin):
     list_display = ("id", "model", "state", "owner", "created_at", "expires_at")
@@ -107,7 +97,7 @@ class SlotAdmin(ReadOnlyAdmin):
                 changed = batch_priority_set(batch_id=data["batch_id"], priority=data["priority"], actor=actor)
                 subject = f"Batch {data['batch_id']} priority set to {data['priority']}"
             elif data["op"] == "tenant_paused":
-                changed = tenant_dispatch_set_paused(tenant_id=data["tenant_id"], paused=data["paused"], actor=actor)
+                changed = tenant_set_paused(tenant_id=data["tenant_id"], paused=data["paused"], actor=actor)
                 subject = f"Tenant {data['tenant_id']} {'paused' if data['paused'] else 'resumed'}"
             else:
                 changed = model_set_paused(model_id=data["model_id"], paused=data["paused"], actor=actor)

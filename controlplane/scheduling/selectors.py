@@ -233,6 +233,12 @@ class ModelQueue:
     runnable_batches: int
     serving: list[QueuePosition]  # the head of the serving order
 
+    @property
+    def idle(self) -> bool:
+        """No pending or running shard and no slot: the page shows one line for it."""
+        busy = any(c.runnable_shards or c.held_shards or c.running_shards for c in self.classes)
+        return not busy and not self.queued_slots and not self.running_slots
+
 
 @dataclass(frozen=True)
 class TenantQueue:
@@ -304,22 +310,26 @@ def queue_overview(*, now: datetime) -> QueueOverview:
         name: [_position(i, c, len(ranked), name, names, vtimes, now, config) for i, c in enumerate(ranked, start=1)]
         for name, (ranked, _) in rankings.items()
     }
-    model_queues = [
-        ModelQueue(
-            id=model.id,
-            name=model.name,
-            paused=model.paused,
-            call_cap=model_call_cap(model),
-            slot_cap=model_slot_cap(model),
-            queued_slots=slots.get((model.id, SlotState.QUEUED), 0),
-            running_slots=slots.get((model.id, SlotState.RUNNING), 0),
-            throughput=rankings[model.name][1] if model.name in rankings else 0.0,
-            classes=[_queue_class(p, by_model.get(model.name, {}).get(p), model.paused, now) for p in Priority.values],
-            runnable_batches=len(positions.get(model.name, [])),
-            serving=positions.get(model.name, [])[:SERVING_ORDER_ROWS],
+    model_queues = []
+    for model in models:
+        slot_cap = model_slot_cap(model)
+        model_queues.append(
+            ModelQueue(
+                id=model.id,
+                name=model.name,
+                paused=model.paused,
+                call_cap=model_call_cap(model),
+                slot_cap=slot_cap,
+                queued_slots=slots.get((model.id, SlotState.QUEUED), 0),
+                running_slots=slots.get((model.id, SlotState.RUNNING), 0),
+                throughput=model_throughput(model, slot_cap),
+                classes=[
+                    _queue_class(p, by_model.get(model.name, {}).get(p), model.paused, now) for p in Priority.values
+                ],
+                runnable_batches=len(positions.get(model.name, [])),
+                serving=positions.get(model.name, [])[:SERVING_ORDER_ROWS],
+            )
         )
-        for model in models
-    ]
     at_risk = [p for ranked in positions.values() for p in ranked if p.at_risk]
     at_risk.sort(key=lambda p: (math.inf if p.slack_seconds is None else p.slack_seconds, p.batch_id))
     return QueueOverview(

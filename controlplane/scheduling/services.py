@@ -18,7 +18,6 @@ from controlplane.core import dispatch
 from controlplane.core.errors import Conflict, NotFound, ValidationFailed
 from controlplane.fleet.models import CatalogueModel, PlacementEvent
 from controlplane.tenants.models import Priority
-from controlplane.tenants.services import tenant_set_paused
 
 logger = logging.getLogger(__name__)
 
@@ -50,16 +49,6 @@ def batch_priority_set(*, batch_id: str, priority: str, actor: str) -> bool:
         if batch["model"]:  # known once validated; a validating batch has nothing to dispatch yet
             dispatch.slots_topup_enqueue(batch["model"])
     return True
-
-
-def tenant_dispatch_set_paused(*, tenant_id: int, paused: bool, actor: str) -> bool:
-    """Pause or resume a tenant (tenants.services writes its TenantEvent) and top up every model: a resumed
-    tenant's shards may be runnable on any of them. Returns whether anything changed."""
-    with transaction.atomic():
-        changed = tenant_set_paused(tenant_id=tenant_id, paused=paused, actor=actor)
-        if changed:
-            dispatch.slots_topup_enqueue(None)
-    return changed
 
 
 def model_set_paused(*, model_id: int, paused: bool, actor: str) -> bool:

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from django.db import connection, transaction
 from django.utils import timezone
 
+from controlplane.core import dispatch
 from controlplane.core.errors import Conflict, QuotaExceeded, ratelimit_headers, whole_seconds
 from controlplane.tenants.models import ApiKey, ApiKeyRequestWindow, Tenant, TenantEvent
 
@@ -53,6 +54,8 @@ def tenant_set_paused(*, tenant_id: int, paused: bool, actor: str) -> bool:
                 tenant_id=tenant_id, kind="paused" if paused else "resumed", actor=actor[:100],
                 message="no new shards are dispatched" if paused else "dispatch resumed",
             )
+            if not paused:
+                dispatch.slots_topup_enqueue()  # resumed work gets slots now, not at the next beat
     return bool(changed)
 
 
