@@ -19,7 +19,7 @@ from controlplane.fleet import tasks
 from controlplane.fleet.inventory import server_set_operator_state
 from controlplane.fleet.models import CatalogueModel, Gpu, Placement, PlacementEvent, ServerState, TritonServer
 from controlplane.fleet.selectors import fleet_overview
-from controlplane.scheduling.services import model_set_paused
+from controlplane.fleet.services import model_set_paused
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class CatalogueModelAdmin(admin.ModelAdmin):
     list_filter = ("kind", "is_enabled", "paused")
     search_fields = ("name", "triton_name")
     readonly_fields = ("lines_per_second_per_instance", "last_active_at")
-    # Pausing goes through the actions (scheduling.services): they write a PlacementEvent and top up slots.
+    # Pausing goes through the actions (fleet.services.model_set_paused): they write a PlacementEvent and top up slots.
     actions = ["pause_dispatch", "resume_dispatch"]
     fieldsets = (
         (None, {"fields": ("name", "triton_name", "kind", "max_batch_size", "embedding_dimensions", "is_enabled",

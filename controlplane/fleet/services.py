@@ -1,10 +1,15 @@
 from __future__ import annotations
 
+import logging
+
 from django.db import transaction
 
+from controlplane.core import dispatch
 from controlplane.core.errors import NotFound, ValidationFailed
 from controlplane.fleet.models import CatalogueModel, PlacementEvent
 from controlplane.fleet.seed import SEED
+
+logger = logging.getLogger(__name__)
 
 
 @transaction.atomic
@@ -46,3 +51,26 @@ def catalogue_set_min_instances(*, names: list[str], min_instances: int, actor: 
         CatalogueModel.objects.filter(id=model.id).update(min_instances=min_instances)
         model.min_instances = min_instances
     return [models[name] for name in dict.fromkeys(names)]
+
+
+def model_set_paused(*, model_id: int, paused: bool, actor: str) -> bool:
+    """Pause or resume dispatch of a catalogue model: its batches stay in_progress and running shards
+    finish, but no new shard of it is claimed (selectors.runnable_shards). Returns whether anything
+    changed; only a change writes a PlacementEvent, the catalogue's audit trail in the fleet admin."""
+    with transaction.atomic():
+        name = CatalogueModel.objects.filter(id=model_id).values_list("name", flat=True).first()
+        if name is None:
+            raise NotFound(f"No catalogue model with id {model_id}.", param="model_id")
+        # Conditional, so a repeated click (or two operators at once) records one event, not two.
+        changed = CatalogueModel.objects.filter(id=model_id, paused=not paused).update(paused=paused)
+        if changed:
+            verb = "paused" if paused else "resumed"
+            PlacementEvent.objects.create(
+                model_id=model_id,
+                action=f"model_{verb}",
+                actor=actor[:100],
+                reason="no new shards are dispatched" if paused else "dispatch resumed",
+            )
+            logger.info("model %s %s by %s", name, verb, actor)
+            dispatch.slots_topup_enqueue(name)
+    return bool(changed)

@@ -18,9 +18,10 @@ from django.utils import timezone
 
 from controlplane.core.errors import DomainError
 from controlplane.fleet.admin import ReadOnlyAdmin
+from controlplane.fleet.services import model_set_paused
 from controlplane.scheduling.models import Slot, TenantShare
-from controlplane.scheduling.selectors import queue_overview
-from controlplane.scheduling.services import batch_priority_set, model_set_paused
+from controlplane.scheduling.queue_overview import queue_overview
+from controlplane.scheduling.services import batch_priority_set
 from controlplane.tenants.models import Priority
 from controlplane.tenants.services import tenant_set_paused
 

@@ -1,4 +1,5 @@
-"""Operator actions on the queue: a batch's priority class, pausing a tenant, pausing a model.
+"""Operator actions on the queue: a batch's priority class (pausing a tenant lives in tenants.services,
+pausing a model in fleet.services: each app writes its own rows).
 
 Each one commits its change with an audit row (a BatchEvent, the tenant's TenantEvent, or a PlacementEvent
 for a catalogue model) and then asks the dispatcher for a top-up (core.dispatch, sent after commit), so
@@ -16,7 +17,6 @@ from controlplane.batches.models import Batch, BatchStatus
 from controlplane.batches.services import event_record
 from controlplane.core import dispatch
 from controlplane.core.errors import Conflict, NotFound, ValidationFailed
-from controlplane.fleet.models import CatalogueModel, PlacementEvent
 from controlplane.tenants.models import Priority
 
 logger = logging.getLogger(__name__)
@@ -49,26 +49,3 @@ def batch_priority_set(*, batch_id: str, priority: str, actor: str) -> bool:
         if batch["model"]:  # known once validated; a validating batch has nothing to dispatch yet
             dispatch.slots_topup_enqueue(batch["model"])
     return True
-
-
-def model_set_paused(*, model_id: int, paused: bool, actor: str) -> bool:
-    """Pause or resume dispatch of a catalogue model: its batches stay in_progress and running shards
-    finish, but no new shard of it is claimed (selectors.runnable_shards). Returns whether anything
-    changed; only a change writes a PlacementEvent, the catalogue's audit trail in the fleet admin."""
-    with transaction.atomic():
-        name = CatalogueModel.objects.filter(id=model_id).values_list("name", flat=True).first()
-        if name is None:
-            raise NotFound(f"No catalogue model with id {model_id}.", param="model_id")
-        # Conditional, so a repeated click (or two operators at once) records one event, not two.
-        changed = CatalogueModel.objects.filter(id=model_id, paused=not paused).update(paused=paused)
-        if changed:
-            verb = "paused" if paused else "resumed"
-            PlacementEvent.objects.create(
-                model_id=model_id,
-                action=f"model_{verb}",
-                actor=actor[:100],
-                reason="no new shards are dispatched" if paused else "dispatch resumed",
-            )
-            logger.info("model %s %s by %s", name, verb, actor)
-            dispatch.slots_topup_enqueue(name)
-    return bool(changed)

@@ -37,8 +37,9 @@ class Stack:
     var_dir: Path
     web_port: int = 8000
     env: dict[str, str] = field(default_factory=dict)
-    # Shards run side by side per worker; WORKER_CONCURRENCY overrides it (the benchmark compares).
-    worker_concurrency: int = field(default_factory=lambda: int(os.environ.get("WORKER_CONCURRENCY", "2")))
+    # Slots (shards) run side by side per worker: the default slot cap is two per model instance, so four
+    # threads let two models run at once. WORKER_CONCURRENCY overrides it (the benchmark compares).
+    worker_concurrency: int = field(default_factory=lambda: int(os.environ.get("WORKER_CONCURRENCY", "4")))
     with_triton: bool = True
     with_beat: bool = True
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -120,6 +121,7 @@ class Stack:
             "-w", "2", "--threads", "4", "--timeout", "300",
         ])
         self.start_worker()
+        self.start_control_worker()
         if self.with_beat:
             self._spawn("beat", [
                 str(BIN / "celery"), "-A", "controlplane", "beat", "-l", "info",
@@ -164,10 +166,19 @@ class Stack:
         self.warm_seconds = time.monotonic() - self._warm_started
 
     def start_worker(self, name: str = "worker") -> subprocess.Popen[bytes]:
+        """The shard worker: runs the scheduler's slots (queue ``shards``)."""
+        return self._celery_worker(name, "shards", self.worker_concurrency)
+
+    def start_control_worker(self, name: str = "control") -> subprocess.Popen[bytes]:
+        """Validation, finalization, top-ups and beat jobs get their own worker: a slot holds a thread for
+        up to SCHEDULER_SLOT_BUDGET_SECONDS, and a new batch's validation must not wait behind it."""
+        return self._celery_worker(name, "control", 2)
+
+    def _celery_worker(self, name: str, queues: str, concurrency: int) -> subprocess.Popen[bytes]:
         return self._spawn(name, [
-            str(BIN / "celery"), "-A", "controlplane", "worker", "-l", "info", "-Q", "control,shards",
+            str(BIN / "celery"), "-A", "controlplane", "worker", "-l", "info", "-Q", queues,
             # Threads: a shard mostly waits on Triton; each keeps several calls in flight itself.
-            "-P", "threads", "-c", str(self.worker_concurrency), "-n", f"{name}-{os.getpid()}@%h",
+            "-P", "threads", "-c", str(concurrency), "-n", f"{name}-{os.getpid()}@%h",
             "--without-gossip", "--without-mingle",
         ])
 
@@ -190,7 +201,7 @@ class Stack:
         raise RuntimeError(f"{name} not answering at {url}:\n{log_tail(self.log_dir / f'{name}.log')}")
 
     def stop(self) -> None:
-        for name in ("beat", "web", *[n for n in self.procs if n.startswith("worker")]):
+        for name in ("beat", "web", *[n for n in self.procs if n.startswith(("worker", "control"))]):
             proc = self.procs.pop(name, None)
             if proc is not None and proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)

@@ -14,7 +14,7 @@ from controlplane.batches.models import Batch, BatchEvent, Shard, ShardStatus
 from controlplane.core import dispatch
 from controlplane.fleet.models import CatalogueModel, PlacementEvent
 from controlplane.scheduling.models import SchedulerClock, Slot, SlotState, TenantShare
-from controlplane.scheduling.selectors import queue_overview
+from controlplane.scheduling.queue_overview import queue_overview
 from controlplane.tenants.models import Tenant, TenantEvent
 from tests.scheduling.helpers import new_tenant, runnable_batch
 

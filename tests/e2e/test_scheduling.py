@@ -1,0 +1,222 @@
+"""The scheduler through the real stack: fair share between tenants, priority classes, deadline promotion,
+admission quotas and pausing a tenant.
+
+Every ordering claim is checked against the database's own record (``shard_claimed`` BatchEvent rows and
+the batches' timestamps), not against the test's polling clock. The e2e stack runs shards of at most 16
+lines (SHARD_MAX_LINES=16), two dispatch slots for the identity model (one Triton, 6 calls ÷ 3 per shard),
+and accepts an ``8s`` completion window."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import datetime
+
+import openai
+import pytest
+
+from tests.e2e.helpers import assert_exactly_once, submit, tensor_lines
+
+pytestmark = pytest.mark.e2e
+
+TENSORS = "/v2/infer"
+
+
+def _tenant(e2e, role: str, **fields: object):
+    """A new tenant (unique name) with its columns set by SQL, and an SDK client for it."""
+    name = f"sched-{role}-{uuid.uuid4().hex[:6]}"
+    key = e2e.new_tenant(name)
+    for column, value in fields.items():  # column names come from this file, never from input
+        _tenant_update(e2e, name, f"{column}=%s", value)
+    return name, e2e.sdk(key)
+
+
+def _tenant_update(e2e, name: str, assignment: str, *params: object) -> None:
+    updated = e2e.sql(f"UPDATE tenants_tenant SET {assignment} WHERE name=%s RETURNING id", *params, name)
+    assert len(updated) == 1, f"tenant {name} not found"
+
+
+def _claims(e2e, batch_id: str) -> list[datetime]:
+    """When each shard of the batch was claimed, oldest first (one row per claim, retries included)."""
+    return [row[0] for row in e2e.sql(
+        "SELECT created_at FROM batches_batchevent WHERE batch_id=%s AND kind='shard_claimed' ORDER BY created_at, id",
+        batch_id)]
+
+
+def _wait_claims(e2e, batch_id: str, at_least: int, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if len(_claims(e2e, batch_id)) >= at_least:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"batch {batch_id}: fewer than {at_least} shards claimed after {timeout_s}s")
+
+
+def _times(e2e, batch_id: str) -> dict[str, datetime | None]:
+    created, completed, expires = e2e.sql(
+        "SELECT created_at, completed_at, expires_at FROM batches_batch WHERE id=%s", batch_id)[0]
+    return {"created": created, "completed": completed, "expires": expires}
+
+
+def _pending_shards(e2e, batch_id: str) -> int:
+    return e2e.sql("SELECT count(*) FROM batches_shard WHERE batch_id=%s AND status='pending'", batch_id)[0][0]
+
+
+def _claims_after(e2e, batch_id: str, moment: datetime) -> int:
+    return sum(1 for claimed in _claims(e2e, batch_id) if claimed > moment)
+
+
+def _timeline(e2e, *batch_ids: str) -> str:
+    """The batches' events side by side, in seconds from the first: what a failed ordering check shows."""
+    rows = e2e.sql("SELECT created_at, batch_id, shard_index, kind FROM batches_batchevent WHERE batch_id = ANY(%s) "
+                   "AND kind <> 'shard_succeeded' ORDER BY created_at, id", list(batch_ids))
+    if not rows:
+        return "(no events)"
+    start, names = rows[0][0], {batch_id: chr(ord("A") + i) for i, batch_id in enumerate(batch_ids)}
+    return "\n".join(f"{(at - start).total_seconds():8.3f} {names[b]} {'' if i is None else i} {kind}"
+                     for at, b, i, kind in rows)
+
+
+def test_small_tenant_is_served_before_another_tenants_flood_finishes(e2e):
+    _, flood_client = _tenant(e2e, "flood")
+    _, small_client = _tenant(e2e, "small")
+    flood_lines, small_lines = tensor_lines(3000, prefix="flood"), tensor_lines(20, prefix="small")
+    flood = submit(flood_client, flood_lines, endpoint=TENSORS)
+    e2e.wait_status(flood_client, flood.id, {"in_progress"}, timeout_s=60)
+    _wait_claims(e2e, flood.id, 1)
+    small = submit(small_client, small_lines, endpoint=TENSORS)
+
+    small = e2e.wait_status(small_client, small.id, {"completed", "failed"}, timeout_s=60)
+    assert small.status == "completed", small.errors
+    # A still had shards waiting when B was done: B did not wait for A's backlog.
+    assert _pending_shards(e2e, flood.id) > 0, f"A = flood, B = small:\n{_timeline(e2e, flood.id, small.id)}"
+
+    flood = e2e.wait_status(flood_client, flood.id, {"completed", "failed"}, timeout_s=120)
+    assert flood.status == "completed", flood.errors
+    small_times, flood_times = _times(e2e, small.id), _times(e2e, flood.id)
+    assert flood_times["created"] < small_times["created"]
+    assert small_times["completed"] < flood_times["completed"]
+    shards = e2e.sql("SELECT count(*) FROM batches_shard WHERE batch_id=%s", flood.id)[0][0]
+    later_flood_claims = _claims_after(e2e, flood.id, small_times["completed"])
+    # B overtook a real backlog (at least a quarter of A's shards ran after it), not just A's last shards.
+    assert later_flood_claims >= shards // 4, (
+        f"only {later_flood_claims} of the flood's {shards} shards ran after the small batch completed; "
+        f"A = flood, B = small batch:\n{_timeline(e2e, flood.id, small.id)}")
+    assert_exactly_once(small_client, small, small_lines)
+    assert_exactly_once(flood_client, flood, flood_lines)
+
+
+def test_high_priority_batch_submitted_after_a_low_one_finishes_first(e2e):
+    _, client = _tenant(e2e, "prio", max_priority="high")
+    _, normal_only = _tenant(e2e, "capped")  # max_priority defaults to normal
+    with pytest.raises(openai.BadRequestError) as refused:
+        submit(normal_only, tensor_lines(4, prefix="refused"), endpoint=TENSORS, priority="high")
+    assert refused.value.body["code"] == "priority_not_allowed"
+
+    low_lines, high_lines = tensor_lines(1500, prefix="low"), tensor_lines(100, prefix="high")
+    low = submit(client, low_lines, endpoint=TENSORS, priority="low")
+    assert low.priority == "low"
+    e2e.wait_status(client, low.id, {"in_progress"}, timeout_s=60)
+    _wait_claims(e2e, low.id, 1)
+    high = submit(client, high_lines, endpoint=TENSORS, priority="high")
+    assert high.priority == "high"
+
+    high = e2e.wait_status(client, high.id, {"completed", "failed"}, timeout_s=60)
+    assert high.status == "completed", high.errors
+    assert _pending_shards(e2e, low.id) > 0, f"A = low, B = high:\n{_timeline(e2e, low.id, high.id)}"
+    low = e2e.wait_status(client, low.id, {"completed", "failed"}, timeout_s=120)
+    assert low.status == "completed", low.errors
+    high_done = _times(e2e, high.id)["completed"]
+    assert high_done < _times(e2e, low.id)["completed"]
+    shards = e2e.sql("SELECT count(*) FROM batches_shard WHERE batch_id=%s", low.id)[0][0]
+    # Once the high batch was runnable, the low one only got what the high one could not use.
+    assert _claims_after(e2e, low.id, high_done) >= shards // 4, f"A = low, B = high:\n{_timeline(e2e, low.id, high.id)}"
+    assert_exactly_once(client, high, high_lines)
+    assert_exactly_once(client, low, low_lines)
+
+
+def test_batch_near_its_deadline_is_promoted_over_a_normal_flood(e2e):
+    _, flood_client = _tenant(e2e, "dflood")
+    _, client = _tenant(e2e, "deadline")
+    flood_lines = tensor_lines(6000, prefix="dflood")
+    flood = submit(flood_client, flood_lines, endpoint=TENSORS)
+    e2e.wait_status(flood_client, flood.id, {"in_progress"}, timeout_s=60)
+    _wait_claims(e2e, flood.id, 8)  # a few flood shards settled: the model's speed is measured
+    # Size the urgent batch from the scheduler's own estimate: at risk when its work ÷ throughput exceeds
+    # half the time left (SCHEDULER_DEADLINE_FRACTION). Throughput = 2 slots ÷ seconds per row. Lines of
+    # 64 rows carry much estimated work but run in few Triton calls, so it is at risk as soon as it is
+    # runnable and finishes in about a second once served. As a LOW batch behind a NORMAL flood it would
+    # otherwise wait for the whole flood and expire.
+    seconds_per_row = e2e.sql("SELECT seconds_per_work_unit FROM fleet_cataloguemodel WHERE name='identity'")[0][0]
+    rows = 64
+    lines_needed = int(16.0 / seconds_per_row / rows) + 1  # estimated need ≈ 8 s with 2 slots
+    urgent_lines = tensor_lines(min(600, max(8, lines_needed)), prefix="urgent", rows=rows)
+    urgent = submit(client, urgent_lines, endpoint=TENSORS, window="8s", priority="low")
+
+    urgent = e2e.wait_status(client, urgent.id, {"completed", "expired", "failed"}, timeout_s=30)
+    print("DEBUG spu", seconds_per_row, "lines", len(urgent_lines))
+    print(_timeline(e2e, flood.id, urgent.id))
+    assert urgent.status == "completed", f"{urgent.status}: {urgent.errors}, {urgent.request_counts}"
+    urgent_times = _times(e2e, urgent.id)
+    assert urgent_times["completed"] <= urgent_times["expires"]
+    # The flood still had work waiting: the urgent batch was served ahead of it, not after it.
+    assert _pending_shards(e2e, flood.id) > 0, f"A = flood, B = urgent:\n{_timeline(e2e, flood.id, urgent.id)}"
+    assert_exactly_once(client, urgent, urgent_lines)
+
+    # The rest of the flood proves nothing more: cancel it, and nothing may be lost or doubled.
+    flood_client.batches.cancel(flood.id)
+    flood = e2e.wait_status(flood_client, flood.id, {"cancelled", "completed"}, timeout_s=60)
+    assert_exactly_once(flood_client, flood, flood_lines)
+
+
+def test_over_quota_create_is_429_with_retry_after_and_creates_nothing(e2e):
+    name, client = _tenant(e2e, "quota", max_enqueued_lines=10)
+    tenant_batches = "SELECT count(*) FROM batches_batch b JOIN tenants_tenant t ON t.id=b.tenant_id WHERE t.name=%s"
+    before = e2e.sql(tenant_batches, name)[0][0]
+    with pytest.raises(openai.RateLimitError) as caught:
+        submit(client, tensor_lines(20, prefix="over"), endpoint=TENSORS)
+    response = caught.value.response
+    assert response.status_code == 429
+    assert int(response.headers["retry-after"]) >= 1
+    assert response.headers["x-ratelimit-limit-enqueued-lines"] == "10"
+    assert response.headers["x-ratelimit-remaining-enqueued-lines"] == "10"
+    assert response.headers["x-ratelimit-reset-enqueued-lines"].endswith("s")
+    error = response.json()["error"]
+    assert error["type"] == "rate_limit_error" and error["code"] == "enqueued_lines_limit_exceeded"
+    assert error["limit"]["name"] == "max_enqueued_lines"
+    assert (error["limit"]["value"], error["limit"]["current"]) == (10, 0)
+    assert e2e.sql(tenant_batches, name)[0][0] == before, "a refused create must not leave a batch behind"
+
+    # At the limit exactly is allowed, and runs.
+    lines = tensor_lines(10, prefix="fits")
+    batch = e2e.wait_status(client, submit(client, lines, endpoint=TENSORS).id, {"completed", "failed"}, timeout_s=60)
+    assert batch.status == "completed", batch.errors
+    assert e2e.sql(tenant_batches, name)[0][0] == before + 1
+    assert_exactly_once(client, batch, lines)
+
+
+def test_paused_tenant_is_not_dispatched_and_resumes_exactly_once(e2e):
+    name, client = _tenant(e2e, "pause")
+    lines = tensor_lines(800, prefix="pause")
+    batch = submit(client, lines, endpoint=TENSORS)
+    e2e.wait_status(client, batch.id, {"in_progress"}, timeout_s=60)
+    _wait_claims(e2e, batch.id, 2)
+
+    _tenant_update(e2e, name, "paused=true")
+    # A claim already inside its transaction when the pause committed may still land; after a short grace
+    # nothing new may start, and the shards that were running finish.
+    time.sleep(1.0)
+    claimed_at_pause = len(_claims(e2e, batch.id))
+    time.sleep(3.0)
+    assert len(_claims(e2e, batch.id)) == claimed_at_pause, "a shard was claimed while the tenant was paused"
+    assert e2e.sql("SELECT count(*) FROM batches_shard WHERE batch_id=%s AND status='running'", batch.id)[0][0] == 0
+    assert _pending_shards(e2e, batch.id) > 0, "the batch finished before the pause took effect; make it larger"
+    assert client.batches.retrieve(batch.id).status == "in_progress"
+
+    _tenant_update(e2e, name, "paused=false")
+    # No top-up is asked for here: beat's (every SCHEDULER_TOPUP_INTERVAL_SECONDS) must pick the work up.
+    batch = e2e.wait_status(client, batch.id, {"completed", "failed"}, timeout_s=60)
+    assert batch.status == "completed", batch.errors
+    assert len(_claims(e2e, batch.id)) > claimed_at_pause
+    output, errors = assert_exactly_once(client, batch, lines)
+    assert errors == [] and len(output) == 800
