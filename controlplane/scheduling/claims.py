@@ -46,12 +46,16 @@ def shard_claim_next(*, model: CatalogueModel, owner: str) -> Shard | None:
             if won != 1:
                 continue  # SQLite has no row locks; its single writer makes this unreachable, but be safe
             shard = Shard.objects.select_related("batch", "batch__tenant").get(id=shard_id)
-            Batch.objects.filter(id=shard.batch_id).update(last_dispatched_at=now)
             _charge(tenant_id=shard.batch.tenant_id, weight=shard.batch.tenant.weight, work=shard.work_units, now=now)
             event_record(batch_id=shard.batch_id, shard_index=shard.index, kind="shard_claimed",
                          message=f"attempt {shard.attempt} by {owner}")
-            return shard
-    return None
+            break
+        else:
+            return None
+    # After the commit: a cancel locks the batch row and then the batch's pending shards, so taking the
+    # batch row while holding a shard lock could deadlock with it. Aging needs no more precision than this.
+    Batch.objects.filter(id=shard.batch_id).update(last_dispatched_at=now)
+    return shard
 
 
 def _charge(*, tenant_id: int, weight: float, work: float, now: datetime) -> None:
