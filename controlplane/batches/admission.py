@@ -9,7 +9,7 @@ from __future__ import annotations
 from controlplane.batches import selectors
 from controlplane.core.errors import QuotaExceeded, ValidationFailed
 from controlplane.files.models import File
-from controlplane.tenants.models import PRIORITY_RANK, Priority, Tenant, priority_rank
+from controlplane.tenants.models import PRIORITY_RANK, Priority, Tenant, priority_parse
 
 # Both quotas free up only when one of the tenant's batches ends, which takes minutes to hours, so no
 # exact reset time exists. A minute is a fair poll interval: a client waiting that long rarely misses
@@ -63,13 +63,13 @@ def _priority_choose(*, tenant: Tenant, priority: object) -> str:
         # Tenant.clean keeps the default at or below the maximum; for a row edited outside the admin, the
         # lower of the two rather than a 400 on every request that names no priority.
         return max(Priority(tenant.default_priority), highest, key=PRIORITY_RANK.__getitem__).value
-    if priority_rank(priority) is None:
+    asked = priority_parse(priority)
+    if asked is None:
         raise ValidationFailed(
             f"priority must be one of {', '.join(repr(p.value) for p in Priority)}, got {priority!r}.",
             param="priority",
             code="invalid_priority",
         )
-    asked = Priority(priority)
     if PRIORITY_RANK[asked] < PRIORITY_RANK[highest]:
         raise ValidationFailed(
             f"priority {asked.value!r} is above the highest class allowed for this tenant, {highest.value!r}.",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from functools import partial
 from typing import Protocol
 
 import numpy as np
@@ -98,7 +99,7 @@ class FleetBackend:
                 raise NoCapacity(f"model {triton_model!r} lost its last placement") from last_error
             client = _client(route.grpc_url)
             try:
-                outputs = retry_transient(lambda c=client: c.infer(triton_model, inputs, output_names), attempts=2)
+                outputs = retry_transient(partial(client.infer, triton_model, inputs, output_names), attempts=2)
             except TransientTritonError as exc:
                 last_error = exc
                 with self._lock:

@@ -113,9 +113,11 @@ def batch_finalize(*, batch_id: str) -> None:
                     err.write(payload)
                     failed += 1
         files = [_store_result(batch, out, "output", completed), _store_result(batch, err, "error", failed)]
-    terminal = {StopReason.CANCEL: BatchStatus.CANCELLED, StopReason.EXPIRE: BatchStatus.EXPIRED}.get(
-        batch.stop_reason, BatchStatus.COMPLETED  # type: ignore[arg-type]
-    )
+    # Keyed by the column's type (str | None): no stop reason, or one not listed, means it ran to the end.
+    terminal_by_stop_reason: dict[str | None, BatchStatus] = {
+        StopReason.CANCEL: BatchStatus.CANCELLED, StopReason.EXPIRE: BatchStatus.EXPIRED,
+    }
+    terminal = terminal_by_stop_reason.get(batch.stop_reason, BatchStatus.COMPLETED)
     now = timezone.now()
     stamp = {BatchStatus.CANCELLED: "cancelled_at", BatchStatus.EXPIRED: "expired_at"}.get(terminal, "completed_at")
     with transaction.atomic():

@@ -188,7 +188,7 @@ def _parse_tensor(body: dict[str, Any], model: CatalogueModel) -> TensorRequest:
         if not isinstance(item, dict):
             raise LineIssue("invalid_inputs", f"{param} must be an object.", param)
         name = item.get("name")
-        if name not in specs:
+        if not isinstance(name, str) or name not in specs:  # a list or object as name is unhashable
             raise LineIssue(
                 "invalid_input_name",
                 f"{param}.name {name!r} is not an input of {model.name!r}; inputs are {sorted(specs)}.",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 RUNNABLE_BATCH_STATUSES = (BatchStatus.IN_PROGRESS,)
 
 
-def _lease_until() -> timezone.datetime:
+def _lease_until() -> datetime:
     return timezone.now() + timedelta(seconds=settings.SHARD_LEASE_SECONDS)
 
 

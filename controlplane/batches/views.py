@@ -12,6 +12,7 @@ from controlplane.batches.serializers import batch_render
 from controlplane.core.errors import ValidationFailed
 from controlplane.core.pagination import cursor_page, parse_limit
 from controlplane.scheduling.selectors import batches_queue_info
+from controlplane.tenants.auth import request_tenant
 
 
 def _render_with_queue(batch: Batch) -> dict[str, Any]:
@@ -21,7 +22,7 @@ def _render_with_queue(batch: Batch) -> dict[str, Any]:
 class BatchListCreateView(APIView):
     def get(self, request: Request) -> Response:
         page = cursor_page(
-            selectors.batch_list(tenant=request.user),
+            selectors.batch_list(tenant=request_tenant(request)),
             after=request.query_params.get("after"),
             limit=parse_limit(request.query_params.get("limit")),
             render=_render_with_queue,
@@ -36,7 +37,7 @@ class BatchListCreateView(APIView):
             if required not in data:
                 raise ValidationFailed(f"Missing required parameter: {required!r}.", param=required)
         batch = services.batch_create(
-            tenant=request.user,
+            tenant=request_tenant(request),
             input_file_id=data["input_file_id"],
             endpoint=data["endpoint"],
             completion_window=data["completion_window"],
@@ -49,10 +50,10 @@ class BatchListCreateView(APIView):
 
 class BatchDetailView(APIView):
     def get(self, request: Request, batch_id: str) -> Response:
-        return Response(_render_with_queue(selectors.batch_get(tenant=request.user, batch_id=batch_id)))
+        return Response(_render_with_queue(selectors.batch_get(tenant=request_tenant(request), batch_id=batch_id)))
 
 
 class BatchCancelView(APIView):
     def post(self, request: Request, batch_id: str) -> Response:
-        batch = selectors.batch_get(tenant=request.user, batch_id=batch_id)
+        batch = selectors.batch_get(tenant=request_tenant(request), batch_id=batch_id)
         return Response(batch_render(services.batch_cancel(batch=batch)))

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
 from django.http import FileResponse
 from rest_framework.negotiation import BaseContentNegotiation
+from rest_framework.parsers import BaseParser
+from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -15,6 +18,7 @@ from controlplane.files import selectors, services
 from controlplane.files.serializers import file_render
 from controlplane.files.storage import blob_open
 from controlplane.files.uploads import SizeLimitUploadHandler
+from controlplane.tenants.auth import request_tenant
 
 
 def _too_large() -> PayloadTooLarge:
@@ -26,7 +30,7 @@ def _too_large() -> PayloadTooLarge:
 
 class FileListCreateView(APIView):
     def get(self, request: Request) -> Response:
-        qs = selectors.file_list(tenant=request.user, purpose=request.query_params.get("purpose"))
+        qs = selectors.file_list(tenant=request_tenant(request), purpose=request.query_params.get("purpose"))
         page = cursor_page(
             qs,
             after=request.query_params.get("after"),
@@ -42,7 +46,10 @@ class FileListCreateView(APIView):
         if declared > limit + 64 * 1024:
             raise _too_large()
         guard = SizeLimitUploadHandler(request._request, max_bytes=limit)
-        request._request.upload_handlers.insert(0, guard)
+        handlers = request._request.upload_handlers
+        # A list until the body is parsed (then Django freezes it); request.FILES below is the first read.
+        assert isinstance(handlers, list)
+        handlers.insert(0, guard)
         upload = request.FILES.get("file")
         if guard.exceeded:
             raise _too_large()
@@ -54,7 +61,7 @@ class FileListCreateView(APIView):
                 f"purpose must be 'batch', got {purpose!r}.", param="purpose"
             )
         file = services.file_create(
-            tenant=request.user, content=upload, filename=upload.name or "upload.jsonl",
+            tenant=request_tenant(request), content=upload, filename=upload.name or "upload.jsonl",
             purpose=purpose, size=upload.size,
         )
         return Response(file_render(file), status=200)
@@ -62,10 +69,10 @@ class FileListCreateView(APIView):
 
 class FileDetailView(APIView):
     def get(self, request: Request, file_id: str) -> Response:
-        return Response(file_render(selectors.file_get(tenant=request.user, file_id=file_id)))
+        return Response(file_render(selectors.file_get(tenant=request_tenant(request), file_id=file_id)))
 
     def delete(self, request: Request, file_id: str) -> Response:
-        file = selectors.file_get(tenant=request.user, file_id=file_id)
+        file = selectors.file_get(tenant=request_tenant(request), file_id=file_id)
         services.file_delete(file=file)
         return Response({"id": file.id, "object": "file", "deleted": True})
 
@@ -73,18 +80,21 @@ class FileDetailView(APIView):
 class _AnyAccept(BaseContentNegotiation):
     """File content is bytes whatever the client accepts (the openai SDK asks for application/binary)."""
 
-    def select_parser(self, request: Request, parsers: list[Any]) -> Any:
-        return parsers[0]
+    def select_parser(self, request: Request, parsers: Iterable[BaseParser]) -> BaseParser | None:
+        return next(iter(parsers))
 
-    def select_renderer(self, request: Request, renderers: list[Any], format_suffix: str | None = None) -> Any:
-        return renderers[0], renderers[0].media_type
+    def select_renderer(
+        self, request: Request, renderers: Iterable[BaseRenderer], format_suffix: str | None = None
+    ) -> tuple[BaseRenderer, str]:
+        renderer = next(iter(renderers))
+        return renderer, renderer.media_type
 
 
 class FileContentView(APIView):
     content_negotiation_class = _AnyAccept
 
     def get(self, request: Request, file_id: str) -> Any:
-        file = selectors.file_get(tenant=request.user, file_id=file_id)
+        file = selectors.file_get(tenant=request_tenant(request), file_id=file_id)
         # FileResponse streams in chunks: a 1 GiB result never sits in the web process's memory.
         return FileResponse(
             blob_open(file.storage_name), content_type="application/jsonl", filename=file.filename

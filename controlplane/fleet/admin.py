@@ -12,7 +12,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, URLResolver, path
+from django.urls import URLPattern, path
 
 from controlplane.fleet import planner_types as pt
 from controlplane.fleet import tasks
@@ -190,7 +190,7 @@ class TritonServerAdmin(admin.ModelAdmin):
             return
         self.message_user(request, "Rebalance enqueued; results appear as placement events.")
 
-    def get_urls(self) -> list[URLPattern | URLResolver]:
+    def get_urls(self) -> list[URLPattern]:
         # Before the default patterns, whose "<path:object_id>/" would otherwise swallow "overview/".
         overview = path("overview/", self.admin_site.admin_view(self.overview_view),
                         name="fleet_tritonserver_overview")

@@ -13,7 +13,7 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, URLResolver, path, reverse
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 
 from controlplane.core.errors import DomainError
@@ -64,7 +64,7 @@ class SlotAdmin(ReadOnlyAdmin):
     list_filter = ("state", "model")
     list_select_related = ("model",)
 
-    def get_urls(self) -> list[URLPattern | URLResolver]:
+    def get_urls(self) -> list[URLPattern]:
         # Before the default patterns, whose "<path:object_id>/" would otherwise swallow "queue/".
         queue = path("queue/", self.admin_site.admin_view(self.queue_view), name="scheduling_slot_queue")
         return [queue, *super().get_urls()]

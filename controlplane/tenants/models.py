@@ -18,12 +18,20 @@ class Priority(models.TextChoices):
 PRIORITY_RANK = {Priority.HIGH: 0, Priority.NORMAL: 1, Priority.LOW: 2}
 
 
-def priority_rank(value: object) -> int | None:
-    """The rank of a priority class name, or None when ``value`` is not one."""
+def priority_parse(value: object) -> Priority | None:
+    """The priority class named by ``value``, or None when ``value`` is not one."""
+    if not isinstance(value, str):
+        return None
     try:
-        return PRIORITY_RANK[Priority(value)]
+        return Priority(value)
     except ValueError:
         return None
+
+
+def priority_rank(value: object) -> int | None:
+    """The rank of a priority class name, or None when ``value`` is not one."""
+    priority = priority_parse(value)
+    return None if priority is None else PRIORITY_RANK[priority]
 
 
 class Tenant(TimestampedModel):

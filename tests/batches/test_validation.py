@@ -113,3 +113,10 @@ def test_tensor_lines_are_checked_against_the_catalogue(catalogue, mutate, code)
     mutate(line["body"])
     result = _validate(jsonl([line]), endpoint="/v2/infer")
     assert _codes(result) == [(1, code)]
+
+
+def test_a_tensor_input_name_that_is_not_a_string_is_a_line_error(db, catalogue):
+    bad = tensor_line("t0", [[1.0, 2.0]])
+    bad["body"]["inputs"][0]["name"] = ["INPUT0"]  # unhashable: must be a line error, not a crash
+    result = _validate(jsonl([bad]), endpoint="/v2/infer")
+    assert [(e["code"], e["line"]) for e in result.errors] == [("invalid_input_name", 1)]
