@@ -131,6 +131,7 @@ def _parse(data: dict[str, Any], r: _Reader, spec_path: Path, sha: str) -> Model
     workspace_mib = r.get(trt, "workspace_mib", "trt.workspace_mib", int, default=2048)
     if r.problems:
         return None
+    assert source is not None  # r.reference records a problem whenever it returns None
     spec = ModelSpec(
         path=spec_path,
         sha256=sha,
@@ -327,7 +328,10 @@ def _cross_check(spec: ModelSpec, r: _Reader) -> None:
     """Checks that span sections: they can only run once each section parsed cleanly."""
     if spec.triton.max_batch_size > 0:
         # Triton's batch dimension is implicit and always the first axis of every input and output.
-        for key, tensors in (("inputs", spec.inputs), ("outputs", spec.outputs)):
+        sections: tuple[tuple[str, tuple[InputSpec | OutputSpec, ...]], ...] = (
+            ("inputs", spec.inputs), ("outputs", spec.outputs),
+        )
+        for key, tensors in sections:
             for i, tensor in enumerate(tensors):
                 if tensor.shape[0] != spec.inputs[0].shape[0] or not isinstance(tensor.shape[0], str):
                     r.fail(
