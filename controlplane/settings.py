@@ -12,7 +12,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from controlplane.core.env import env_bool, env_float, env_int, env_list, env_str
+from controlplane.core.env import env_bool, env_choice, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("CONTROLPLANE_VAR_DIR", str(BASE_DIR / "var")))
@@ -141,7 +141,7 @@ BATCH_COMPLETION_WINDOWS = env_list("BATCH_COMPLETION_WINDOWS", ["24h"])
 # --- Scheduling (docs/ARCHITECTURE.md, "Scheduling") -------------------------------------------
 # "fair": priority classes, weighted fair share, deadlines. "fifo": oldest batch first (the baseline
 # the fairness benchmark compares against).
-SCHEDULER_POLICY = env_str("SCHEDULER_POLICY", "fair")
+SCHEDULER_POLICY = env_choice("SCHEDULER_POLICY", "fair", ("fair", "fifo"))
 # A running shard cannot be preempted, so a newcomer waits at most about one shard per slot: shards
 # are cut to this much measured model time (0.25–1 s keeps per-shard overhead small and waits short).
 SCHEDULER_SHARD_SECONDS = env_float("SCHEDULER_SHARD_SECONDS", 0.5)

@@ -55,6 +55,9 @@ class Batch(models.Model):
     work_units = models.PositiveBigIntegerField(default=0)
     # When a shard of this batch was last claimed (or the batch became runnable): the age for aging.
     last_dispatched_at = models.DateTimeField(null=True, blank=True)
+    # Set when the scheduler first found the batch at risk of missing expires_at; it then stays above
+    # every class until its work is done.
+    deadline_promoted_at = models.DateTimeField(null=True, blank=True)
     errors = models.JSONField(null=True, blank=True)
     model = models.CharField(max_length=200, blank=True, default="")
     output_file_id = models.CharField(max_length=40, null=True, blank=True)

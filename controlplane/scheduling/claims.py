@@ -33,7 +33,9 @@ def shard_claim_next(*, model: CatalogueModel, owner: str) -> Shard | None:
         ranked, _ = selectors.model_ranking(model=model, now=now)
         for candidate in ranked:
             shard_id = (
-                Shard.objects.select_for_update(skip_locked=True)
+                # OF self: without it Postgres also locks (and skips on) the joined batch and tenant rows,
+                # so a batch whose row is busy (a commit updating its counts) would look empty.
+                Shard.objects.select_for_update(skip_locked=True, of=("self",))
                 .filter(selectors.runnable_q(now), batch_id=candidate.batch_id)
                 .order_by("index").values_list("id", flat=True).first()
             )
@@ -49,12 +51,19 @@ def shard_claim_next(*, model: CatalogueModel, owner: str) -> Shard | None:
             _charge(tenant_id=shard.batch.tenant_id, weight=shard.batch.tenant.weight, work=shard.work_units, now=now)
             event_record(batch_id=shard.batch_id, shard_index=shard.index, kind="shard_claimed",
                          message=f"attempt {shard.attempt} by {owner}")
+            promote = not candidate.deadline_promoted and policy.deadline_at_risk(
+                candidate, now.timestamp(), selectors.policy_config()
+            )
             break
         else:
             return None
     # After the commit: a cancel locks the batch row and then the batch's pending shards, so taking the
     # batch row while holding a shard lock could deadlock with it. Aging needs no more precision than this.
-    Batch.objects.filter(id=shard.batch_id).update(last_dispatched_at=now)
+    stamps = {"last_dispatched_at": now, **({"deadline_promoted_at": now} if promote else {})}
+    Batch.objects.filter(id=shard.batch_id).update(**stamps)
+    if promote:
+        event_record(batch_id=shard.batch_id, kind="deadline_promoted",
+                     message="remaining work needs more than the allowed share of the time left")
     return shard
 
 

@@ -18,8 +18,10 @@ Fair share is start-time fair queueing (SFQ/WFQ) over *virtual time*:
 
 Order (``rank``) is by tier first, then within a tier:
 
-* URGENT: deadline at risk, i.e. remaining_work / throughput > deadline_fraction * (expires_at - now).
-  Ordered least slack first, slack = (expires_at - now) - remaining_work / throughput (the seconds to spare
+* URGENT: deadline at risk, i.e. remaining_work / throughput > deadline_fraction * (expires_at - now),
+  or promoted earlier (``deadline_promoted``: the caller records the first promotion and it sticks until
+  the batch has no work left, so a promoted batch finishes as early as it can instead of riding the line
+  down to its expiry). Ordered least slack first, slack = (expires_at - now) - remaining_work / throughput (the seconds to spare
   if the model served this batch alone), then by the tenant's virtual time. Deadlines outrank fairness on
   purpose: the point of the tier is to finish before expiry. A throughput of 0 means "unknown" and is
   never urgent (slack = inf); a batch with no expiry is never urgent.
@@ -114,6 +116,9 @@ class Candidate:
     remaining_work: float  # work units (tokens or rows) not finished yet
     throughput: float  # work units per second the model sustains; <= 0 means unknown
     next_shard_work: float  # estimated work units of the shard a claim would take
+    # Promotion is sticky: a batch found at risk stays URGENT until it has no work left. Otherwise one
+    # served shard drops it back under the line, and it rides the line down to finish at expires_at.
+    deadline_promoted: bool = False
 
 
 class Tier(IntEnum):
@@ -160,7 +165,7 @@ def deadline_at_risk(candidate: Candidate, now: float, config: PolicyConfig) -> 
 
 
 def tier(candidate: Candidate, now: float, config: PolicyConfig) -> Tier:
-    if deadline_at_risk(candidate, now, config):
+    if candidate.deadline_promoted or deadline_at_risk(candidate, now, config):
         return Tier.URGENT
     if candidate.priority is not Priority.HIGH and now - candidate.waiting_since >= config.aging_seconds:
         return Tier.AGED

@@ -79,7 +79,7 @@ def runnable_candidates(*, model: CatalogueModel, now: datetime, throughput: flo
         runnable_shards(model=model, now=now)
         .values(
             "batch_id", "batch__tenant_id", "batch__priority", "batch__created_at", "batch__last_dispatched_at",
-            "batch__in_progress_at", "batch__expires_at",
+            "batch__in_progress_at", "batch__expires_at", "batch__deadline_promoted_at",
         )
         .annotate(work=Sum("work_units"), shards=Count("id"))
     )
@@ -93,6 +93,7 @@ def runnable_candidates(*, model: CatalogueModel, now: datetime, throughput: flo
             remaining_work=float(remaining.get(row["batch_id"], row["work"] or 0)),
             throughput=throughput,
             next_shard_work=float(row["work"] or 0) / max(1, row["shards"]),
+            deadline_promoted=row["batch__deadline_promoted_at"] is not None,
         )
         for row in rows
     ]

@@ -135,12 +135,11 @@ def test_batch_at_deadline_risk_is_promoted(quiet, settings):
     tenant = new_tenant("deadline", max_priority="high")
     high = runnable_batch(tenant, 6, prefix="h", priority="high")
     low = runnable_batch(tenant, 6, prefix="l", priority="low")
-    # The low batch's remaining rows need more than half of the time it has left: it runs first.
-    CatalogueModel.objects.filter(name="identity").update(seconds_per_work_unit=4.0)  # 2 slots: 0.5 rows/s, 12 s of work
+    CatalogueModel.objects.filter(name="identity").update(seconds_per_work_unit=4.0)  # 2 slots: 0.5 rows/s
+    assert shard_claim_next(model=_identity(), owner="t").batch_id == high.id  # an hour left: no risk
+    # The low batch's remaining rows (12 s of work) need more than half of the 10 s it has left.
     Batch.objects.filter(id=low.id).update(expires_at=timezone.now() + timedelta(seconds=10))
     assert shard_claim_next(model=_identity(), owner="t").batch_id == low.id
-    Batch.objects.filter(id=low.id).update(expires_at=timezone.now() + timedelta(hours=1))
-    assert shard_claim_next(model=_identity(), owner="t").batch_id == high.id
 
 
 def test_fifo_policy_serves_the_oldest_batch_first(quiet, settings):
@@ -149,3 +148,58 @@ def test_fifo_policy_serves_the_oldest_batch_first(quiet, settings):
     older = runnable_batch(first, 6, prefix="a")
     runnable_batch(second, 6, prefix="b", priority="high")
     assert [shard_claim_next(model=_identity(), owner="t").batch_id for _ in range(3)] == [older.id] * 3
+
+
+def test_deadline_promotion_sticks_until_the_batch_is_done(quiet):
+    tenant = new_tenant("sticky")
+    flood = runnable_batch(tenant, 8, prefix="f")
+    late = runnable_batch(tenant, 6, prefix="l", priority="low")
+    CatalogueModel.objects.filter(name="identity").update(seconds_per_work_unit=4.0)  # 0.5 rows/s
+    Batch.objects.filter(id=late.id).update(expires_at=timezone.now() + timedelta(seconds=20))
+    # 6 rows need 12 s > 0.5 × 20 s: promoted. After one shard 4 rows need 8 s < 10 s — no longer at
+    # risk by the formula, but the promotion sticks, so the batch keeps the slot until it is done.
+    assert [shard_claim_next(model=_identity(), owner="t").batch_id for _ in range(3)] == [late.id] * 3
+    assert Batch.objects.get(id=late.id).deadline_promoted_at is not None
+    assert shard_claim_next(model=_identity(), owner="t").batch_id == flood.id
+    assert Batch.objects.get(id=flood.id).deadline_promoted_at is None
+
+
+def test_a_busy_batch_row_does_not_hide_its_shards(quiet):
+    """The claim locks only the shard row (FOR UPDATE OF self): while a commit holds the batch row for its
+    counts, a concurrent claim must still find and take the batch's shard."""
+    import time
+
+    import psycopg
+
+    batch = runnable_batch(new_tenant("busy"), 4)
+    db = connection.settings_dict
+    params = {"host": db["HOST"], "port": db["PORT"] or 5432, "user": db["USER"], "dbname": db["NAME"]}
+    holder = psycopg.connect(**params)
+    observer = psycopg.connect(**params, autocommit=True)
+    claimed: list[Shard | None] = []
+
+    def claim() -> None:
+        try:
+            claimed.append(shard_claim_next(model=_identity(), owner="t"))
+        finally:
+            connection.close()
+
+    try:
+        holder.execute("UPDATE batches_batch SET completed_lines = completed_lines WHERE id = %s", (batch.id,))
+        thread = threading.Thread(target=claim)
+        thread.start()
+        # The claim itself commits while the batch row is held (only its later timestamp update waits).
+        deadline = time.monotonic() + 10
+        running = 0
+        while time.monotonic() < deadline and not running:
+            running = observer.execute(
+                "SELECT count(*) FROM batches_shard WHERE batch_id = %s AND status = 'running'", (batch.id,)
+            ).fetchone()[0]
+            time.sleep(0.05)
+        assert running == 1
+    finally:
+        holder.rollback()
+        holder.close()
+        observer.close()
+    thread.join(10)
+    assert claimed and claimed[0] is not None and claimed[0].batch_id == batch.id

@@ -226,3 +226,10 @@ def test_start_estimates_unknown_throughput():
     ranked = [cand("a"), cand("b")]
     assert start_estimates(ranked, 0.0) == {"a": 0.0, "b": math.inf}
     assert start_estimates([], 10.0) == {}
+
+
+def test_a_promoted_batch_stays_urgent_after_the_risk_passed() -> None:
+    config = PolicyConfig()
+    relaxed = cand("relaxed", remaining_work=1.0, throughput=1.0, expires_at=1_000.0)
+    assert tier(relaxed, 0.0, config) is not Tier.URGENT
+    assert tier(replace(relaxed, deadline_promoted=True), 0.0, config) is Tier.URGENT
