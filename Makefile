@@ -24,6 +24,7 @@ serve: install
 test: install
 	bash scripts/ensure_services.sh
 	$(VENV)/bin/ruff check controlplane deploy scripts bench build_engines tests
+	$(VENV)/bin/mypy controlplane
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m pytest -q
 
 test-unit: install
@@ -31,16 +32,19 @@ test-unit: install
 
 lint: install
 	$(VENV)/bin/ruff check controlplane deploy scripts bench build_engines tests
+	$(VENV)/bin/mypy controlplane
 
 bench: install
 	bash scripts/ensure_services.sh
 	$(PY) bench/run.py
 	$(PY) bench/placement.py
+	$(PY) bench/fairness.py
 
 bench-quick: install
 	bash scripts/ensure_services.sh
 	$(PY) bench/run.py --quick
 	$(PY) bench/placement.py --quick
+	$(PY) bench/fairness.py --quick
 
 clean:
 	rm -rf var build_engines/out

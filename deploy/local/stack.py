@@ -40,6 +40,10 @@ class Stack:
     # Slots (shards) run side by side per worker: the default slot cap is two per model instance, so four
     # threads let two models run at once. WORKER_CONCURRENCY overrides it (the benchmark compares).
     worker_concurrency: int = field(default_factory=lambda: int(os.environ.get("WORKER_CONCURRENCY", "4")))
+    # Processes, not threads, for the shard worker: two slots in one process share the GIL, and measured
+    # on the fairness benchmark (2 cores) prefork doubled the identity flood's lines/s and halved the wait
+    # of a small tenant's batch behind it. WORKER_POOL=threads is the comparison.
+    worker_pool: str = field(default_factory=lambda: os.environ.get("WORKER_POOL", "prefork"))
     with_triton: bool = True
     with_beat: bool = True
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -167,18 +171,17 @@ class Stack:
 
     def start_worker(self, name: str = "worker") -> subprocess.Popen[bytes]:
         """The shard worker: runs the scheduler's slots (queue ``shards``)."""
-        return self._celery_worker(name, "shards", self.worker_concurrency)
+        return self._celery_worker(name, "shards", self.worker_concurrency, self.worker_pool)
 
     def start_control_worker(self, name: str = "control") -> subprocess.Popen[bytes]:
         """Validation, finalization, top-ups and beat jobs get their own worker: a slot holds a thread for
         up to SCHEDULER_SLOT_BUDGET_SECONDS, and a new batch's validation must not wait behind it."""
         return self._celery_worker(name, "control", 2)
 
-    def _celery_worker(self, name: str, queues: str, concurrency: int) -> subprocess.Popen[bytes]:
+    def _celery_worker(self, name: str, queues: str, concurrency: int, pool: str = "threads") -> subprocess.Popen[bytes]:
         return self._spawn(name, [
             str(BIN / "celery"), "-A", "controlplane", "worker", "-l", "info", "-Q", queues,
-            # Threads: a shard mostly waits on Triton; each keeps several calls in flight itself.
-            "-P", "threads", "-c", str(concurrency), "-n", f"{name}-{os.getpid()}@%h",
+            "-P", pool, "-c", str(concurrency), "-n", f"{name}-{os.getpid()}@%h",
             "--without-gossip", "--without-mingle",
         ])
 

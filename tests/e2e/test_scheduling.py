@@ -67,14 +67,23 @@ def _claims_after(e2e, batch_id: str, moment: datetime) -> int:
 
 
 def _timeline(e2e, *batch_ids: str) -> str:
-    """The batches' events side by side, in seconds from the first: what a failed ordering check shows."""
-    rows = e2e.sql("SELECT created_at, batch_id, shard_index, kind FROM batches_batchevent WHERE batch_id = ANY(%s) "
+    """What a failed ordering check shows: the batches' state changes, and their shard claims per 0.25 s,
+    in seconds from the first event (batches named A, B, … in argument order)."""
+    rows = e2e.sql("SELECT created_at, batch_id, kind FROM batches_batchevent WHERE batch_id = ANY(%s) "
                    "AND kind <> 'shard_succeeded' ORDER BY created_at, id", list(batch_ids))
     if not rows:
         return "(no events)"
     start, names = rows[0][0], {batch_id: chr(ord("A") + i) for i, batch_id in enumerate(batch_ids)}
-    return "\n".join(f"{(at - start).total_seconds():8.3f} {names[b]} {'' if i is None else i} {kind}"
-                     for at, b, i, kind in rows)
+    lines, buckets = [], {}
+    for at, batch_id, kind in rows:
+        seconds = (at - start).total_seconds()
+        if kind == "shard_claimed":
+            counts = buckets.setdefault(int(seconds * 4) / 4, dict.fromkeys(names.values(), 0))
+            counts[names[batch_id]] += 1
+        else:
+            lines.append(f"{seconds:7.2f}s {names[batch_id]} {kind}")
+    lines += [f"{t:6.2f}s+ claims " + " ".join(f"{n}={c}" for n, c in counts.items()) for t, counts in buckets.items()]
+    return "\n".join(lines)
 
 
 def test_small_tenant_is_served_before_another_tenants_flood_finishes(e2e):
@@ -124,6 +133,14 @@ def test_high_priority_batch_submitted_after_a_low_one_finishes_first(e2e):
     high = e2e.wait_status(client, high.id, {"completed", "failed"}, timeout_s=60)
     assert high.status == "completed", high.errors
     assert _pending_shards(e2e, low.id) > 0, f"A = low, B = high:\n{_timeline(e2e, low.id, high.id)}"
+    # Classes are strict: from the moment the high batch was runnable until its last shard was claimed, the
+    # low one may only get the claims already under way (one per slot; two slots here).
+    high_runnable = e2e.sql("SELECT in_progress_at FROM batches_batch WHERE id=%s", high.id)[0][0]
+    high_last_claim = _claims(e2e, high.id)[-1]
+    low_meanwhile = sum(1 for at in _claims(e2e, low.id) if high_runnable < at < high_last_claim)
+    assert low_meanwhile <= 2, (
+        f"{low_meanwhile} low shards were claimed while the high batch had shards waiting; "
+        f"A = low, B = high:\n{_timeline(e2e, low.id, high.id)}")
     low = e2e.wait_status(client, low.id, {"completed", "failed"}, timeout_s=120)
     assert low.status == "completed", low.errors
     high_done = _times(e2e, high.id)["completed"]
@@ -138,27 +155,28 @@ def test_high_priority_batch_submitted_after_a_low_one_finishes_first(e2e):
 def test_batch_near_its_deadline_is_promoted_over_a_normal_flood(e2e):
     _, flood_client = _tenant(e2e, "dflood")
     _, client = _tenant(e2e, "deadline")
-    flood_lines = tensor_lines(6000, prefix="dflood")
+    flood_lines = tensor_lines(8000, prefix="dflood")
     flood = submit(flood_client, flood_lines, endpoint=TENSORS)
     e2e.wait_status(flood_client, flood.id, {"in_progress"}, timeout_s=60)
     _wait_claims(e2e, flood.id, 8)  # a few flood shards settled: the model's speed is measured
-    # Size the urgent batch from the scheduler's own estimate: at risk when its work ÷ throughput exceeds
-    # half the time left (SCHEDULER_DEADLINE_FRACTION). Throughput = 2 slots ÷ seconds per row. Lines of
-    # 64 rows carry much estimated work but run in few Triton calls, so it is at risk as soon as it is
-    # runnable and finishes in about a second once served. As a LOW batch behind a NORMAL flood it would
-    # otherwise wait for the whole flood and expire.
+    # Sized from the scheduler's own estimate (throughput = 2 slots ÷ measured seconds per row) to need
+    # about 3 s of the model: it turns urgent once that is more than half the time left
+    # (SCHEDULER_DEADLINE_FRACTION = 0.5), i.e. with ~6 s of its 8 s window left, and then needs ~4 s
+    # (dispatch between shards costs ~25 %). Its lines have the flood's shape, so its own shards do not
+    # skew the measured speed. As a LOW batch behind a NORMAL flood it would otherwise wait for the whole
+    # flood (~15 s here) and expire.
     seconds_per_row = e2e.sql("SELECT seconds_per_work_unit FROM fleet_cataloguemodel WHERE name='identity'")[0][0]
-    rows = 64
-    lines_needed = int(16.0 / seconds_per_row / rows) + 1  # estimated need ≈ 8 s with 2 slots
-    urgent_lines = tensor_lines(min(600, max(8, lines_needed)), prefix="urgent", rows=rows)
+    urgent_lines = tensor_lines(max(50, min(4000, int(3.0 * 2 / seconds_per_row))), prefix="urgent")
     urgent = submit(client, urgent_lines, endpoint=TENSORS, window="8s", priority="low")
 
     urgent = e2e.wait_status(client, urgent.id, {"completed", "expired", "failed"}, timeout_s=30)
-    print("DEBUG spu", seconds_per_row, "lines", len(urgent_lines))
-    print(_timeline(e2e, flood.id, urgent.id))
-    assert urgent.status == "completed", f"{urgent.status}: {urgent.errors}, {urgent.request_counts}"
+    assert urgent.status == "completed", (
+        f"{urgent.status}: {urgent.request_counts}, {len(urgent_lines)} lines at {seconds_per_row * 1e6:.0f} µs/row; "
+        f"A = flood, B = urgent:\n{_timeline(e2e, flood.id, urgent.id)}")
     urgent_times = _times(e2e, urgent.id)
-    assert urgent_times["completed"] <= urgent_times["expires"]
+    assert urgent_times["completed"] <= urgent_times["expires"], (
+        f"completed {(urgent_times['completed'] - urgent_times['expires']).total_seconds():.2f}s after its expiry; "
+        f"A = flood, B = urgent:\n{_timeline(e2e, flood.id, urgent.id)}")
     # The flood still had work waiting: the urgent batch was served ahead of it, not after it.
     assert _pending_shards(e2e, flood.id) > 0, f"A = flood, B = urgent:\n{_timeline(e2e, flood.id, urgent.id)}"
     assert_exactly_once(client, urgent, urgent_lines)
