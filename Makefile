@@ -24,6 +24,7 @@ serve: install
 test: install
 	bash scripts/ensure_services.sh
 	$(VENV)/bin/ruff check controlplane deploy scripts bench build_engines tests
+	$(VENV)/bin/ruff format --check controlplane deploy scripts bench build_engines tests
 	$(VENV)/bin/mypy controlplane
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m pytest -q
 
@@ -32,6 +33,7 @@ test-unit: install
 
 lint: install
 	$(VENV)/bin/ruff check controlplane deploy scripts bench build_engines tests
+	$(VENV)/bin/ruff format --check controlplane deploy scripts bench build_engines tests
 	$(VENV)/bin/mypy controlplane
 
 bench: install

@@ -26,11 +26,25 @@ GPU_BYTES = 256 * 1024**2
 
 
 def _jsonl(model: str, n: int, prefix: str) -> io.BytesIO:
-    return io.BytesIO(b"".join(json.dumps({
-        "custom_id": f"{prefix}-{i}", "method": "POST", "url": "/v2/infer",
-        "body": {"model": model, "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4],
-                                             "data": [float(i), 1.0, 2.0, 3.0]}]},
-    }).encode() + b"\n" for i in range(n)))
+    return io.BytesIO(
+        b"".join(
+            json.dumps(
+                {
+                    "custom_id": f"{prefix}-{i}",
+                    "method": "POST",
+                    "url": "/v2/infer",
+                    "body": {
+                        "model": model,
+                        "inputs": [
+                            {"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [float(i), 1.0, 2.0, 3.0]}
+                        ],
+                    },
+                }
+            ).encode()
+            + b"\n"
+            for i in range(n)
+        )
+    )
 
 
 def _phase(sdk, mix: dict[str, int], prefix: str) -> list[str]:
@@ -56,27 +70,43 @@ def _first_serving(db_url: str, model: str, since: float) -> float | None:
         row = conn.execute(
             "SELECT min(extract(epoch from e.created_at)) FROM fleet_placementevent e "
             "JOIN fleet_cataloguemodel m ON m.id=e.model_id WHERE m.triton_name=%s AND e.ok "
-            "AND e.action IN ('load','scale_up') AND e.created_at >= to_timestamp(%s)", (model, since)).fetchone()
+            "AND e.action IN ('load','scale_up') AND e.created_at >= to_timestamp(%s)",
+            (model, since),
+        ).fetchone()
     if row[0] is not None:
         return float(row[0]) - since
     with psycopg.connect(db_url, autocommit=True) as conn:
         serving = conn.execute(
             "SELECT count(*) FROM fleet_placement p JOIN fleet_cataloguemodel m ON m.id=p.model_id "
-            "WHERE m.triton_name=%s AND p.status='ready' AND p.instances > 0", (model,)).fetchone()[0]
+            "WHERE m.triton_name=%s AND p.status='ready' AND p.instances > 0",
+            (model,),
+        ).fetchone()[0]
     return 0.0 if serving else None  # already had enough capacity: serving from the first moment
 
 
 def run(static: bool, lines: int) -> dict[str, float]:
     from openai import OpenAI
 
-    env = {"SHARD_MAX_LINES": "16", "FLEET_RECONCILE_INTERVAL_SECONDS": "2", "FLEET_HEARTBEAT_INTERVAL_SECONDS": "1",
-           "FLEET_IDLE_TTL_SECONDS": "6", "FLEET_PAYBACK_HORIZON_SECONDS": "5"}
-    with tempfile.TemporaryDirectory() as tmp, local_fleet(
-        Path(tmp), servers=3, gpu_bytes=GPU_BYTES, env=env, broker_url="redis://127.0.0.1:6379/11"
-    ) as fleet:
+    env = {
+        "SHARD_MAX_LINES": "16",
+        "FLEET_RECONCILE_INTERVAL_SECONDS": "2",
+        "FLEET_HEARTBEAT_INTERVAL_SECONDS": "1",
+        "FLEET_IDLE_TTL_SECONDS": "6",
+        "FLEET_PAYBACK_HORIZON_SECONDS": "5",
+    }
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        local_fleet(
+            Path(tmp), servers=3, gpu_bytes=GPU_BYTES, env=env, broker_url="redis://127.0.0.1:6379/11"
+        ) as fleet,
+    ):
         if static:
-            fleet.stack.manage("shell", "-c", "from controlplane.fleet.models import CatalogueModel; "
-                               "CatalogueModel.objects.update(min_instances=1, max_instances=1)")
+            fleet.stack.manage(
+                "shell",
+                "-c",
+                "from controlplane.fleet.models import CatalogueModel; "
+                "CatalogueModel.objects.update(min_instances=1, max_instances=1)",
+            )
         sdk = OpenAI(base_url=f"{fleet.stack.base_url}/v1", api_key=fleet.api_key, max_retries=0, timeout=120)
         phases = [{"identity": lines, "scale2": lines // 8}, {"identity": lines // 8, "scale2": lines}]
         done = failed = 0

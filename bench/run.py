@@ -26,7 +26,59 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import numpy as np  # noqa: E402
 
-WORDS = ["the", "a", "of", "to", "and", "in", "is", "for", "on", "with", "as", "by", "at", "from", "that", "this", "it", "be", "are", "was", "or", "an", "which", "batch", "inference", "server", "model", "request", "shard", "worker", "throughput", "latency", "queue", "tenant", "output", "file", "embedding", "vector", "token", "sentence", "length", "dynamic", "batching", "triton", "control", "plane", "placement", "memory", "gpu", "cpu", "cluster"]
+WORDS = [
+    "the",
+    "a",
+    "of",
+    "to",
+    "and",
+    "in",
+    "is",
+    "for",
+    "on",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "that",
+    "this",
+    "it",
+    "be",
+    "are",
+    "was",
+    "or",
+    "an",
+    "which",
+    "batch",
+    "inference",
+    "server",
+    "model",
+    "request",
+    "shard",
+    "worker",
+    "throughput",
+    "latency",
+    "queue",
+    "tenant",
+    "output",
+    "file",
+    "embedding",
+    "vector",
+    "token",
+    "sentence",
+    "length",
+    "dynamic",
+    "batching",
+    "triton",
+    "control",
+    "plane",
+    "placement",
+    "memory",
+    "gpu",
+    "cpu",
+    "cluster",
+]
 
 
 def corpus(n: int, seed: int = 42) -> list[str]:
@@ -55,11 +107,20 @@ def bench_direct_naive(client, texts: list[str]) -> float:
 
 
 def _jsonl(texts: list[str], prefix: str) -> io.BytesIO:
-    return io.BytesIO(b"".join(
-        json.dumps({"custom_id": f"{prefix}-{i}", "method": "POST", "url": "/v1/embeddings",
-                    "body": {"model": "all-MiniLM-L6-v2", "input": t}}).encode() + b"\n"
-        for i, t in enumerate(texts)
-    ))
+    return io.BytesIO(
+        b"".join(
+            json.dumps(
+                {
+                    "custom_id": f"{prefix}-{i}",
+                    "method": "POST",
+                    "url": "/v1/embeddings",
+                    "body": {"model": "all-MiniLM-L6-v2", "input": t},
+                }
+            ).encode()
+            + b"\n"
+            for i, t in enumerate(texts)
+        )
+    )
 
 
 def run_batch(sdk, texts: list[str], prefix: str) -> tuple[float, object]:
@@ -81,7 +142,9 @@ def run_batch(sdk, texts: list[str], prefix: str) -> tuple[float, object]:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="smaller corpus, fewer repetitions")
-    parser.add_argument("--embedded", action="store_true", help="SQLite + filesystem broker instead of Postgres + Redis")
+    parser.add_argument(
+        "--embedded", action="store_true", help="SQLite + filesystem broker instead of Postgres + Redis"
+    )
     args = parser.parse_args()
     n_texts, n_naive, n_small = (768, 256, 5) if args.quick else (3072, 768, 11)
     texts = corpus(n_texts)
@@ -93,8 +156,11 @@ def main() -> int:
     from deploy.local.stack import Stack, find_free_port
 
     results: dict[str, float] = {}
-    print(f"corpus: {n_texts} texts, mean {statistics.mean(len(t.split()) for t in texts):.1f} words; "
-          f"cores: {os.cpu_count()}", flush=True)
+    print(
+        f"corpus: {n_texts} texts, mean {statistics.mean(len(t.split()) for t in texts):.1f} words; "
+        f"cores: {os.cpu_count()}",
+        flush=True,
+    )
     results["inprocess"] = bench_inprocess(texts)
     print(f"  in-process done: {results['inprocess']:.1f} texts/s", flush=True)
 
@@ -107,8 +173,12 @@ def main() -> int:
     else:
         with psycopg.connect(admin_url, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{db_name}"')
-        env.update({"DATABASE_URL": f"postgresql://postgres@127.0.0.1:5432/{db_name}",
-                    "CELERY_BROKER_URL": "redis://127.0.0.1:6379/13"})
+        env.update(
+            {
+                "DATABASE_URL": f"postgresql://postgres@127.0.0.1:5432/{db_name}",
+                "CELERY_BROKER_URL": "redis://127.0.0.1:6379/13",
+            }
+        )
     stack = Stack(var_dir=var_dir, web_port=find_free_port(), env=env)
     try:
         stack.start()
@@ -138,13 +208,19 @@ def main() -> int:
     print()
     print(f"{'path':<48}{'texts/s':>10}{'vs in-process':>15}")
     print(f"{'(a) in-process MiniLM, length-sorted (ceiling)':<48}{results['inprocess']:>10.1f}{1.0:>15.2f}")
-    print(f"{'(b) direct Triton, one text per request':<48}{results['direct_naive']:>10.1f}"
-          f"{results['direct_naive'] / results['inprocess']:>15.2f}")
+    print(
+        f"{'(b) direct Triton, one text per request':<48}{results['direct_naive']:>10.1f}"
+        f"{results['direct_naive'] / results['inprocess']:>15.2f}"
+    )
     print(f"{'(c) end-to-end: upload → batch → output file':<48}{results['e2e']:>10.1f}{e2e_vs_inprocess:>15.2f}")
-    print(f"(d) 100-line batch create→completed: p50 {results['small_p50']:.2f}s, p90 {results['small_p90']:.2f}s "
-          f"({n_small} runs)")
-    print(f"    warm-up (register Triton, load the shipped models): {results['warm_s']:.1f}s; broker/db: "
-          f"{'embedded SQLite + filesystem' if args.embedded else 'Postgres + Redis'}")
+    print(
+        f"(d) 100-line batch create→completed: p50 {results['small_p50']:.2f}s, p90 {results['small_p90']:.2f}s "
+        f"({n_small} runs)"
+    )
+    print(
+        f"    warm-up (register Triton, load the shipped models): {results['warm_s']:.1f}s; broker/db: "
+        f"{'embedded SQLite + filesystem' if args.embedded else 'Postgres + Redis'}"
+    )
     print(f"RATIOS e2e_vs_inprocess={e2e_vs_inprocess:.2f} e2e_vs_direct_naive={e2e_vs_naive:.2f}")
     return 0
 

@@ -329,7 +329,8 @@ def _cross_check(spec: ModelSpec, r: _Reader) -> None:
     if spec.triton.max_batch_size > 0:
         # Triton's batch dimension is implicit and always the first axis of every input and output.
         sections: tuple[tuple[str, tuple[InputSpec | OutputSpec, ...]], ...] = (
-            ("inputs", spec.inputs), ("outputs", spec.outputs),
+            ("inputs", spec.inputs),
+            ("outputs", spec.outputs),
         )
         for key, tensors in sections:
             for i, tensor in enumerate(tensors):

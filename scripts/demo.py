@@ -37,7 +37,9 @@ def main() -> int:
                 uploaded = client.files.create(file=(path.name, fh), purpose="batch")
             endpoint = json.loads(path.open().readline())["url"]
             batch = client.batches.create(
-                input_file_id=uploaded.id, endpoint=endpoint, completion_window="24h",  # type: ignore[arg-type]
+                input_file_id=uploaded.id,
+                endpoint=endpoint,
+                completion_window="24h",  # type: ignore[arg-type]
                 metadata={"example": path.name},
             )
             print(f"submitted {path.name}: file {uploaded.id}, batch {batch.id} ({endpoint})", flush=True)
@@ -47,7 +49,9 @@ def main() -> int:
             current = [client.batches.retrieve(b.id) for b in batches]
             line = "  ".join(
                 f"{b.metadata['example']}: {b.status} {b.request_counts.completed + b.request_counts.failed}"
-                f"/{b.request_counts.total}" if b.request_counts else f"{b.metadata['example']}: {b.status}"
+                f"/{b.request_counts.total}"
+                if b.request_counts
+                else f"{b.metadata['example']}: {b.status}"
                 for b in current
             )
             print(f"[{time.monotonic() - started:6.1f}s] {line}", flush=True)
@@ -78,8 +82,10 @@ def _summary(record: dict) -> str:
     body = record["response"]["body"]
     if "data" in body:
         first = body["data"][0]["embedding"]
-        return (f"{record['custom_id']}: {len(body['data'])} embedding(s) of {len(first)} dims, "
-                f"first values {[round(v, 4) for v in first[:4]]}, usage {body['usage']}")
+        return (
+            f"{record['custom_id']}: {len(body['data'])} embedding(s) of {len(first)} dims, "
+            f"first values {[round(v, 4) for v in first[:4]]}, usage {body['usage']}"
+        )
     out = body["outputs"][0]
     return f"{record['custom_id']}: {out['name']} shape {out['shape']} data {out['data'][:4]}"
 

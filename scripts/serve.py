@@ -27,10 +27,13 @@ def main() -> int:
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     with stack:
-        print(f"serving on {stack.base_url}/v1 (admin: {stack.base_url}/admin/, fleet: "
-              f"{stack.base_url}/admin/fleet/tritonserver/overview/); Triton gRPC {stack.triton_grpc_url} is "
-              f"managed server {stack.triton_server_name!r} with {', '.join(stack.warm_models)} loaded; "
-              f"logs in {stack.log_dir}. Ctrl-C stops everything.", flush=True)
+        print(
+            f"serving on {stack.base_url}/v1 (admin: {stack.base_url}/admin/, fleet: "
+            f"{stack.base_url}/admin/fleet/tritonserver/overview/); Triton gRPC {stack.triton_grpc_url} is "
+            f"managed server {stack.triton_server_name!r} with {', '.join(stack.warm_models)} loaded; "
+            f"logs in {stack.log_dir}. Ctrl-C stops everything.",
+            flush=True,
+        )
         print("create a tenant: .venv/bin/python manage.py tenant_create NAME", flush=True)
         while not stopping:
             for name, proc in list(stack.procs.items()):

@@ -14,8 +14,9 @@ pytestmark = pytest.mark.django_db
 
 
 def _upload(api, content: bytes = b'{"a": 1}\n', purpose: str = "batch"):
-    return api.post("/v1/files", {"file": SimpleUploadedFile("in.jsonl", content), "purpose": purpose},
-                    format="multipart")
+    return api.post(
+        "/v1/files", {"file": SimpleUploadedFile("in.jsonl", content), "purpose": purpose}, format="multipart"
+    )
 
 
 def test_requests_without_a_valid_key_are_401():
@@ -66,8 +67,11 @@ def test_other_tenants_objects_are_404(api, other_tenant):
     for path in (f"/v1/files/{file_id}", f"/v1/files/{file_id}/content"):
         assert stranger.get(path).status_code == 404
     assert stranger.delete(f"/v1/files/{file_id}").status_code == 404
-    response = stranger.post("/v1/batches", {"input_file_id": file_id, "endpoint": "/v1/embeddings",
-                                             "completion_window": "24h"}, format="json")
+    response = stranger.post(
+        "/v1/batches",
+        {"input_file_id": file_id, "endpoint": "/v1/embeddings", "completion_window": "24h"},
+        format="json",
+    )
     assert response.status_code == 404
     assert stranger.get("/v1/files", {"after": file_id}).status_code == 400  # not a cursor it can use
 
@@ -78,8 +82,10 @@ def test_other_tenants_objects_are_404(api, other_tenant):
         ({"endpoint": "/v1/embeddings", "completion_window": "24h"}, "input_file_id"),
         ({"input_file_id": "FILE", "endpoint": "/v1/chat", "completion_window": "24h"}, "endpoint"),
         ({"input_file_id": "FILE", "endpoint": "/v1/embeddings", "completion_window": "1h"}, "completion_window"),
-        ({"input_file_id": "FILE", "endpoint": "/v1/embeddings", "completion_window": "24h",
-          "metadata": {"k": 1}}, "metadata"),
+        (
+            {"input_file_id": "FILE", "endpoint": "/v1/embeddings", "completion_window": "24h", "metadata": {"k": 1}},
+            "metadata",
+        ),
         ({"input_file_id": "file-nope", "endpoint": "/v1/embeddings", "completion_window": "24h"}, "file_id"),
     ],
 )
@@ -106,8 +112,11 @@ def test_concurrent_batch_quota_is_429(api, tenant, django_capture_on_commit_cal
 def test_deleting_an_input_file_in_use_is_409(api, django_capture_on_commit_callbacks):
     file_id = _upload(api, jsonl([embedding_line("a", "x")])).json()["id"]
     with django_capture_on_commit_callbacks(execute=False):
-        api.post("/v1/batches", {"input_file_id": file_id, "endpoint": "/v1/embeddings",
-                                 "completion_window": "24h"}, format="json")
+        api.post(
+            "/v1/batches",
+            {"input_file_id": file_id, "endpoint": "/v1/embeddings", "completion_window": "24h"},
+            format="json",
+        )
     response = api.delete(f"/v1/files/{file_id}")
     assert response.status_code == 409 and "cancel the batch" in response.json()["error"]["message"]
 
@@ -122,10 +131,20 @@ def test_admin_pages_render(admin_client, api, tenant, django_capture_on_commit_
 
     file_id = _upload(api, jsonl([embedding_line("a", "x")])).json()["id"]
     with django_capture_on_commit_callbacks(execute=False):
-        batch_id = api.post("/v1/batches", {"input_file_id": file_id, "endpoint": "/v1/embeddings",
-                                            "completion_window": "24h"}, format="json").json()["id"]
-    for path in ("tenants/tenant", "tenants/apikey", "files/file", "batches/batch", "batches/shard",
-                 "batches/batchevent", "fleet/cataloguemodel"):
+        batch_id = api.post(
+            "/v1/batches",
+            {"input_file_id": file_id, "endpoint": "/v1/embeddings", "completion_window": "24h"},
+            format="json",
+        ).json()["id"]
+    for path in (
+        "tenants/tenant",
+        "tenants/apikey",
+        "files/file",
+        "batches/batch",
+        "batches/shard",
+        "batches/batchevent",
+        "fleet/cataloguemodel",
+    ):
         assert admin_client.get(f"/admin/{path}/").status_code == 200, path
     page = admin_client.get(f"/admin/batches/batch/{batch_id}/change/")
     assert page.status_code == 200 and tenant.raw_key.encode() not in admin_client.get("/admin/tenants/apikey/").content

@@ -17,8 +17,18 @@ class ShardInline(admin.TabularInline):
     model = Shard
     extra = 0
     can_delete = False
-    fields = ("index", "start_line", "end_line", "status", "attempt", "lease_owner", "lease_expires_at",
-              "completed_lines", "failed_lines", "triton_server")
+    fields = (
+        "index",
+        "start_line",
+        "end_line",
+        "status",
+        "attempt",
+        "lease_owner",
+        "lease_expires_at",
+        "completed_lines",
+        "failed_lines",
+        "triton_server",
+    )
     readonly_fields = fields
     show_change_link = True
 
@@ -40,7 +50,15 @@ class EventInline(admin.TabularInline):
 @admin.register(Batch)
 class BatchAdmin(admin.ModelAdmin):
     list_display = (
-        "id", "tenant", "status", "priority", "model", "progress", "total_lines", "created_at", "expires_at",
+        "id",
+        "tenant",
+        "status",
+        "priority",
+        "model",
+        "progress",
+        "total_lines",
+        "created_at",
+        "expires_at",
     )
     list_filter = ("status", "priority", "endpoint", "model", "tenant")
     search_fields = ("id", "input_file_id", "tenant__name", "model")
@@ -93,8 +111,16 @@ class BatchAdmin(admin.ModelAdmin):
 
 @admin.register(Shard)
 class ShardAdmin(admin.ModelAdmin):
-    list_display = ("__str__", "status", "attempt", "lease_owner", "lease_expires_at", "completed_lines",
-                    "failed_lines", "triton_server")
+    list_display = (
+        "__str__",
+        "status",
+        "attempt",
+        "lease_owner",
+        "lease_expires_at",
+        "completed_lines",
+        "failed_lines",
+        "triton_server",
+    )
     list_filter = ("status", "triton_server")
     search_fields = ("batch__id", "lease_owner")
     readonly_fields = [f.name for f in Shard._meta.fields]

@@ -65,9 +65,7 @@ class TritonBackend:
             retry_transient(lambda: self.client.ensure_loaded(triton_model))
             self._loaded.add(triton_model)
 
-    def infer(
-        self, triton_model: str, inputs: dict[str, np.ndarray], output_names: list[str]
-    ) -> dict[str, np.ndarray]:
+    def infer(self, triton_model: str, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
         try:
             return retry_transient(lambda: self.client.infer(triton_model, inputs, output_names))
         except TransientTritonError:
@@ -87,9 +85,7 @@ class FleetBackend:
     def prepare(self, triton_model: str) -> None:
         return None  # placements are loaded by the reconciler before they become routable
 
-    def infer(
-        self, triton_model: str, inputs: dict[str, np.ndarray], output_names: list[str]
-    ) -> dict[str, np.ndarray]:
+    def infer(self, triton_model: str, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
         last_error: TransientTritonError | None = None
         for attempt in range(FAILOVER_ATTEMPTS):
             routes = routes_for_model(triton_model, fresh=attempt > 0)

@@ -119,9 +119,13 @@ def _read_shard(shard: Shard) -> dict[int, ParsedLine]:
     resolver = ModelResolver()
     lines: dict[int, ParsedLine] = {}
     with blob_open(name) as stream:
-        for line in iter_lines(stream, max_line_bytes=settings.BATCH_MAX_LINE_BYTES,
-                               start_byte=shard.start_byte, end_byte=shard.end_byte,
-                               first_line_number=shard.start_line):
+        for line in iter_lines(
+            stream,
+            max_line_bytes=settings.BATCH_MAX_LINE_BYTES,
+            start_byte=shard.start_byte,
+            end_byte=shard.end_byte,
+            first_line_number=shard.start_line,
+        ):
             if line.is_blank or line.data is None:
                 continue
             # Validation accepted every line already; parsing again cannot fail unless the
@@ -194,8 +198,12 @@ class _ShardRunner:
         batch_id = self.shard.batch_id
         if number in self.errors:
             record = failed_response_record(
-                batch_id, number, parsed.custom_id, status_code=400,
-                message=self.errors[number], code="invalid_request",
+                batch_id,
+                number,
+                parsed.custom_id,
+                status_code=400,
+                message=self.errors[number],
+                code="invalid_request",
             )
             self.entries[number] = {"line": number, "kind": "err", "record": record}
         else:
@@ -204,8 +212,11 @@ class _ShardRunner:
                 self.tokens += tokens
             else:
                 body = tensor_body(parsed, self.results[number])
-            self.entries[number] = {"line": number, "kind": "out",
-                                    "record": output_record(batch_id, number, parsed.custom_id, body)}
+            self.entries[number] = {
+                "line": number,
+                "kind": "out",
+                "record": output_record(batch_id, number, parsed.custom_id, body),
+            }
         del self.results[number]
 
 

@@ -80,9 +80,13 @@ def _missing_lines(batch: Batch, shard: Shard, done: set[int]) -> Iterator[tuple
         StopReason(batch.stop_reason) if batch.stop_reason and shard.status != ShardStatus.FAILED else None
     ]
     with blob_open(_input_name(batch)) as stream:
-        for line in iter_lines(stream, max_line_bytes=settings.BATCH_MAX_LINE_BYTES,
-                               start_byte=shard.start_byte, end_byte=shard.end_byte,
-                               first_line_number=shard.start_line):
+        for line in iter_lines(
+            stream,
+            max_line_bytes=settings.BATCH_MAX_LINE_BYTES,
+            start_byte=shard.start_byte,
+            end_byte=shard.end_byte,
+            first_line_number=shard.start_line,
+        ):
             if line.is_blank or line.number in done or line.data is None:
                 continue
             custom_id = json.loads(line.data)["custom_id"]
@@ -115,7 +119,8 @@ def batch_finalize(*, batch_id: str) -> None:
         files = [_store_result(batch, out, "output", completed), _store_result(batch, err, "error", failed)]
     # Keyed by the column's type (str | None): no stop reason, or one not listed, means it ran to the end.
     terminal_by_stop_reason: dict[str | None, BatchStatus] = {
-        StopReason.CANCEL: BatchStatus.CANCELLED, StopReason.EXPIRE: BatchStatus.EXPIRED,
+        StopReason.CANCEL: BatchStatus.CANCELLED,
+        StopReason.EXPIRE: BatchStatus.EXPIRED,
     }
     terminal = terminal_by_stop_reason.get(batch.stop_reason, BatchStatus.COMPLETED)
     now = timezone.now()
@@ -125,8 +130,12 @@ def batch_finalize(*, batch_id: str) -> None:
             if file is not None:
                 file.save(force_insert=True)
         won = Batch.objects.filter(id=batch_id, status=BatchStatus.FINALIZING).update(
-            status=terminal, completed_lines=completed, failed_lines=failed, **{stamp: now},
-            output_file_id=files[0].id if files[0] else None, error_file_id=files[1].id if files[1] else None,
+            status=terminal,
+            completed_lines=completed,
+            failed_lines=failed,
+            **{stamp: now},
+            output_file_id=files[0].id if files[0] else None,
+            error_file_id=files[1].id if files[1] else None,
         )
         if won != 1:
             # Another finalizer finished first; ours must not leave rows behind.
@@ -148,6 +157,9 @@ def _store_result(batch: Batch, content: IO[bytes], kind: str, lines: int) -> Fi
     name = f"results/{batch.tenant_id}/{batch.id}_{kind}_{secrets.token_hex(4)}.jsonl"
     blob_save(name, content)
     return File(
-        tenant_id=batch.tenant_id, filename=f"{batch.id}_{kind}.jsonl", purpose=File.Purpose.BATCH_OUTPUT,
-        bytes=size, storage_name=name,
+        tenant_id=batch.tenant_id,
+        filename=f"{batch.id}_{kind}.jsonl",
+        purpose=File.Purpose.BATCH_OUTPUT,
+        bytes=size,
+        storage_name=name,
     )

@@ -22,7 +22,11 @@ class RawLine:
 
 
 def iter_lines(
-    stream: IO[bytes], *, max_line_bytes: int, start_byte: int = 0, end_byte: int | None = None,
+    stream: IO[bytes],
+    *,
+    max_line_bytes: int,
+    start_byte: int = 0,
+    end_byte: int | None = None,
     first_line_number: int = 1,
 ) -> Iterator[RawLine]:
     """Yield lines without ever holding more than ``max_line_bytes`` of one line in memory."""

@@ -16,10 +16,18 @@ import numpy as np
 from controlplane.batches.requests import EmbeddingRequest, ParsedLine, TensorRequest
 
 NUMPY_TO_KSERVE = {
-    np.dtype(np.bool_): "BOOL", np.dtype(np.uint8): "UINT8", np.dtype(np.uint16): "UINT16",
-    np.dtype(np.uint32): "UINT32", np.dtype(np.uint64): "UINT64", np.dtype(np.int8): "INT8",
-    np.dtype(np.int16): "INT16", np.dtype(np.int32): "INT32", np.dtype(np.int64): "INT64",
-    np.dtype(np.float16): "FP16", np.dtype(np.float32): "FP32", np.dtype(np.float64): "FP64",
+    np.dtype(np.bool_): "BOOL",
+    np.dtype(np.uint8): "UINT8",
+    np.dtype(np.uint16): "UINT16",
+    np.dtype(np.uint32): "UINT32",
+    np.dtype(np.uint64): "UINT64",
+    np.dtype(np.int8): "INT8",
+    np.dtype(np.int16): "INT16",
+    np.dtype(np.int32): "INT32",
+    np.dtype(np.int64): "INT64",
+    np.dtype(np.float16): "FP16",
+    np.dtype(np.float32): "FP32",
+    np.dtype(np.float64): "FP64",
 }
 
 
@@ -82,9 +90,7 @@ def pack_embeddings(lines: dict[int, ParsedLine], max_batch_size: int, *, min_ca
     return calls
 
 
-def embedding_body(
-    parsed: ParsedLine, pieces: dict[int, dict[str, np.ndarray]]
-) -> tuple[dict[str, Any], int]:
+def embedding_body(parsed: ParsedLine, pieces: dict[int, dict[str, np.ndarray]]) -> tuple[dict[str, Any], int]:
     """OpenAI's embeddings response for one line; returns it with the line's token count."""
     request = _embedding(parsed)
     data = []
@@ -152,7 +158,10 @@ def tensor_body(parsed: ParsedLine, pieces: dict[int, dict[str, np.ndarray]]) ->
     outputs = []
     for name, array in pieces[0].items():
         if array.dtype == np.object_:
-            datatype, data = "BYTES", [v.decode(errors="replace") if isinstance(v, bytes) else v for v in array.reshape(-1)]
+            datatype, data = (
+                "BYTES",
+                [v.decode(errors="replace") if isinstance(v, bytes) else v for v in array.reshape(-1)],
+            )
         else:
             datatype, data = NUMPY_TO_KSERVE.get(array.dtype, "FP32"), array.reshape(-1).tolist()
         outputs.append({"name": name, "datatype": datatype, "shape": list(array.shape), "data": data})

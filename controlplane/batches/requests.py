@@ -17,9 +17,19 @@ from controlplane.fleet.models import CatalogueModel, ModelKind
 MAX_EMBEDDING_INPUTS = 2048
 
 KSERVE_DTYPES: dict[str, Any] = {
-    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,
-    "UINT64": np.uint64, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
-    "FP16": np.float16, "FP32": np.float32, "FP64": np.float64, "BYTES": np.object_,
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+    "BYTES": np.object_,
 }
 
 
@@ -143,29 +153,28 @@ def _parse_embedding(body: dict[str, Any], model: CatalogueModel) -> EmbeddingRe
         texts = raw_input
     else:
         raise LineIssue(
-            "invalid_input", "body.input must be a non-empty string or a non-empty list of strings.",
+            "invalid_input",
+            "body.input must be a non-empty string or a non-empty list of strings.",
             "body.input",
         )
     if len(texts) > MAX_EMBEDDING_INPUTS:
         raise LineIssue(
-            "invalid_input", f"body.input has {len(texts)} items; the limit is {MAX_EMBEDDING_INPUTS}.",
+            "invalid_input",
+            f"body.input has {len(texts)} items; the limit is {MAX_EMBEDDING_INPUTS}.",
             "body.input",
         )
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise LineIssue(
                 "invalid_input",
-                f"body.input[{i}] must be a string (token arrays are not supported), "
-                f"got {type(text).__name__}.",
+                f"body.input[{i}] must be a string (token arrays are not supported), got {type(text).__name__}.",
                 "body.input",
             )
         if not text:
             raise LineIssue("invalid_input", f"body.input[{i}] must not be empty.", "body.input")
     encoding_format = body.get("encoding_format", "float")
     if encoding_format not in ("float", "base64"):
-        raise LineIssue(
-            "invalid_value", "body.encoding_format must be 'float' or 'base64'.", "body.encoding_format"
-        )
+        raise LineIssue("invalid_value", "body.encoding_format must be 'float' or 'base64'.", "body.encoding_format")
     dimensions = body.get("dimensions")
     if dimensions is not None and dimensions != model.embedding_dimensions:
         raise LineIssue(
@@ -222,9 +231,7 @@ def _parse_tensor(body: dict[str, Any], model: CatalogueModel) -> TensorRequest:
     return TensorRequest(inputs=ordered, output_names=output_names)
 
 
-def _parse_tensor_input(
-    item: dict[str, Any], spec: dict[str, Any], param: str, max_batch_size: int
-) -> TensorInput:
+def _parse_tensor_input(item: dict[str, Any], spec: dict[str, Any], param: str, max_batch_size: int) -> TensorInput:
     datatype = item.get("datatype")
     if datatype != spec["datatype"]:
         raise LineIssue(
@@ -245,18 +252,16 @@ def _parse_tensor_input(
             f"{param}.shape",
         )
     if not 1 <= shape[0] <= max_batch_size:
-        raise LineIssue(
-            "invalid_shape", f"{param}.shape[0] (rows) must be 1..{max_batch_size}.", f"{param}.shape"
-        )
+        raise LineIssue("invalid_shape", f"{param}.shape[0] (rows) must be 1..{max_batch_size}.", f"{param}.shape")
     for got, want in zip(shape[1:], dims, strict=True):
         if want != -1 and got != want:
-            raise LineIssue(
-                "invalid_shape", f"{param}.shape must be [rows] + {dims}, got {shape}.", f"{param}.shape"
-            )
+            raise LineIssue("invalid_shape", f"{param}.shape must be [rows] + {dims}, got {shape}.", f"{param}.shape")
     try:
         array = np.asarray(item.get("data"), dtype=KSERVE_DTYPES[datatype])
     except (TypeError, ValueError) as exc:
-        raise LineIssue("invalid_data", f"{param}.data does not hold {datatype} values: {exc}.", f"{param}.data") from exc
+        raise LineIssue(
+            "invalid_data", f"{param}.data does not hold {datatype} values: {exc}.", f"{param}.data"
+        ) from exc
     if array.size != math.prod(shape):
         raise LineIssue(
             "invalid_data",

@@ -48,6 +48,4 @@ def batch_enqueued_lines(*, tenant: Tenant) -> int:
 
 
 def batch_has_open_shards(*, batch_id: str) -> bool:
-    return Shard.objects.filter(
-        batch_id=batch_id, status__in=(ShardStatus.PENDING, ShardStatus.RUNNING)
-    ).exists()
+    return Shard.objects.filter(batch_id=batch_id, status__in=(ShardStatus.PENDING, ShardStatus.RUNNING)).exists()

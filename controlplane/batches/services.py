@@ -55,7 +55,12 @@ def _validate_metadata(metadata: Any) -> dict[str, str] | None:
 
 
 def batch_create(
-    *, tenant: Tenant, input_file_id: Any, endpoint: Any, completion_window: Any, metadata: Any = None,
+    *,
+    tenant: Tenant,
+    input_file_id: Any,
+    endpoint: Any,
+    completion_window: Any,
+    metadata: Any = None,
     priority: Any = None,
 ) -> Batch:
     if endpoint not in Endpoint.values:
@@ -75,8 +80,12 @@ def batch_create(
         locked = Tenant.objects.select_for_update().get(id=tenant.id)
         chosen_priority = batch_admit(tenant=locked, input_file=input_file, priority=priority)
         batch = Batch.objects.create(
-            tenant=locked, endpoint=endpoint, input_file_id=input_file.id,
-            completion_window=completion_window, metadata=metadata, priority=chosen_priority,
+            tenant=locked,
+            endpoint=endpoint,
+            input_file_id=input_file.id,
+            completion_window=completion_window,
+            metadata=metadata,
+            priority=chosen_priority,
             expires_at=timezone.now() + window,
         )
         event_record(batch_id=batch.id, kind="created", message=f"input {input_file.id}, priority {chosen_priority}")
@@ -92,20 +101,39 @@ def batch_validate(*, batch_id: str) -> None:
         return  # a redelivered task after the batch moved on, or cancelled while queued
     input_file = File.objects.filter(id=batch.input_file_id, tenant_id=batch.tenant_id).first()
     if input_file is None:
-        _batch_fail(batch, [{"code": "file_not_found", "message": "The input file was deleted.",
-                             "param": "input_file_id", "line": None}])
+        _batch_fail(
+            batch,
+            [
+                {
+                    "code": "file_not_found",
+                    "message": "The input file was deleted.",
+                    "param": "input_file_id",
+                    "line": None,
+                }
+            ],
+        )
         return
     with blob_open(input_file.storage_name) as stream:
         result = validate_input(
-            stream, endpoint=batch.endpoint, max_line_bytes=settings.BATCH_MAX_LINE_BYTES,
-            max_lines=settings.BATCH_MAX_LINES, shard_lines=settings.SHARD_MAX_LINES,
-            shard_seconds=settings.SCHEDULER_SHARD_SECONDS, min_shard_lines=settings.SCHEDULER_SHARD_MIN_LINES,
+            stream,
+            endpoint=batch.endpoint,
+            max_line_bytes=settings.BATCH_MAX_LINE_BYTES,
+            max_lines=settings.BATCH_MAX_LINES,
+            shard_lines=settings.SHARD_MAX_LINES,
+            shard_seconds=settings.SCHEDULER_SHARD_SECONDS,
+            min_shard_lines=settings.SCHEDULER_SHARD_MIN_LINES,
         )
     if not result.ok:
         errors = result.errors
         if result.error_count > len(errors):
-            errors = errors + [{"code": "more_errors", "param": None, "line": None,
-                                "message": f"{result.error_count - len(errors)} more errors not listed."}]
+            errors = errors + [
+                {
+                    "code": "more_errors",
+                    "param": None,
+                    "line": None,
+                    "message": f"{result.error_count - len(errors)} more errors not listed.",
+                }
+            ]
         _batch_fail(batch, errors)
         return
     over_quota = _enqueued_quota_error(batch, result.total, result.work_units)
@@ -115,21 +143,33 @@ def batch_validate(*, batch_id: str) -> None:
     now = timezone.now()
     with transaction.atomic():
         moved = Batch.objects.filter(id=batch.id, status=BatchStatus.VALIDATING).update(
-            status=BatchStatus.IN_PROGRESS, in_progress_at=now, last_dispatched_at=now, total_lines=result.total,
-            work_units=result.work_units, model=result.model,
+            status=BatchStatus.IN_PROGRESS,
+            in_progress_at=now,
+            last_dispatched_at=now,
+            total_lines=result.total,
+            work_units=result.work_units,
+            model=result.model,
         )
         if moved != 1:
             return  # cancelled while we validated: the cancel path finalizes it
         Shard.objects.bulk_create(
             Shard(
-                batch_id=batch.id, index=plan.index, start_line=plan.start_line, end_line=plan.end_line,
-                start_byte=plan.start_byte, end_byte=plan.end_byte, request_count=plan.request_count,
+                batch_id=batch.id,
+                index=plan.index,
+                start_line=plan.start_line,
+                end_line=plan.end_line,
+                start_byte=plan.start_byte,
+                end_byte=plan.end_byte,
+                request_count=plan.request_count,
                 work_units=plan.work_units,
             )
             for plan in result.shards
         )
-        event_record(batch_id=batch.id, kind="in_progress",
-                     message=f"{result.total} requests in {len(result.shards)} shards, model {result.model}")
+        event_record(
+            batch_id=batch.id,
+            kind="in_progress",
+            message=f"{result.total} requests in {len(result.shards)} shards, model {result.model}",
+        )
         # The batch is runnable: the dispatcher decides when its shards run (Postgres is the queue).
         dispatch.slots_topup_enqueue(result.model)
 
@@ -139,22 +179,35 @@ def _enqueued_quota_error(batch: Batch, lines: int, work: int) -> dict[str, Any]
     counts (create checked lines from the upload's count; tokens are known only now)."""
     tenant = batch.tenant
     others = (
-        Batch.objects.filter(tenant_id=batch.tenant_id, status__in=ACTIVE_STATUSES).exclude(id=batch.id)
+        Batch.objects.filter(tenant_id=batch.tenant_id, status__in=ACTIVE_STATUSES)
+        .exclude(id=batch.id)
         .aggregate(lines=Sum("total_lines"), work=Sum("work_units", filter=Q(endpoint=Endpoint.EMBEDDINGS)))
     )
     queued_lines = (others["lines"] or 0) + lines
     if queued_lines > tenant.max_enqueued_lines:
-        return {"code": "quota_exceeded", "param": None, "line": None, "message": (
-            f"{lines} requests would bring the tenant's enqueued requests to {queued_lines}, "
-            f"over the limit of {tenant.max_enqueued_lines}.")}
+        return {
+            "code": "quota_exceeded",
+            "param": None,
+            "line": None,
+            "message": (
+                f"{lines} requests would bring the tenant's enqueued requests to {queued_lines}, "
+                f"over the limit of {tenant.max_enqueued_lines}."
+            ),
+        }
     if batch.endpoint == Endpoint.EMBEDDINGS:
         queued_tokens = (others["work"] or 0) + work
         if queued_tokens > tenant.max_enqueued_tokens:
             # OpenAI's code for the same condition, so clients can handle it the same way.
-            return {"code": "token_limit_exceeded", "param": None, "line": None, "message": (
-                f"Enqueued token limit reached: this batch's ~{work} tokens would bring the tenant's "
-                f"enqueued tokens to ~{queued_tokens}, over the limit of {tenant.max_enqueued_tokens}. "
-                "Wait for other batches to finish or split the file.")}
+            return {
+                "code": "token_limit_exceeded",
+                "param": None,
+                "line": None,
+                "message": (
+                    f"Enqueued token limit reached: this batch's ~{work} tokens would bring the tenant's "
+                    f"enqueued tokens to ~{queued_tokens}, over the limit of {tenant.max_enqueued_tokens}. "
+                    "Wait for other batches to finish or split the file."
+                ),
+            }
     return None
 
 
@@ -209,9 +262,9 @@ def batches_expire() -> list[str]:
                 status=BatchStatus.EXPIRED, stop_reason=StopReason.EXPIRE, expired_at=now
             ):
                 event_record(batch_id=batch_id, kind="expired", message="expired before validation finished")
-            elif Batch.objects.filter(
-                id=batch_id, status=BatchStatus.IN_PROGRESS, stop_reason__isnull=True
-            ).update(stop_reason=StopReason.EXPIRE):
+            elif Batch.objects.filter(id=batch_id, status=BatchStatus.IN_PROGRESS, stop_reason__isnull=True).update(
+                stop_reason=StopReason.EXPIRE
+            ):
                 _stop_pending_shards(batch_id)
                 event_record(batch_id=batch_id, kind="expiring")
                 dispatch.batch_finalize_enqueue(batch_id)

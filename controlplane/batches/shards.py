@@ -30,17 +30,26 @@ def shard_claim(*, shard_id: int, owner: str) -> Shard | None:
     or its batch is stopping — in every case there is nothing for this caller to do."""
     with transaction.atomic():
         won = Shard.objects.filter(
-            id=shard_id, status=ShardStatus.PENDING, batch__status__in=RUNNABLE_BATCH_STATUSES,
+            id=shard_id,
+            status=ShardStatus.PENDING,
+            batch__status__in=RUNNABLE_BATCH_STATUSES,
             batch__stop_reason__isnull=True,
         ).update(
-            status=ShardStatus.RUNNING, attempt=F("attempt") + 1, lease_owner=owner,
-            lease_expires_at=_lease_until(), started_at=timezone.now(),
+            status=ShardStatus.RUNNING,
+            attempt=F("attempt") + 1,
+            lease_owner=owner,
+            lease_expires_at=_lease_until(),
+            started_at=timezone.now(),
         )
         if won != 1:
             return None  # lost the race, or nothing to do
         shard = Shard.objects.select_related("batch").get(id=shard_id)
-        event_record(batch_id=shard.batch_id, shard_index=shard.index, kind="shard_claimed",
-                     message=f"attempt {shard.attempt} by {owner}")
+        event_record(
+            batch_id=shard.batch_id,
+            shard_index=shard.index,
+            kind="shard_claimed",
+            message=f"attempt {shard.attempt} by {owner}",
+        )
     return shard
 
 
@@ -48,9 +57,9 @@ def shard_skip_if_stopping(*, shard_id: int) -> bool:
     """A pending shard of a cancelled/expired batch is closed without running (e.g. released after a
     transient error just as the batch was cancelled). True when this call closed it."""
     with transaction.atomic():
-        won = Shard.objects.filter(
-            id=shard_id, status=ShardStatus.PENDING, batch__stop_reason__isnull=False
-        ).update(status=ShardStatus.SKIPPED, finished_at=timezone.now(), lease_expires_at=None)
+        won = Shard.objects.filter(id=shard_id, status=ShardStatus.PENDING, batch__stop_reason__isnull=False).update(
+            status=ShardStatus.SKIPPED, finished_at=timezone.now(), lease_expires_at=None
+        )
         if won == 1:
             shard = Shard.objects.only("batch_id", "index").get(id=shard_id)
             event_record(batch_id=shard.batch_id, shard_index=shard.index, kind="shard_skipped")
@@ -59,9 +68,12 @@ def shard_skip_if_stopping(*, shard_id: int) -> bool:
 
 def shard_renew(*, shard_id: int, attempt: int) -> bool:
     """Extend the lease; False means the lease was lost and the caller must stop without committing."""
-    return Shard.objects.filter(id=shard_id, attempt=attempt, status=ShardStatus.RUNNING).update(
-        lease_expires_at=_lease_until()
-    ) == 1
+    return (
+        Shard.objects.filter(id=shard_id, attempt=attempt, status=ShardStatus.RUNNING).update(
+            lease_expires_at=_lease_until()
+        )
+        == 1
+    )
 
 
 def batch_stop_requested(*, batch_id: str) -> bool:
@@ -83,9 +95,13 @@ def shard_commit(*, shard_id: int, attempt: int, summary: PartSummary) -> bool:
     status = ShardStatus.STOPPED if summary.stopped else ShardStatus.SUCCEEDED
     with transaction.atomic():
         won = Shard.objects.filter(id=shard_id, attempt=attempt, status=ShardStatus.RUNNING).update(
-            status=status, part_name=summary.part_name, completed_lines=summary.completed,
-            failed_lines=summary.failed, prompt_tokens=summary.prompt_tokens,
-            finished_at=timezone.now(), lease_expires_at=None,
+            status=status,
+            part_name=summary.part_name,
+            completed_lines=summary.completed,
+            failed_lines=summary.failed,
+            prompt_tokens=summary.prompt_tokens,
+            finished_at=timezone.now(),
+            lease_expires_at=None,
         )
         if won != 1:
             return False
@@ -95,8 +111,12 @@ def shard_commit(*, shard_id: int, attempt: int, summary: PartSummary) -> bool:
             failed_lines=F("failed_lines") + summary.failed,
             prompt_tokens=F("prompt_tokens") + summary.prompt_tokens,
         )
-        event_record(batch_id=shard.batch_id, shard_index=shard.index, kind=f"shard_{status}",
-                     message=f"attempt {attempt}: {summary.completed} ok, {summary.failed} errors")
+        event_record(
+            batch_id=shard.batch_id,
+            shard_index=shard.index,
+            kind=f"shard_{status}",
+            message=f"attempt {attempt}: {summary.completed} ok, {summary.failed} errors",
+        )
     return True
 
 
@@ -115,15 +135,22 @@ def shard_release(*, shard_id: int, attempt: int, error: str) -> str | None:
     backoff = min(RELEASE_BACKOFF_MAX_SECONDS, RELEASE_BACKOFF_SECONDS * 2 ** max(0, attempt - 1))
     with transaction.atomic():
         won = Shard.objects.filter(id=shard_id, attempt=attempt, status=ShardStatus.RUNNING).update(
-            status=new_status, last_error=error[:2000], lease_owner="", lease_expires_at=None,
+            status=new_status,
+            last_error=error[:2000],
+            lease_owner="",
+            lease_expires_at=None,
             not_before=None if exhausted else now + timedelta(seconds=backoff),
             finished_at=now if exhausted else None,
         )
         if won != 1:
             return None
         shard = Shard.objects.only("batch_id", "index").get(id=shard_id)
-        event_record(batch_id=shard.batch_id, shard_index=shard.index, kind=f"shard_released_{new_status}",
-                     message=f"attempt {attempt}: {error[:500]}")
+        event_record(
+            batch_id=shard.batch_id,
+            shard_index=shard.index,
+            kind=f"shard_released_{new_status}",
+            message=f"attempt {attempt}: {error[:500]}",
+        )
     return new_status
 
 
@@ -147,12 +174,20 @@ def shards_rescue() -> list[int]:
         closed = new_status != ShardStatus.PENDING
         with transaction.atomic():
             won = Shard.objects.filter(id=shard.id, attempt=shard.attempt, status=ShardStatus.RUNNING).update(
-                status=new_status, lease_owner="", last_error="lease expired: worker lost",
-                lease_expires_at=None, not_before=None, finished_at=now if closed else None,
+                status=new_status,
+                lease_owner="",
+                last_error="lease expired: worker lost",
+                lease_expires_at=None,
+                not_before=None,
+                finished_at=now if closed else None,
             )
             if won == 1:
-                event_record(batch_id=shard.batch_id, shard_index=shard.index,
-                             kind=f"shard_rescued_{new_status}", message=f"lease of attempt {shard.attempt} expired")
+                event_record(
+                    batch_id=shard.batch_id,
+                    shard_index=shard.index,
+                    kind=f"shard_rescued_{new_status}",
+                    message=f"lease of attempt {shard.attempt} expired",
+                )
                 if closed:
                     dispatch.batch_finalize_enqueue(shard.batch_id)
                 else:

@@ -44,8 +44,14 @@ class ValidationResult:
 
 
 def validate_input(
-    stream: IO[bytes], *, endpoint: str, max_line_bytes: int, max_lines: int, shard_lines: int,
-    shard_seconds: float = 0.0, min_shard_lines: int = 1,
+    stream: IO[bytes],
+    *,
+    endpoint: str,
+    max_line_bytes: int,
+    max_lines: int,
+    shard_lines: int,
+    shard_seconds: float = 0.0,
+    min_shard_lines: int = 1,
 ) -> ValidationResult:
     """Check every line and plan the shards. A shard closes when its estimated model time (work units ×
     the model's measured seconds per unit) reaches ``shard_seconds``, but never below
@@ -62,18 +68,18 @@ def validate_input(
     def close_shard() -> None:
         nonlocal shard_start, shard_count, shard_work
         if shard_start is not None and shard_count:
-            result.shards.append(ShardPlan(
-                len(result.shards), shard_start[0], last_line, shard_start[1], last_end, shard_count, shard_work
-            ))
+            result.shards.append(
+                ShardPlan(
+                    len(result.shards), shard_start[0], last_line, shard_start[1], last_end, shard_count, shard_work
+                )
+            )
         shard_start, shard_count, shard_work = None, 0, 0
 
     for line in iter_lines(stream, max_line_bytes=max_line_bytes):
         if line.is_blank:
             continue
         if line.data is None:
-            result.add_error(
-                "line_too_long", f"Line is longer than the {max_line_bytes} byte limit.", line=line.number
-            )
+            result.add_error("line_too_long", f"Line is longer than the {max_line_bytes} byte limit.", line=line.number)
             continue
         result.total += 1
         if result.total > max_lines:
@@ -91,7 +97,8 @@ def validate_input(
             result.add_error(
                 "duplicate_custom_id",
                 f"custom_id {parsed.custom_id!r} is also used on line {seen_ids[digest]}; ids must be unique.",
-                line=line.number, param="custom_id",
+                line=line.number,
+                param="custom_id",
             )
             continue
         seen_ids[digest] = line.number
@@ -105,7 +112,8 @@ def validate_input(
                 "mixed_models",
                 f"All requests in a batch must use one model; this line uses {parsed.model_name!r}, "
                 f"earlier lines use {result.model!r}.",
-                line=line.number, param="body.model",
+                line=line.number,
+                param="body.model",
             )
             continue
         if shard_start is None:

@@ -16,7 +16,5 @@ def parse_completion_window(value: object) -> timedelta:
     allowed = settings.BATCH_COMPLETION_WINDOWS
     match = _WINDOW.match(value) if isinstance(value, str) else None
     if match is None or value not in allowed:
-        raise ValidationFailed(
-            f"completion_window must be one of {allowed}, got {value!r}.", param="completion_window"
-        )
+        raise ValidationFailed(f"completion_window must be one of {allowed}, got {value!r}.", param="completion_window")
     return timedelta(seconds=int(match.group(1)) * _UNIT_SECONDS[match.group(2)])

@@ -111,10 +111,14 @@ class QuotaExceeded(DomainError):
     def response_headers(self) -> dict[str, str]:
         headers = {"Retry-After": str(whole_seconds(self.retry_after))}
         if self.header_name and self.value is not None and self.current is not None:
-            headers.update(ratelimit_headers(
-                name=self.header_name, limit=self.value, remaining=self.value - self.current,
-                reset_seconds=self.retry_after,
-            ))
+            headers.update(
+                ratelimit_headers(
+                    name=self.header_name,
+                    limit=self.value,
+                    remaining=self.value - self.current,
+                    reset_seconds=self.retry_after,
+                )
+            )
         headers.update(self.extra_headers)
         return headers
 

@@ -42,10 +42,7 @@ def cursor_page(
         anchor = queryset.filter(id=after).values("created_at", "id").first()
         if anchor is None:
             raise ValidationFailed(f"after refers to an unknown object: {after!r}.", param="after")
-        qs = qs.filter(
-            Q(created_at__lt=anchor["created_at"])
-            | Q(created_at=anchor["created_at"], id__lt=anchor["id"])
-        )
+        qs = qs.filter(Q(created_at__lt=anchor["created_at"]) | Q(created_at=anchor["created_at"], id__lt=anchor["id"]))
     rows = list(qs[: limit + 1])
     data = [render(row) for row in rows[:limit]]
     return {

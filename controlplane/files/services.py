@@ -15,16 +15,12 @@ def _storage_name(tenant: Tenant, file_id: str) -> str:
     return f"files/{tenant.id}/{file_id}"
 
 
-def file_create(
-    *, tenant: Tenant, content: IO[bytes], filename: str, purpose: str, size: int
-) -> File:
+def file_create(*, tenant: Tenant, content: IO[bytes], filename: str, purpose: str, size: int) -> File:
     """Store the blob first, then the row: a crash between the two leaves an orphan blob, never a row
     pointing at nothing. Its non-blank lines are counted as storage reads it (``line_count``), so batch
     create can check the enqueued-lines quota without reading the file again."""
     if purpose not in File.Purpose.values:
-        raise ValidationFailed(
-            f"purpose must be 'batch' for uploads, got {purpose!r}.", param="purpose"
-        )
+        raise ValidationFailed(f"purpose must be 'batch' for uploads, got {purpose!r}.", param="purpose")
     file_id = new_file_id()
     counting = LineCountingReader(content, size=size)
     # cast: storage only calls read/seek/tell on it, which the wrapper provides.
@@ -32,8 +28,13 @@ def file_create(
     try:
         with transaction.atomic():
             return File.objects.create(
-                id=file_id, tenant=tenant, filename=filename[:255], purpose=purpose, bytes=size,
-                storage_name=name, line_count=counting.line_count,
+                id=file_id,
+                tenant=tenant,
+                filename=filename[:255],
+                purpose=purpose,
+                bytes=size,
+                storage_name=name,
+                line_count=counting.line_count,
             )
     except Exception:
         blob_delete(name)

@@ -23,9 +23,7 @@ from controlplane.tenants.auth import request_tenant
 
 def _too_large() -> PayloadTooLarge:
     limit = settings.FILE_MAX_BYTES
-    return PayloadTooLarge(
-        f"File is larger than the {limit} byte limit; split it into several batches.", param="file"
-    )
+    return PayloadTooLarge(f"File is larger than the {limit} byte limit; split it into several batches.", param="file")
 
 
 class FileListCreateView(APIView):
@@ -57,12 +55,13 @@ class FileListCreateView(APIView):
         if upload is None:
             raise ValidationFailed("Attach the JSONL file as multipart field 'file'.", param="file")
         if purpose != "batch":
-            raise ValidationFailed(
-                f"purpose must be 'batch', got {purpose!r}.", param="purpose"
-            )
+            raise ValidationFailed(f"purpose must be 'batch', got {purpose!r}.", param="purpose")
         file = services.file_create(
-            tenant=request_tenant(request), content=upload, filename=upload.name or "upload.jsonl",
-            purpose=purpose, size=upload.size,
+            tenant=request_tenant(request),
+            content=upload,
+            filename=upload.name or "upload.jsonl",
+            purpose=purpose,
+            size=upload.size,
         )
         return Response(file_render(file), status=200)
 
@@ -96,6 +95,4 @@ class FileContentView(APIView):
     def get(self, request: Request, file_id: str) -> Any:
         file = selectors.file_get(tenant=request_tenant(request), file_id=file_id)
         # FileResponse streams in chunks: a 1 GiB result never sits in the web process's memory.
-        return FileResponse(
-            blob_open(file.storage_name), content_type="application/jsonl", filename=file.filename
-        )
+        return FileResponse(blob_open(file.storage_name), content_type="application/jsonl", filename=file.filename)

@@ -47,8 +47,14 @@ class CatalogueModelForm(forms.ModelForm):
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
-        needed = ("memory_per_instance_bytes", "load_seconds", "gpus_per_instance", "min_instances",
-                  "max_instances", "pin_gpus")
+        needed = (
+            "memory_per_instance_bytes",
+            "load_seconds",
+            "gpus_per_instance",
+            "min_instances",
+            "max_instances",
+            "pin_gpus",
+        )
         if all(cleaned.get(name) is not None for name in needed):
             # The planner's own validation: a profile it would refuse must not reach the reconciler.
             pin_server = cleaned.get("pin_server")
@@ -56,9 +62,12 @@ class CatalogueModelForm(forms.ModelForm):
                 pt.ModelProfile(
                     model=cleaned.get("triton_name") or "model",
                     memory_per_instance_bytes=cleaned["memory_per_instance_bytes"],
-                    load_time_s=cleaned["load_seconds"], gpus_per_instance=cleaned["gpus_per_instance"],
-                    min_instances=cleaned["min_instances"], max_instances=cleaned["max_instances"],
-                    pin_server=pin_server.name if pin_server else None, pin_gpus=tuple(cleaned["pin_gpus"]),
+                    load_time_s=cleaned["load_seconds"],
+                    gpus_per_instance=cleaned["gpus_per_instance"],
+                    min_instances=cleaned["min_instances"],
+                    max_instances=cleaned["max_instances"],
+                    pin_server=pin_server.name if pin_server else None,
+                    pin_gpus=tuple(cleaned["pin_gpus"]),
                 )
             except ValueError as exc:
                 raise ValidationError(f"Placement profile: {exc}") from exc
@@ -68,21 +77,57 @@ class CatalogueModelForm(forms.ModelForm):
 @admin.register(CatalogueModel)
 class CatalogueModelAdmin(admin.ModelAdmin):
     form = CatalogueModelForm
-    list_display = ("name", "triton_name", "kind", "max_batch_size", "embedding_dimensions", "is_enabled",
-                    "paused", "min_instances", "max_instances", "placed_instances", "last_active_at")
+    list_display = (
+        "name",
+        "triton_name",
+        "kind",
+        "max_batch_size",
+        "embedding_dimensions",
+        "is_enabled",
+        "paused",
+        "min_instances",
+        "max_instances",
+        "placed_instances",
+        "last_active_at",
+    )
     list_filter = ("kind", "is_enabled", "paused")
     search_fields = ("name", "triton_name")
     readonly_fields = ("lines_per_second_per_instance", "last_active_at")
     # Pausing goes through the actions (fleet.services.model_set_paused): they write a PlacementEvent and top up slots.
     actions = ["pause_dispatch", "resume_dispatch"]
     fieldsets = (
-        (None, {"fields": ("name", "triton_name", "kind", "max_batch_size", "embedding_dimensions", "is_enabled",
-                           "inputs", "outputs")}),
-        ("Placement", {
-            "description": "Read by the planner on every reconcile. Memory is per instance on each of its GPUs.",
-            "fields": ("min_instances", "max_instances", "pin_server", "pin_gpus", "memory_per_instance_bytes",
-                       "load_seconds", "gpus_per_instance", "lines_per_second_per_instance", "last_active_at"),
-        }),
+        (
+            None,
+            {
+                "fields": (
+                    "name",
+                    "triton_name",
+                    "kind",
+                    "max_batch_size",
+                    "embedding_dimensions",
+                    "is_enabled",
+                    "inputs",
+                    "outputs",
+                )
+            },
+        ),
+        (
+            "Placement",
+            {
+                "description": "Read by the planner on every reconcile. Memory is per instance on each of its GPUs.",
+                "fields": (
+                    "min_instances",
+                    "max_instances",
+                    "pin_server",
+                    "pin_gpus",
+                    "memory_per_instance_bytes",
+                    "load_seconds",
+                    "gpus_per_instance",
+                    "lines_per_second_per_instance",
+                    "last_active_at",
+                ),
+            },
+        ),
     )
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[CatalogueModel]:
@@ -131,8 +176,16 @@ class GpuInline(admin.TabularInline):
 
 @admin.register(TritonServer)
 class TritonServerAdmin(admin.ModelAdmin):
-    list_display = ("name", "grpc_url", "state", "operator_state", "last_heartbeat_at", "breaker_open_until",
-                    "gpu_count", "placements_summary")
+    list_display = (
+        "name",
+        "grpc_url",
+        "state",
+        "operator_state",
+        "last_heartbeat_at",
+        "breaker_open_until",
+        "gpu_count",
+        "placements_summary",
+    )
     list_filter = ("state", "operator_state", "real_gpus")
     search_fields = ("name", "grpc_url")
     # Operator state changes go through the actions, which write a PlacementEvent.
@@ -145,8 +198,12 @@ class TritonServerAdmin(admin.ModelAdmin):
     actions = ["drain", "cordon", "return_to_normal", "rebalance_now"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[TritonServer]:
-        return (super().get_queryset(request).annotate(gpu_count=Count("gpus", distinct=True))
-                .prefetch_related("placements__model"))
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(gpu_count=Count("gpus", distinct=True))
+            .prefetch_related("placements__model")
+        )
 
     @admin.display(description="GPUs", ordering="gpu_count")
     def gpu_count(self, server: TritonServer) -> int:
@@ -155,17 +212,25 @@ class TritonServerAdmin(admin.ModelAdmin):
     @admin.display(description="placements")
     def placements_summary(self, server: TritonServer) -> str:
         rows = sorted(server.placements.all(), key=lambda p: (p.model.triton_name, p.gpus))
-        return ", ".join(f"{p.model.triton_name} ×{p.instances} gpu[{p.gpus}]"
-                         + ("" if p.status == "ready" else f" ({p.status})") for p in rows) or "—"
+        return (
+            ", ".join(
+                f"{p.model.triton_name} ×{p.instances} gpu[{p.gpus}]"
+                + ("" if p.status == "ready" else f" ({p.status})")
+                for p in rows
+            )
+            or "—"
+        )
 
-    def _set_operator_state(self, request: HttpRequest, queryset: QuerySet[TritonServer], state: str | None,
-                            label: str) -> None:
+    def _set_operator_state(
+        self, request: HttpRequest, queryset: QuerySet[TritonServer], state: str | None, label: str
+    ) -> None:
         names = []
         for server in queryset:
             server_set_operator_state(server=server, state=state, actor=request.user.get_username())
             names.append(server.name)
-        self.message_user(request, f"{label}: {', '.join(names)}. The next reconcile moves placements "
-                                   "(or use “Rebalance now”).")
+        self.message_user(
+            request, f"{label}: {', '.join(names)}. The next reconcile moves placements (or use “Rebalance now”)."
+        )
 
     @admin.action(description="Drain: move models off the selected servers")
     def drain(self, request: HttpRequest, queryset: QuerySet[TritonServer]) -> None:
@@ -185,22 +250,26 @@ class TritonServerAdmin(admin.ModelAdmin):
             tasks.fleet_reconcile_task.delay(actor=f"admin:{request.user.get_username()}")
         except Exception as exc:  # any broker failure: an admin button reports it, it never 500s
             logger.exception("could not enqueue fleet.reconcile")
-            self.message_user(request, f"Could not enqueue the rebalance (is the broker up?): {exc}",
-                              level=messages.ERROR)
+            self.message_user(
+                request, f"Could not enqueue the rebalance (is the broker up?): {exc}", level=messages.ERROR
+            )
             return
         self.message_user(request, "Rebalance enqueued; results appear as placement events.")
 
     def get_urls(self) -> list[URLPattern]:
         # Before the default patterns, whose "<path:object_id>/" would otherwise swallow "overview/".
-        overview = path("overview/", self.admin_site.admin_view(self.overview_view),
-                        name="fleet_tritonserver_overview")
+        overview = path("overview/", self.admin_site.admin_view(self.overview_view), name="fleet_tritonserver_overview")
         return [overview, *super().get_urls()]
 
     def overview_view(self, request: HttpRequest) -> TemplateResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
-        context = {**self.admin_site.each_context(request), "title": "Fleet overview", "opts": self.opts,
-                   "overview": fleet_overview()}
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Fleet overview",
+            "opts": self.opts,
+            "overview": fleet_overview(),
+        }
         return TemplateResponse(request, "admin/fleet/overview.html", context)
 
 
@@ -219,8 +288,18 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 @admin.register(Placement)
 class PlacementAdmin(ReadOnlyAdmin):
-    list_display = ("model", "server", "gpus", "instances", "status", "failed_until", "avg_queue_ms",
-                    "avg_compute_ms", "last_error_short", "updated_at")
+    list_display = (
+        "model",
+        "server",
+        "gpus",
+        "instances",
+        "status",
+        "failed_until",
+        "avg_queue_ms",
+        "avg_compute_ms",
+        "last_error_short",
+        "updated_at",
+    )
     list_filter = ("status", "server", "model")
     list_select_related = ("model", "server")
 

@@ -29,7 +29,8 @@ def demand_by_model() -> dict[str, Demand]:
     rows = (
         Shard.objects.filter(
             status__in=(ShardStatus.PENDING, ShardStatus.RUNNING),
-            batch__status=BatchStatus.IN_PROGRESS, batch__stop_reason__isnull=True,
+            batch__status=BatchStatus.IN_PROGRESS,
+            batch__stop_reason__isnull=True,
         )
         .values("batch__model")
         .annotate(lines=Sum("request_count"), running=Count("id", filter=Q(status=ShardStatus.RUNNING)))

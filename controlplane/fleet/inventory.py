@@ -19,7 +19,9 @@ logger = logging.getLogger(__name__)
 
 # Two missed heartbeats in a row mark a server unhealthy: one can be a GC pause, two is an outage.
 UNHEALTHY_AFTER_FAILURES = 2
-_METRIC = re.compile(r'^(nv_gpu_memory_total_bytes|nv_gpu_memory_used_bytes|nv_gpu_utilization)\{[^}]*gpu_uuid="([^"]+)"[^}]*\}\s+([0-9.eE+-]+)$')
+_METRIC = re.compile(
+    r'^(nv_gpu_memory_total_bytes|nv_gpu_memory_used_bytes|nv_gpu_utilization)\{[^}]*gpu_uuid="([^"]+)"[^}]*\}\s+([0-9.eE+-]+)$'
+)
 
 
 @transaction.atomic
@@ -39,11 +41,16 @@ def server_register(
 def server_set_operator_state(*, server: TritonServer, state: str | None, actor: str) -> None:
     """Drain or cordon a server (or clear it with None); the planner does the rest on its next run."""
     with transaction.atomic():
-        effective = state or (ServerState.UNHEALTHY if server.consecutive_failures >= UNHEALTHY_AFTER_FAILURES
-                              else ServerState.HEALTHY)
+        effective = state or (
+            ServerState.UNHEALTHY if server.consecutive_failures >= UNHEALTHY_AFTER_FAILURES else ServerState.HEALTHY
+        )
         TritonServer.objects.filter(id=server.id).update(operator_state=state, state=effective)
-        PlacementEvent.objects.create(server=server, action=f"server_{state or 'uncordon'}", actor=actor,
-                                      reason=f"operator set {state or 'normal scheduling'}")
+        PlacementEvent.objects.create(
+            server=server,
+            action=f"server_{state or 'uncordon'}",
+            actor=actor,
+            reason=f"operator set {state or 'normal scheduling'}",
+        )
 
 
 def parse_gpu_metrics(text: str) -> list[dict[str, float]]:
@@ -60,12 +67,17 @@ def _refresh_gpus(server: TritonServer) -> None:
     with urllib.request.urlopen(server.metrics_url, timeout=3) as response:
         gpus = parse_gpu_metrics(response.read().decode())
     for index, metrics in enumerate(gpus):
-        Gpu.objects.update_or_create(server=server, index=index, defaults={
-            "total_memory_bytes": int(metrics.get("nv_gpu_memory_total_bytes", 0)),
-            "used_by_others_bytes": int(metrics.get("nv_gpu_memory_used_bytes", 0)),
-            "utilization": metrics.get("nv_gpu_utilization"),
-            "declared": False, "name": "nvidia",
-        })
+        Gpu.objects.update_or_create(
+            server=server,
+            index=index,
+            defaults={
+                "total_memory_bytes": int(metrics.get("nv_gpu_memory_total_bytes", 0)),
+                "used_by_others_bytes": int(metrics.get("nv_gpu_memory_used_bytes", 0)),
+                "utilization": metrics.get("nv_gpu_utilization"),
+                "declared": False,
+                "name": "nvidia",
+            },
+        )
 
 
 def fleet_heartbeat() -> dict[str, str]:
@@ -85,17 +97,20 @@ def fleet_heartbeat() -> dict[str, str]:
                 except OSError as exc:
                     logger.warning("gpu metrics of %s unavailable: %s", server.name, exc)
             state = server.operator_state or ServerState.HEALTHY
-            TritonServer.objects.filter(id=server.id).update(
-                state=state, consecutive_failures=0, last_heartbeat_at=now
-            )
+            TritonServer.objects.filter(id=server.id).update(state=state, consecutive_failures=0, last_heartbeat_at=now)
         else:
             failures = server.consecutive_failures + 1
             state = server.state
             if failures >= UNHEALTHY_AFTER_FAILURES:
                 state = ServerState.UNHEALTHY
                 if server.state != ServerState.UNHEALTHY:
-                    PlacementEvent.objects.create(server=server, action="server_unhealthy", actor="heartbeat",
-                                                  ok=False, reason=f"{failures} missed heartbeats")
+                    PlacementEvent.objects.create(
+                        server=server,
+                        action="server_unhealthy",
+                        actor="heartbeat",
+                        ok=False,
+                        reason=f"{failures} missed heartbeats",
+                    )
             TritonServer.objects.filter(id=server.id).update(state=state, consecutive_failures=failures)
         states[server.name] = state
     return states

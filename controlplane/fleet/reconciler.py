@@ -83,7 +83,9 @@ def _sync_actual_state(servers: list[TritonServer]) -> None:
             client = _client(server)
             try:
                 ready = {m["name"] for m in client.repository_index() if m.get("state") == "READY"}
-                for placement in Placement.objects.filter(server=server, status=PlacementStatus.READY).select_related("model"):
+                for placement in Placement.objects.filter(server=server, status=PlacementStatus.READY).select_related(
+                    "model"
+                ):
                     if placement.model.triton_name in ready:
                         _record_statistics(client, placement)
             except TritonError:
@@ -94,9 +96,15 @@ def _sync_actual_state(servers: list[TritonServer]) -> None:
                 model__triton_name__in=ready
             )
         for placement in lost.select_related("model"):
-            PlacementEvent.objects.create(model=placement.model, server=server, gpus=placement.gpus, action="lost",
-                                          before=placement.instances, ok=False,
-                                          reason=f"server {server.state}: model not loaded there any more")
+            PlacementEvent.objects.create(
+                model=placement.model,
+                server=server,
+                gpus=placement.gpus,
+                action="lost",
+                before=placement.instances,
+                ok=False,
+                reason=f"server {server.state}: model not loaded there any more",
+            )
             placement.delete()
 
 
@@ -107,8 +115,10 @@ def _record_statistics(client: TritonClient, placement: Placement) -> None:
         count = int(inference.get("success", {}).get("count", 0) or 0)
         if count:
             queue_ns = int(inference.get("queue", {}).get("ns", 0) or 0)
-            compute_ns = sum(int(inference.get(k, {}).get("ns", 0) or 0)
-                             for k in ("compute_input", "compute_infer", "compute_output"))
+            compute_ns = sum(
+                int(inference.get(k, {}).get("ns", 0) or 0)
+                for k in ("compute_input", "compute_infer", "compute_output")
+            )
             Placement.objects.filter(id=placement.id).update(
                 avg_queue_ms=queue_ns / count / 1e6, avg_compute_ms=compute_ns / count / 1e6
             )
@@ -128,29 +138,42 @@ def planner_inputs(now: float) -> tuple:
         failed[model_id].append(names[server_id])
     for m in CatalogueModel.objects.filter(id__in=[m.id for m in models]):
         d = demand.get(m.name)
-        demands.append(pt.ModelDemand(
-            model=m.triton_name, pending_lines=d.pending_lines if d else 0,
-            lines_per_second_per_instance=m.lines_per_second_per_instance,
-            last_active_at=m.last_active_at.timestamp() if m.last_active_at else None,
-            in_flight=d.in_flight_shards if d else 0,
-        ))
-        profiles.append(pt.ModelProfile(
-            model=m.triton_name, memory_per_instance_bytes=m.memory_per_instance_bytes,
-            load_time_s=m.load_seconds, gpus_per_instance=m.gpus_per_instance,
-            min_instances=m.min_instances, max_instances=max(1, m.max_instances),
-            pin_server=m.pin_server.name if m.pin_server else None, pin_gpus=tuple(m.pin_gpus or ()),
-            avoid_servers=tuple(failed[m.id]),
-        ))
+        demands.append(
+            pt.ModelDemand(
+                model=m.triton_name,
+                pending_lines=d.pending_lines if d else 0,
+                lines_per_second_per_instance=m.lines_per_second_per_instance,
+                last_active_at=m.last_active_at.timestamp() if m.last_active_at else None,
+                in_flight=d.in_flight_shards if d else 0,
+            )
+        )
+        profiles.append(
+            pt.ModelProfile(
+                model=m.triton_name,
+                memory_per_instance_bytes=m.memory_per_instance_bytes,
+                load_time_s=m.load_seconds,
+                gpus_per_instance=m.gpus_per_instance,
+                min_instances=m.min_instances,
+                max_instances=max(1, m.max_instances),
+                pin_server=m.pin_server.name if m.pin_server else None,
+                pin_gpus=tuple(m.pin_gpus or ()),
+                avoid_servers=tuple(failed[m.id]),
+            )
+        )
     current = [
         pt.Placement(p.model.triton_name, names[p.server_id], _gpus_tuple(p.gpus), p.instances)
-        for p in Placement.objects.filter(status__in=(PlacementStatus.READY, PlacementStatus.LOADING),
-                                          instances__gt=0, model__is_enabled=True).select_related("model")
+        for p in Placement.objects.filter(
+            status__in=(PlacementStatus.READY, PlacementStatus.LOADING), instances__gt=0, model__is_enabled=True
+        ).select_related("model")
     ]
     inventory = [pt.Server(s.name, pt.ServerState(s.state)) for s in servers]
-    gpus = [pt.Gpu(names[g.server_id], g.index, g.total_memory_bytes, g.used_by_others_bytes)
-            for g in Gpu.objects.all()]
+    gpus = [
+        pt.Gpu(names[g.server_id], g.index, g.total_memory_bytes, g.used_by_others_bytes) for g in Gpu.objects.all()
+    ]
     params = pt.PlannerParams(
-        now=now, idle_ttl_s=settings.FLEET_IDLE_TTL_SECONDS, interval_s=settings.FLEET_PAYBACK_HORIZON_SECONDS,
+        now=now,
+        idle_ttl_s=settings.FLEET_IDLE_TTL_SECONDS,
+        interval_s=settings.FLEET_PAYBACK_HORIZON_SECONDS,
         hysteresis=settings.FLEET_HYSTERESIS,
     )
     return demands, inventory, gpus, profiles, current, params
@@ -184,8 +207,9 @@ def _apply(result: pt.Plan, actor: str) -> ReconcileReport:
     for model_name, server_name in order:
         model = CatalogueModel.objects.get(triton_name=model_name)
         server = TritonServer.objects.get(name=server_name)
-        blocked = Placement.objects.filter(model=model, server=server, status=PlacementStatus.FAILED,
-                                           failed_until__gt=timezone.now()).exists()
+        blocked = Placement.objects.filter(
+            model=model, server=server, status=PlacementStatus.FAILED, failed_until__gt=timezone.now()
+        ).exists()
         if blocked and any(c.after > c.before for c in groups[(model_name, server_name)]):
             continue
         ok, message = _apply_group(model, server, groups[(model_name, server_name)], actor)
@@ -219,28 +243,50 @@ def _apply_group(model: CatalogueModel, server: TritonServer, changes: list[pt.C
         if target:
             _record_failure(model, server, changes, str(exc), actor)
             return False, f"{summary}: {exc}"
-        logger.warning("unload of %s on %s failed (ignored, server may be gone): %s", model.triton_name, server.name, exc)
+        logger.warning(
+            "unload of %s on %s failed (ignored, server may be gone): %s", model.triton_name, server.name, exc
+        )
     finally:
         client.close()
     elapsed = time.monotonic() - started
     with transaction.atomic():
         Placement.objects.filter(model=model, server=server).exclude(gpus__in=list(target)).delete()
         for gpus, instances in target.items():
-            Placement.objects.update_or_create(model=model, server=server, gpus=gpus, defaults={
-                "instances": instances, "status": PlacementStatus.READY, "failed_until": None, "last_error": ""})
+            Placement.objects.update_or_create(
+                model=model,
+                server=server,
+                gpus=gpus,
+                defaults={
+                    "instances": instances,
+                    "status": PlacementStatus.READY,
+                    "failed_until": None,
+                    "last_error": "",
+                },
+            )
         if any(c.before == 0 for c in changes) and target:
             # Measured load time feeds the planner's payback rule (smoothed: loads vary with host load).
             CatalogueModel.objects.filter(id=model.id).update(load_seconds=0.5 * model.load_seconds + 0.5 * elapsed)
         for c in changes:
-            PlacementEvent.objects.create(model=model, server=server, gpus=_gpus_text(c.gpus), action=c.kind.value,
-                                          before=c.before, after=c.after, reason=c.reason or reason, actor=actor)
+            PlacementEvent.objects.create(
+                model=model,
+                server=server,
+                gpus=_gpus_text(c.gpus),
+                action=c.kind.value,
+                before=c.before,
+                after=c.after,
+                reason=c.reason or reason,
+                actor=actor,
+            )
     return True, f"{summary} ({elapsed:.1f}s)"
 
 
 def _current_rows(model: CatalogueModel, server: TritonServer) -> list[pt.Placement]:
-    return [pt.Placement(model.triton_name, server.name, _gpus_tuple(p.gpus), p.instances)
-            for p in Placement.objects.filter(model=model, server=server, instances__gt=0)
-            .exclude(status=PlacementStatus.FAILED)]
+    return [
+        pt.Placement(model.triton_name, server.name, _gpus_tuple(p.gpus), p.instances)
+        for p in Placement.objects.filter(model=model, server=server, instances__gt=0).exclude(
+            status=PlacementStatus.FAILED
+        )
+    ]
 
 
 def _instance_groups(server: TritonServer, target: dict[str, int]) -> list[dict]:
@@ -261,12 +307,31 @@ def _instance_groups(server: TritonServer, target: dict[str, int]) -> list[dict]
     return [{"count": sum(target.values()), "kind": "KIND_CPU"}]
 
 
-def _record_failure(model: CatalogueModel, server: TritonServer, changes: list[pt.Change], error: str, actor: str) -> None:
+def _record_failure(
+    model: CatalogueModel, server: TritonServer, changes: list[pt.Change], error: str, actor: str
+) -> None:
     until = timezone.now() + LOAD_FAILURE_BACKOFF
     with transaction.atomic():
         for c in changes:
-            Placement.objects.update_or_create(model=model, server=server, gpus=_gpus_text(c.gpus), defaults={
-                "instances": c.before, "status": PlacementStatus.FAILED if c.before == 0 else PlacementStatus.READY,
-                "failed_until": until, "last_error": error[:2000]})
-            PlacementEvent.objects.create(model=model, server=server, gpus=_gpus_text(c.gpus), action=c.kind.value,
-                                          before=c.before, after=c.after, ok=False, reason=error[:2000], actor=actor)
+            Placement.objects.update_or_create(
+                model=model,
+                server=server,
+                gpus=_gpus_text(c.gpus),
+                defaults={
+                    "instances": c.before,
+                    "status": PlacementStatus.FAILED if c.before == 0 else PlacementStatus.READY,
+                    "failed_until": until,
+                    "last_error": error[:2000],
+                },
+            )
+            PlacementEvent.objects.create(
+                model=model,
+                server=server,
+                gpus=_gpus_text(c.gpus),
+                action=c.kind.value,
+                before=c.before,
+                after=c.after,
+                ok=False,
+                reason=error[:2000],
+                actor=actor,
+            )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from django.db.models import Sum
@@ -45,7 +46,9 @@ def routes_for_model(triton_name: str, *, fresh: bool = False) -> list[Route]:
         return cached[1]
     rows = (
         Placement.objects.filter(
-            model__triton_name=triton_name, status=PlacementStatus.READY, instances__gt=0,
+            model__triton_name=triton_name,
+            status=PlacementStatus.READY,
+            instances__gt=0,
             server__state__in=ROUTABLE_STATES,
         )
         .exclude(server__breaker_open_until__gt=timezone.now())
@@ -59,7 +62,9 @@ def routes_for_model(triton_name: str, *, fresh: bool = False) -> list[Route]:
     return routes
 
 
-def pick_route(routes: list[Route], *, exclude: set[int] = frozenset(), rng: random.Random | None = None) -> Route | None:  # type: ignore[assignment]
+def pick_route(
+    routes: list[Route], *, exclude: AbstractSet[int] = frozenset(), rng: random.Random | None = None
+) -> Route | None:
     candidates = [r for r in routes if r.server_id not in exclude]
     if not candidates:
         return None

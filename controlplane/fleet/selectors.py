@@ -143,10 +143,13 @@ def fleet_overview(*, events: int = OVERVIEW_EVENTS) -> FleetOverview:
     for placement in Placement.objects.select_related("model").order_by("model__triton_name", "gpus"):
         holds = placement.status in _HOLDS_MEMORY
         share = GpuShare(
-            model=placement.model.triton_name, gpus=placement.gpus, instances=placement.instances,
+            model=placement.model.triton_name,
+            gpus=placement.gpus,
+            instances=placement.instances,
             status=placement.status,
             memory_bytes=placement.instances * placement.model.memory_per_instance_bytes if holds else 0,
-            avg_queue_ms=placement.avg_queue_ms, avg_compute_ms=placement.avg_compute_ms,
+            avg_queue_ms=placement.avg_queue_ms,
+            avg_compute_ms=placement.avg_compute_ms,
             last_error=placement.last_error,
         )
         for index in _gpu_indices(placement.gpus) or [-1]:
@@ -158,21 +161,53 @@ def fleet_overview(*, events: int = OVERVIEW_EVENTS) -> FleetOverview:
     for server in TritonServer.objects.order_by("name"):
         gpus = gpus_by_server[server.id]
         known = {gpu.index for gpu in gpus}
-        stray = {s for (server_id, index), found in shares.items()
-                 if server_id == server.id and index not in known for s in found}
-        servers.append(ServerRow(
-            id=server.id, name=server.name, grpc_url=server.grpc_url, state=server.state,
-            operator_state=server.operator_state, real_gpus=server.real_gpus,
-            last_heartbeat_at=server.last_heartbeat_at, breaker_open_until=server.breaker_open_until,
-            gpus=tuple(GpuRow(index=gpu.index, name=gpu.name, declared=gpu.declared, utilization=gpu.utilization,
-                              total_bytes=gpu.total_memory_bytes, used_by_others_bytes=gpu.used_by_others_bytes,
-                              shares=tuple(shares[(server.id, gpu.index)])) for gpu in gpus),
-            stray=tuple(sorted(stray, key=lambda s: (s.model, s.gpus))),
-        ))
+        stray = {
+            s
+            for (server_id, index), found in shares.items()
+            if server_id == server.id and index not in known
+            for s in found
+        }
+        servers.append(
+            ServerRow(
+                id=server.id,
+                name=server.name,
+                grpc_url=server.grpc_url,
+                state=server.state,
+                operator_state=server.operator_state,
+                real_gpus=server.real_gpus,
+                last_heartbeat_at=server.last_heartbeat_at,
+                breaker_open_until=server.breaker_open_until,
+                gpus=tuple(
+                    GpuRow(
+                        index=gpu.index,
+                        name=gpu.name,
+                        declared=gpu.declared,
+                        utilization=gpu.utilization,
+                        total_bytes=gpu.total_memory_bytes,
+                        used_by_others_bytes=gpu.used_by_others_bytes,
+                        shares=tuple(shares[(server.id, gpu.index)]),
+                    )
+                    for gpu in gpus
+                ),
+                stray=tuple(sorted(stray, key=lambda s: (s.model, s.gpus))),
+            )
+        )
     recent = PlacementEvent.objects.select_related("model", "server").order_by("-created_at", "-id")[:events]
-    return FleetOverview(servers=tuple(servers), events=tuple(
-        EventRow(created_at=e.created_at, action=e.action, model=e.model.triton_name if e.model else "",
-                 server=e.server.name if e.server else "", gpus=e.gpus, before=e.before, after=e.after,
-                 ok=e.ok, actor=e.actor, reason=e.reason)
-        for e in recent
-    ))
+    return FleetOverview(
+        servers=tuple(servers),
+        events=tuple(
+            EventRow(
+                created_at=e.created_at,
+                action=e.action,
+                model=e.model.triton_name if e.model else "",
+                server=e.server.name if e.server else "",
+                gpus=e.gpus,
+                before=e.before,
+                after=e.after,
+                ok=e.ok,
+                actor=e.actor,
+                reason=e.reason,
+            )
+            for e in recent
+        ),
+    )

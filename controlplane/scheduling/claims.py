@@ -37,20 +37,30 @@ def shard_claim_next(*, model: CatalogueModel, owner: str) -> Shard | None:
                 # so a batch whose row is busy (a commit updating its counts) would look empty.
                 Shard.objects.select_for_update(skip_locked=True, of=("self",))
                 .filter(selectors.runnable_q(now), batch_id=candidate.batch_id)
-                .order_by("index").values_list("id", flat=True).first()
+                .order_by("index")
+                .values_list("id", flat=True)
+                .first()
             )
             if shard_id is None:
                 continue  # its shards were claimed by someone else since the ranking was read
             won = Shard.objects.filter(id=shard_id, status=ShardStatus.PENDING).update(
-                status=ShardStatus.RUNNING, attempt=F("attempt") + 1, lease_owner=owner, not_before=None,
-                lease_expires_at=now + timedelta(seconds=settings.SHARD_LEASE_SECONDS), started_at=now,
+                status=ShardStatus.RUNNING,
+                attempt=F("attempt") + 1,
+                lease_owner=owner,
+                not_before=None,
+                lease_expires_at=now + timedelta(seconds=settings.SHARD_LEASE_SECONDS),
+                started_at=now,
             )
             if won != 1:
                 continue  # SQLite has no row locks; its single writer makes this unreachable, but be safe
             shard = Shard.objects.select_related("batch", "batch__tenant").get(id=shard_id)
             _charge(tenant_id=shard.batch.tenant_id, weight=shard.batch.tenant.weight, work=shard.work_units, now=now)
-            event_record(batch_id=shard.batch_id, shard_index=shard.index, kind="shard_claimed",
-                         message=f"attempt {shard.attempt} by {owner}")
+            event_record(
+                batch_id=shard.batch_id,
+                shard_index=shard.index,
+                kind="shard_claimed",
+                message=f"attempt {shard.attempt} by {owner}",
+            )
             promote = not candidate.deadline_promoted and policy.deadline_at_risk(
                 candidate, now.timestamp(), selectors.policy_config()
             )
@@ -62,8 +72,11 @@ def shard_claim_next(*, model: CatalogueModel, owner: str) -> Shard | None:
     stamps = {"last_dispatched_at": now, **({"deadline_promoted_at": now} if promote else {})}
     Batch.objects.filter(id=shard.batch_id).update(**stamps)
     if promote:
-        event_record(batch_id=shard.batch_id, kind="deadline_promoted",
-                     message="remaining work needs more than the allowed share of the time left")
+        event_record(
+            batch_id=shard.batch_id,
+            kind="deadline_promoted",
+            message="remaining work needs more than the allowed share of the time left",
+        )
     return shard
 
 
@@ -77,8 +90,12 @@ def _charge(*, tenant_id: int, weight: float, work: float, now: datetime) -> Non
         name="default", defaults={"vtime": 0.0, "vtime_at": now}
     )
     # A tenant without a share row yet is new to the scheduler: the policy starts it at the system clock.
-    existing = None if new_tenant else policy.TenantShare(
-        tenant_id=tenant_id, clock=policy.Clock(share_row.vtime, share_row.vtime_at.timestamp()), weight=weight
+    existing = (
+        None
+        if new_tenant
+        else policy.TenantShare(
+            tenant_id=tenant_id, clock=policy.Clock(share_row.vtime, share_row.vtime_at.timestamp()), weight=weight
+        )
     )
     system = policy.Clock(clock_row.vtime, clock_row.vtime_at.timestamp())
     new_share, new_system = policy.charge(existing, tenant_id, max(weight, 1e-6), system, work, now.timestamp(), config)
@@ -93,8 +110,16 @@ def shard_settle(*, shard_id: int) -> None:
     for text) and fold the shard's measured seconds per work unit into the model's estimate."""
     row = (
         Shard.objects.filter(id=shard_id, status=ShardStatus.SUCCEEDED)
-        .values("work_units", "prompt_tokens", "started_at", "finished_at", "batch__endpoint",
-                "batch__tenant_id", "batch__tenant__weight", "batch__model")
+        .values(
+            "work_units",
+            "prompt_tokens",
+            "started_at",
+            "finished_at",
+            "batch__endpoint",
+            "batch__tenant_id",
+            "batch__tenant__weight",
+            "batch__model",
+        )
         .first()
     )
     if row is None or not row["work_units"]:
@@ -108,13 +133,16 @@ def shard_settle(*, shard_id: int) -> None:
             share_row = TenantShare.objects.select_for_update().filter(tenant_id=row["batch__tenant_id"]).first()
             if share_row is not None:
                 share = policy.TenantShare(
-                    tenant_id=share_row.tenant_id, clock=policy.Clock(share_row.vtime, share_row.vtime_at.timestamp()),
+                    tenant_id=share_row.tenant_id,
+                    clock=policy.Clock(share_row.vtime, share_row.vtime_at.timestamp()),
                     weight=max(row["batch__tenant__weight"], 1e-6),
                 )
-                corrected = policy.correct(share, measured - row["work_units"], now.timestamp(),
-                                           selectors.policy_config())
+                corrected = policy.correct(
+                    share, measured - row["work_units"], now.timestamp(), selectors.policy_config()
+                )
                 TenantShare.objects.filter(tenant_id=share_row.tenant_id).update(
-                    vtime=corrected.clock.vtime, vtime_at=now,
+                    vtime=corrected.clock.vtime,
+                    vtime_at=now,
                     served_work_units=F("served_work_units") + (measured - row["work_units"]),
                 )
     if row["started_at"] and row["finished_at"]:

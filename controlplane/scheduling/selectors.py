@@ -29,11 +29,12 @@ def policy_config() -> policy.PolicyConfig:
 
 def runnable_q(now: datetime) -> Q:
     """A pending shard may be claimed: its batch runs, nobody paused it, and any deferral has passed."""
-    return (
-        Q(status=ShardStatus.PENDING, batch__status=BatchStatus.IN_PROGRESS, batch__stop_reason__isnull=True,
-          batch__tenant__paused=False)
-        & (Q(not_before__isnull=True) | Q(not_before__lte=now))
-    )
+    return Q(
+        status=ShardStatus.PENDING,
+        batch__status=BatchStatus.IN_PROGRESS,
+        batch__stop_reason__isnull=True,
+        batch__tenant__paused=False,
+    ) & (Q(not_before__isnull=True) | Q(not_before__lte=now))
 
 
 def runnable_shards(*, model: CatalogueModel, now: datetime) -> QuerySet[Shard]:
@@ -48,9 +49,12 @@ def model_call_cap(model: CatalogueModel) -> int:
     if model.max_inflight_calls:
         return model.max_inflight_calls
     if fleet_is_managed():
-        instances = Placement.objects.filter(
-            model=model, status=PlacementStatus.READY, instances__gt=0, server__state__in=ROUTABLE_STATES
-        ).aggregate(n=Sum("instances"))["n"] or 0
+        instances = (
+            Placement.objects.filter(
+                model=model, status=PlacementStatus.READY, instances__gt=0, server__state__in=ROUTABLE_STATES
+            ).aggregate(n=Sum("instances"))["n"]
+            or 0
+        )
     else:
         instances = len(settings.TRITON_GRPC_URLS)
     return int(instances) * settings.SCHEDULER_CALLS_PER_INSTANCE
@@ -78,17 +82,27 @@ def runnable_candidates(*, model: CatalogueModel, now: datetime, throughput: flo
     rows = (
         runnable_shards(model=model, now=now)
         .values(
-            "batch_id", "batch__tenant_id", "batch__priority", "batch__created_at", "batch__last_dispatched_at",
-            "batch__in_progress_at", "batch__expires_at", "batch__deadline_promoted_at",
+            "batch_id",
+            "batch__tenant_id",
+            "batch__priority",
+            "batch__created_at",
+            "batch__last_dispatched_at",
+            "batch__in_progress_at",
+            "batch__expires_at",
+            "batch__deadline_promoted_at",
         )
         .annotate(work=Sum("work_units"), shards=Count("id"))
     )
     remaining = _remaining_work([row["batch_id"] for row in rows])
     return [
         policy.Candidate(
-            batch_id=row["batch_id"], tenant_id=row["batch__tenant_id"], priority=policy.Priority(row["batch__priority"]),
+            batch_id=row["batch_id"],
+            tenant_id=row["batch__tenant_id"],
+            priority=policy.Priority(row["batch__priority"]),
             created_at=row["batch__created_at"].timestamp(),
-            waiting_since=_ts(row["batch__last_dispatched_at"] or row["batch__in_progress_at"], row["batch__created_at"]),
+            waiting_since=_ts(
+                row["batch__last_dispatched_at"] or row["batch__in_progress_at"], row["batch__created_at"]
+            ),
             expires_at=row["batch__expires_at"].timestamp(),
             remaining_work=float(remaining.get(row["batch_id"], row["work"] or 0)),
             throughput=throughput,
@@ -105,7 +119,8 @@ def _remaining_work(batch_ids: list[str]) -> dict[str, int]:
         return {}
     rows = (
         Shard.objects.filter(batch_id__in=batch_ids, status__in=(ShardStatus.PENDING, ShardStatus.RUNNING))
-        .values("batch_id").annotate(work=Sum("work_units"))
+        .values("batch_id")
+        .annotate(work=Sum("work_units"))
     )
     return {row["batch_id"]: int(row["work"] or 0) for row in rows}
 
@@ -116,7 +131,8 @@ def tenant_shares(tenant_ids: Iterable[int]) -> dict[int, policy.TenantShare]:
     )
     return {
         row["tenant_id"]: policy.TenantShare(
-            tenant_id=row["tenant_id"], clock=policy.Clock(row["vtime"], row["vtime_at"].timestamp()),
+            tenant_id=row["tenant_id"],
+            clock=policy.Clock(row["vtime"], row["vtime_at"].timestamp()),
             weight=max(row["tenant__weight"], 1e-6),
         )
         for row in rows

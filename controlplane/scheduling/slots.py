@@ -81,9 +81,10 @@ def slot_start(*, slot_id: int, owner: str) -> Slot | None:
 
 def slot_renew(*, slot_id: int) -> bool:
     """False when the slot row is gone (expired and replaced): the caller stops after its current shard."""
-    return Slot.objects.filter(id=slot_id, state=SlotState.RUNNING).update(
-        expires_at=timezone.now() + _running_lease()
-    ) == 1
+    return (
+        Slot.objects.filter(id=slot_id, state=SlotState.RUNNING).update(expires_at=timezone.now() + _running_lease())
+        == 1
+    )
 
 
 def slot_finish(*, slot_id: int) -> None:

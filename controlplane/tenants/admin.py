@@ -28,8 +28,16 @@ class TenantEventInline(admin.TabularInline):
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
     list_display = (
-        "name", "is_active", "paused", "weight", "max_priority", "default_priority", "max_concurrent_batches",
-        "max_enqueued_lines", "max_requests_per_minute", "created_at",
+        "name",
+        "is_active",
+        "paused",
+        "weight",
+        "max_priority",
+        "default_priority",
+        "max_concurrent_batches",
+        "max_enqueued_lines",
+        "max_requests_per_minute",
+        "created_at",
     )
     # Plain settings are edited in place (the admin's log records who changed what); pausing goes through
     # the actions, which write a TenantEvent.
@@ -39,12 +47,28 @@ class TenantAdmin(admin.ModelAdmin):
     readonly_fields = ("paused", "created_at", "updated_at")
     fieldsets = (
         (None, {"fields": ("name", "is_active", "created_at", "updated_at")}),
-        ("Quotas (over a quota is a 429)", {"fields": (
-            "max_concurrent_batches", "max_enqueued_lines", "max_enqueued_tokens", "max_requests_per_minute",
-        )}),
-        ("Scheduling (pause and resume with the actions on the list page)", {"fields": (
-            "weight", "max_priority", "default_priority", "paused",
-        )}),
+        (
+            "Quotas (over a quota is a 429)",
+            {
+                "fields": (
+                    "max_concurrent_batches",
+                    "max_enqueued_lines",
+                    "max_enqueued_tokens",
+                    "max_requests_per_minute",
+                )
+            },
+        ),
+        (
+            "Scheduling (pause and resume with the actions on the list page)",
+            {
+                "fields": (
+                    "weight",
+                    "max_priority",
+                    "default_priority",
+                    "paused",
+                )
+            },
+        ),
     )
     inlines = [ApiKeyInline, TenantEventInline]
     actions = ["pause", "resume"]
@@ -52,7 +76,8 @@ class TenantAdmin(admin.ModelAdmin):
     def _set_paused(self, request: HttpRequest, queryset: QuerySet[Tenant], *, paused: bool) -> None:
         actor = request.user.get_username()
         changed = [
-            tenant.name for tenant in queryset.order_by("name")
+            tenant.name
+            for tenant in queryset.order_by("name")
             if tenant_set_paused(tenant_id=tenant.id, paused=paused, actor=actor)
         ]
         verb = "Paused" if paused else "Resumed"

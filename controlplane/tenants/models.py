@@ -47,7 +47,9 @@ class Tenant(TimestampedModel):
     # Scheduling: share of the fleet relative to other tenants, and the priority classes allowed.
     weight = models.FloatField(default=1.0, help_text="Fair-share weight: 2.0 gets twice the work of 1.0")
     max_priority = models.CharField(
-        max_length=8, choices=Priority.choices, default=Priority.NORMAL,
+        max_length=8,
+        choices=Priority.choices,
+        default=Priority.NORMAL,
         help_text="Highest priority class this tenant may ask for.",
     )
     default_priority = models.CharField(max_length=8, choices=Priority.choices, default=Priority.NORMAL)

@@ -51,7 +51,9 @@ def tenant_set_paused(*, tenant_id: int, paused: bool, actor: str) -> bool:
         changed = Tenant.objects.filter(id=tenant_id, paused=not paused).update(paused=paused)
         if changed:
             TenantEvent.objects.create(
-                tenant_id=tenant_id, kind="paused" if paused else "resumed", actor=actor[:100],
+                tenant_id=tenant_id,
+                kind="paused" if paused else "resumed",
+                actor=actor[:100],
                 message="no new shards are dispatched" if paused else "dispatch resumed",
             )
             if not paused:
@@ -96,8 +98,13 @@ def api_request_record(*, api_key: ApiKey, now: datetime) -> RequestRate:
         raise QuotaExceeded(
             f"Rate limit reached for requests per minute on this API key: limit {rate.limit}, used "
             f"{rate.count - 1}, requested 1. Try again in {whole_seconds(rate.reset_seconds)}s.",
-            code="rate_limit_exceeded", limit="max_requests_per_minute", value=rate.limit,
-            current=rate.count - 1, requested=1, retry_after=rate.reset_seconds, header_name="requests",
+            code="rate_limit_exceeded",
+            limit="max_requests_per_minute",
+            value=rate.limit,
+            current=rate.count - 1,
+            requested=1,
+            retry_after=rate.reset_seconds,
+            header_name="requests",
         )
     return rate
 
@@ -114,10 +121,15 @@ def _request_window_increment(*, api_key_id: int, window_start: datetime) -> int
     """
     meta = ApiKeyRequestWindow._meta
     quote = connection.ops.quote_name
-    table, key, start, count = (quote(name) for name in (
-        meta.db_table, meta.get_field("api_key").column, meta.get_field("window_start").column,
-        meta.get_field("count").column,
-    ))
+    table, key, start, count = (
+        quote(name)
+        for name in (
+            meta.db_table,
+            meta.get_field("api_key").column,
+            meta.get_field("window_start").column,
+            meta.get_field("count").column,
+        )
+    )
     # Converted as the ORM would (SQLite stores text), so ORM filters on window_start match these rows.
     start_value = meta.get_field("window_start").get_db_prep_value(window_start, connection)
     with connection.cursor() as cursor:

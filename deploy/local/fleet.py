@@ -36,10 +36,16 @@ def local_fleet(
     db_url = ADMIN_DB_URL.rsplit("/", 1)[0] + f"/{db_name}"
     redis.Redis.from_url(broker_url).flushdb()
     with contextlib.ExitStack() as stack_of_servers:
-        handles = [stack_of_servers.enter_context(
-            _tolerant(running_local_server(log_path=work_dir / f"triton{i}.log"))) for i in range(servers)]
-        stack = Stack(var_dir=work_dir / "stack", web_port=find_free_port(),
-                      env={"DATABASE_URL": db_url, "CELERY_BROKER_URL": broker_url, **env}, with_triton=False)
+        handles = [
+            stack_of_servers.enter_context(_tolerant(running_local_server(log_path=work_dir / f"triton{i}.log")))
+            for i in range(servers)
+        ]
+        stack = Stack(
+            var_dir=work_dir / "stack",
+            web_port=find_free_port(),
+            env={"DATABASE_URL": db_url, "CELERY_BROKER_URL": broker_url, **env},
+            with_triton=False,
+        )
         try:
             stack.start()
             register = "; ".join(

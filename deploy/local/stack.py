@@ -87,8 +87,11 @@ class Stack:
 
     def manage(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
-            [PYTHON, str(REPO_ROOT / "manage.py"), *args], env=self.child_env(), cwd=REPO_ROOT,
-            capture_output=True, text=True,
+            [PYTHON, str(REPO_ROOT / "manage.py"), *args],
+            env=self.child_env(),
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
         )
         if check and result.returncode != 0:
             raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{result.stdout}{result.stderr}")
@@ -98,8 +101,13 @@ class Stack:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_dir / f"{name}.log", "ab") as log:
             proc = subprocess.Popen(
-                cmd, env=self.child_env(), cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
+                cmd,
+                env=self.child_env(),
+                cwd=REPO_ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         self.procs[name] = proc
         return proc
@@ -119,18 +127,38 @@ class Stack:
         self.manage("migrate", "--noinput", "-v0")
         if self.with_triton:
             self.register_triton()
-        self._spawn("web", [
-            str(BIN / "gunicorn"), "controlplane.wsgi:application", "-b", f"127.0.0.1:{self.web_port}",
-            # Two processes with a few threads: uploads and downloads stream, so threads mostly wait.
-            "-w", "2", "--threads", "4", "--timeout", "300",
-        ])
+        self._spawn(
+            "web",
+            [
+                str(BIN / "gunicorn"),
+                "controlplane.wsgi:application",
+                "-b",
+                f"127.0.0.1:{self.web_port}",
+                # Two processes with a few threads: uploads and downloads stream, so threads mostly wait.
+                "-w",
+                "2",
+                "--threads",
+                "4",
+                "--timeout",
+                "300",
+            ],
+        )
         self.start_worker()
         self.start_control_worker()
         if self.with_beat:
-            self._spawn("beat", [
-                str(BIN / "celery"), "-A", "controlplane", "beat", "-l", "info",
-                "-s", str(self.var_dir / "celerybeat-schedule"),
-            ])
+            self._spawn(
+                "beat",
+                [
+                    str(BIN / "celery"),
+                    "-A",
+                    "controlplane",
+                    "beat",
+                    "-l",
+                    "info",
+                    "-s",
+                    str(self.var_dir / "celerybeat-schedule"),
+                ],
+            )
         if self.with_triton:
             self.wait_warm()  # loads run while web and the worker boot
         self._wait_http(f"{self.base_url}/healthz", "web")
@@ -139,8 +167,14 @@ class Stack:
     def start_triton(self) -> None:
         ports = free_port(), free_port(), free_port()
         log = self.log_dir / "triton.log"
-        proc = start_local_server(http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2], log_path=log,
-                                  extra_args=("--exit-timeout-secs=5",), die_with_parent=True)
+        proc = start_local_server(
+            http_port=ports[0],
+            grpc_port=ports[1],
+            metrics_port=ports[2],
+            log_path=log,
+            extra_args=("--exit-timeout-secs=5",),
+            die_with_parent=True,
+        )
         self.procs["triton"] = proc
         wait_until_ready(f"http://127.0.0.1:{ports[0]}", 90, proc=proc, log_path=log)
         self.triton_grpc_url = f"127.0.0.1:{ports[1]}"
@@ -149,8 +183,15 @@ class Stack:
     def register_triton(self) -> None:
         """Put the runner's Triton under management with declared GPUs and raise the warm models' floor."""
         self._warm_started = time.monotonic()
-        self.manage("fleet_register", self.triton_server_name, self.triton_grpc_url,
-                    "--gpu-memory", self.triton_gpu_memory, "--metrics-url", self.triton_metrics_url)
+        self.manage(
+            "fleet_register",
+            self.triton_server_name,
+            self.triton_grpc_url,
+            "--gpu-memory",
+            self.triton_gpu_memory,
+            "--metrics-url",
+            self.triton_metrics_url,
+        )
         if self.warm_models:
             self.manage("catalogue_warm", *self.warm_models, "--min-instances", "1", "--actor", "runner")
 
@@ -158,8 +199,15 @@ class Stack:
         """Block until the warm models are loaded on a routable server (reconciling at once rather than on
         beat's first tick); on failure raise with the Triton and worker log tails."""
         if self.warm_models:
-            result = self.manage("fleet_wait_ready", *self.warm_models, "--timeout", f"{self.warm_timeout_s:g}",
-                                 "--actor", "runner", check=False)
+            result = self.manage(
+                "fleet_wait_ready",
+                *self.warm_models,
+                "--timeout",
+                f"{self.warm_timeout_s:g}",
+                "--actor",
+                "runner",
+                check=False,
+            )
             if result.returncode != 0:
                 raise RuntimeError(
                     f"warm models {', '.join(self.warm_models)} not served by {self.triton_server_name} "
@@ -178,12 +226,30 @@ class Stack:
         up to SCHEDULER_SLOT_BUDGET_SECONDS, and a new batch's validation must not wait behind it."""
         return self._celery_worker(name, "control", 2)
 
-    def _celery_worker(self, name: str, queues: str, concurrency: int, pool: str = "threads") -> subprocess.Popen[bytes]:
-        return self._spawn(name, [
-            str(BIN / "celery"), "-A", "controlplane", "worker", "-l", "info", "-Q", queues,
-            "-P", pool, "-c", str(concurrency), "-n", f"{name}-{os.getpid()}@%h",
-            "--without-gossip", "--without-mingle",
-        ])
+    def _celery_worker(
+        self, name: str, queues: str, concurrency: int, pool: str = "threads"
+    ) -> subprocess.Popen[bytes]:
+        return self._spawn(
+            name,
+            [
+                str(BIN / "celery"),
+                "-A",
+                "controlplane",
+                "worker",
+                "-l",
+                "info",
+                "-Q",
+                queues,
+                "-P",
+                pool,
+                "-c",
+                str(concurrency),
+                "-n",
+                f"{name}-{os.getpid()}@%h",
+                "--without-gossip",
+                "--without-mingle",
+            ],
+        )
 
     def kill(self, name: str) -> None:
         """SIGKILL a process group: what a node failure or the OOM killer does to a worker."""

@@ -12,15 +12,25 @@ from controlplane.tenants.models import Tenant
 
 
 def embedding_line(custom_id: str, text: str | list[str], model: str = "all-MiniLM-L6-v2", **body: Any) -> dict:
-    return {"custom_id": custom_id, "method": "POST", "url": "/v1/embeddings",
-            "body": {"model": model, "input": text, **body}}
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/embeddings",
+        "body": {"model": model, "input": text, **body},
+    }
 
 
 def tensor_line(custom_id: str, rows: list[list[float]], model: str = "identity") -> dict:
     flat = [v for row in rows for v in row]
-    return {"custom_id": custom_id, "method": "POST", "url": "/v2/infer",
-            "body": {"model": model, "inputs": [{"name": "INPUT0", "datatype": "FP32",
-                                                  "shape": [len(rows), len(rows[0])], "data": flat}]}}
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v2/infer",
+        "body": {
+            "model": model,
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [len(rows), len(rows[0])], "data": flat}],
+        },
+    }
 
 
 def jsonl(lines: list[Any]) -> bytes:

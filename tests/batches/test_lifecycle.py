@@ -21,8 +21,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def _create(tenant, lines, endpoint="/v1/embeddings", **kw) -> Batch:
     file = upload(tenant, jsonl(lines))
-    batch = services.batch_create(tenant=tenant, input_file_id=file.id, endpoint=endpoint,
-                                  completion_window="24h", **kw)
+    batch = services.batch_create(
+        tenant=tenant, input_file_id=file.id, endpoint=endpoint, completion_window="24h", **kw
+    )
     return batch
 
 
@@ -142,7 +143,9 @@ def test_cancel_keeps_finished_lines_and_accounts_for_the_rest(tenant, eager):
     assert [r["custom_id"] for r in errors] == [f"r{i}" for i in range(4, 12)]
     assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
     assert set(Shard.objects.filter(batch=batch).values_list("status", flat=True)) == {
-        ShardStatus.SUCCEEDED, ShardStatus.SKIPPED}
+        ShardStatus.SUCCEEDED,
+        ShardStatus.SKIPPED,
+    }
 
 
 def test_expiry_marks_unfinished_lines_batch_expired(tenant, eager):
@@ -151,7 +154,9 @@ def test_expiry_marks_unfinished_lines_batch_expired(tenant, eager):
     lines = [embedding_line(f"r{i}", f"text {i}") for i in range(8)]
     batch = _create(tenant, lines)
     services.batch_validate(batch_id=batch.id)
-    shard_run(shard_id=Shard.objects.get(batch=batch, index=1).id, owner="t", backend_factory=lambda name: FakeBackend())
+    shard_run(
+        shard_id=Shard.objects.get(batch=batch, index=1).id, owner="t", backend_factory=lambda name: FakeBackend()
+    )
     Batch.objects.filter(id=batch.id).update(expires_at=timezone.now())
     assert services.batches_expire() == [batch.id]
     batch_try_finalize(batch_id=batch.id)
@@ -173,7 +178,10 @@ def test_transient_failure_releases_shard_for_retry(tenant, eager, settings):
     with pytest.raises(ShardDeferred):
         shard_run(shard_id=shard.id, owner="t", backend_factory=lambda name: FakeBackend(transient_failures=99))
     assert Shard.objects.get(id=shard.id).status == ShardStatus.PENDING
-    assert shard_run(shard_id=shard.id, owner="t", backend_factory=lambda name: FakeBackend(transient_failures=99)) == "failed"
+    assert (
+        shard_run(shard_id=shard.id, owner="t", backend_factory=lambda name: FakeBackend(transient_failures=99))
+        == "failed"
+    )
     batch = Batch.objects.get(id=batch.id)
     assert batch.status == BatchStatus.COMPLETED
     errors = _read(batch.error_file_id)

@@ -29,7 +29,9 @@ def test_tensor_lines_stack_up_to_max_rows_and_keep_row_offsets():
 
     def line(rows: int) -> ParsedLine:
         array = np.ones((rows, 2), dtype=np.float32)
-        return ParsedLine("c", "identity", TensorRequest((TensorInput("INPUT0", "FP32", (rows, 2), array),), ("OUTPUT0",)))
+        return ParsedLine(
+            "c", "identity", TensorRequest((TensorInput("INPUT0", "FP32", (rows, 2), array),), ("OUTPUT0",))
+        )
 
     calls = pack_tensors({1: line(3), 2: line(4), 3: line(2)}, max_batch_size=8)
     assert [c.inputs["INPUT0"].shape[0] for c in calls] == [7, 2]

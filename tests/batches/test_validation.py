@@ -29,7 +29,7 @@ def test_valid_file_plans_contiguous_shards_with_byte_ranges(catalogue):
     assert result.ok and result.total == 7 and result.model == "all-MiniLM-L6-v2"
     assert [(s.start_line, s.end_line, s.request_count) for s in result.shards] == [(1, 3, 3), (5, 7, 3), (8, 8, 1)]
     for shard in result.shards:
-        first = content[shard.start_byte:shard.end_byte].split(b"\n")[0]
+        first = content[shard.start_byte : shard.end_byte].split(b"\n")[0]
         assert json.loads(first)["custom_id"] == lines[shard.start_line - 1 - (shard.start_line > 4)]["custom_id"]
     assert result.shards[-1].end_byte == len(content)
 
@@ -39,9 +39,17 @@ def test_valid_file_plans_contiguous_shards_with_byte_ranges(catalogue):
     [
         (b"{not json", "invalid_json", "not valid JSON"),
         (b"[1, 2]", "invalid_request", "JSON object"),
-        (json.dumps({"method": "POST", "url": "/v1/embeddings", "body": {}}).encode(), "missing_custom_id", "custom_id"),
+        (
+            json.dumps({"method": "POST", "url": "/v1/embeddings", "body": {}}).encode(),
+            "missing_custom_id",
+            "custom_id",
+        ),
         (json.dumps({**embedding_line("x", "t"), "method": "GET"}).encode(), "invalid_method", "POST"),
-        (json.dumps({**embedding_line("x", "t"), "url": "/v1/chat/completions"}).encode(), "mismatched_url", "/v1/embeddings"),
+        (
+            json.dumps({**embedding_line("x", "t"), "url": "/v1/chat/completions"}).encode(),
+            "mismatched_url",
+            "/v1/embeddings",
+        ),
         (json.dumps(embedding_line("x", "t", model="gpt-7")).encode(), "model_not_found", "gpt-7"),
         (json.dumps(embedding_line("x", "t", model="identity")).encode(), "invalid_model", "/v1/embeddings"),
         (json.dumps(embedding_line("x", [1, 2, 3])).encode(), "invalid_input", "token arrays"),
@@ -68,8 +76,9 @@ def test_duplicate_custom_id_names_the_first_line(catalogue):
 def test_mixed_models_are_rejected(catalogue):
     from controlplane.fleet.models import CatalogueModel
 
-    CatalogueModel.objects.create(name="other-embedder", triton_name="other", kind="embeddings",
-                                  max_batch_size=8, embedding_dimensions=384)
+    CatalogueModel.objects.create(
+        name="other-embedder", triton_name="other", kind="embeddings", max_batch_size=8, embedding_dimensions=384
+    )
     result = _validate(jsonl([embedding_line("a", "x"), embedding_line("b", "y", model="other-embedder")]))
     assert _codes(result) == [(2, "mixed_models")]
 

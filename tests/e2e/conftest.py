@@ -51,8 +51,9 @@ class E2E:
             if batch.status in statuses:
                 return batch
             time.sleep(0.2)
-        raise AssertionError(f"batch {batch_id} still {batch.status} after {timeout_s}s\n"
-                             f"{self.stack.log_dir}/worker.log")
+        raise AssertionError(
+            f"batch {batch_id} still {batch.status} after {timeout_s}s\n{self.stack.log_dir}/worker.log"
+        )
 
 
 @pytest.fixture(scope="session")
@@ -74,8 +75,9 @@ def e2e(triton_server, tmp_path_factory) -> Iterator[E2E]:
         "BATCH_COMPLETION_WINDOWS": "24h,8s",
         "FILE_MAX_BYTES": str(2 * 1024 * 1024),
     }
-    stack = Stack(var_dir=var_dir, web_port=find_free_port(), env=env, with_triton=False,
-                  triton_grpc_url=triton_server.grpc_url)
+    stack = Stack(
+        var_dir=var_dir, web_port=find_free_port(), env=env, with_triton=False, triton_grpc_url=triton_server.grpc_url
+    )
     stack.start()
     try:
         key = stack.manage("tenant_create", "e2e-tenant").stdout.strip().splitlines()[-1]

@@ -4,14 +4,40 @@ import io
 import json
 import random
 
-WORDS = ["batch", "shard", "worker", "triton", "model", "tenant", "embedding", "request", "output", "error", "lease", "attempt", "queue", "placement", "fleet", "latency", "throughput", "cancel", "expire", "finalize", "validate"]
+WORDS = [
+    "batch",
+    "shard",
+    "worker",
+    "triton",
+    "model",
+    "tenant",
+    "embedding",
+    "request",
+    "output",
+    "error",
+    "lease",
+    "attempt",
+    "queue",
+    "placement",
+    "fleet",
+    "latency",
+    "throughput",
+    "cancel",
+    "expire",
+    "finalize",
+    "validate",
+]
 
 
 def embedding_lines(n: int, *, seed: int = 0, prefix: str = "req") -> list[dict]:
     rng = random.Random(seed)
     return [
-        {"custom_id": f"{prefix}-{i:05d}", "method": "POST", "url": "/v1/embeddings",
-         "body": {"model": "all-MiniLM-L6-v2", "input": " ".join(rng.choices(WORDS, k=rng.randint(3, 40)))}}
+        {
+            "custom_id": f"{prefix}-{i:05d}",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": "all-MiniLM-L6-v2", "input": " ".join(rng.choices(WORDS, k=rng.randint(3, 40)))},
+        }
         for i in range(n)
     ]
 
@@ -19,9 +45,17 @@ def embedding_lines(n: int, *, seed: int = 0, prefix: str = "req") -> list[dict]
 def tensor_lines(n: int, *, prefix: str = "t", model: str = "identity", rows: int = 1) -> list[dict]:
     """n `/v2/infer` lines, each one FP32 tensor of shape [rows, 4] (rows = the line's work units)."""
     return [
-        {"custom_id": f"{prefix}-{i:05d}", "method": "POST", "url": "/v2/infer",
-         "body": {"model": model, "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [rows, 4],
-                                              "data": [float(i), 1.0, 2.0, 3.0] * rows}]}}
+        {
+            "custom_id": f"{prefix}-{i:05d}",
+            "method": "POST",
+            "url": "/v2/infer",
+            "body": {
+                "model": model,
+                "inputs": [
+                    {"name": "INPUT0", "datatype": "FP32", "shape": [rows, 4], "data": [float(i), 1.0, 2.0, 3.0] * rows}
+                ],
+            },
+        }
         for i in range(n)
     ]
 
@@ -30,13 +64,21 @@ def as_file(lines: list[dict], name: str = "input.jsonl") -> tuple[str, io.Bytes
     return name, io.BytesIO(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
 
 
-def submit(client, lines: list[dict], *, endpoint: str = "/v1/embeddings", window: str = "24h", metadata=None,
-           priority: str | None = None):
+def submit(
+    client,
+    lines: list[dict],
+    *,
+    endpoint: str = "/v1/embeddings",
+    window: str = "24h",
+    metadata=None,
+    priority: str | None = None,
+):
     """Upload the lines and create a batch; ``priority`` goes as the extra body field the service reads."""
     uploaded = client.files.create(file=as_file(lines), purpose="batch")
     extra = {"priority": priority} if priority else None
-    return client.batches.create(input_file_id=uploaded.id, endpoint=endpoint, completion_window=window,
-                                 metadata=metadata, extra_body=extra)
+    return client.batches.create(
+        input_file_id=uploaded.id, endpoint=endpoint, completion_window=window, metadata=metadata, extra_body=extra
+    )
 
 
 def read_jsonl(client, file_id: str | None) -> list[dict]:

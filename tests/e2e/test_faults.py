@@ -37,8 +37,9 @@ def test_sigkill_worker_mid_shard_loses_and_duplicates_nothing(e2e):
         # The killed worker's shard was taken over by a second attempt once its lease expired.
         attempts = e2e.sql("SELECT max(attempt) FROM batches_shard WHERE batch_id=%s", batch.id)[0][0]
         assert attempts >= 2
-        rescued = e2e.sql("SELECT count(*) FROM batches_batchevent WHERE batch_id=%s AND kind LIKE 'shard_rescued%%'",
-                          batch.id)[0][0]
+        rescued = e2e.sql(
+            "SELECT count(*) FROM batches_batchevent WHERE batch_id=%s AND kind LIKE 'shard_rescued%%'", batch.id
+        )[0][0]
         assert rescued >= 1
 
 

@@ -31,10 +31,18 @@ FOLLOW_DEADLINE_S = 25.0
 
 
 def tensor_lines(n: int, model: str, prefix: str) -> list[dict]:
-    return [{"custom_id": f"{prefix}-{i}", "method": "POST", "url": "/v2/infer",
-             "body": {"model": model, "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4],
-                                                  "data": [float(i), 1.0, 2.0, 3.0]}]}}
-            for i in range(n)]
+    return [
+        {
+            "custom_id": f"{prefix}-{i}",
+            "method": "POST",
+            "url": "/v2/infer",
+            "body": {
+                "model": model,
+                "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [float(i), 1.0, 2.0, 3.0]}],
+            },
+        }
+        for i in range(n)
+    ]
 
 
 class Watcher(threading.Thread):
@@ -75,12 +83,18 @@ class Watcher(threading.Thread):
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     env = {
-        "SHARD_MAX_LINES": "4", "SHARD_LEASE_SECONDS": "3", "RESCUE_INTERVAL_SECONDS": "1",
-        "FLEET_RECONCILE_INTERVAL_SECONDS": str(RECONCILE_S), "FLEET_HEARTBEAT_INTERVAL_SECONDS": "1",
-        "FLEET_IDLE_TTL_SECONDS": "6", "FLEET_PAYBACK_HORIZON_SECONDS": "5", "FLEET_UNLOAD_GRACE_SECONDS": "1.5",
+        "SHARD_MAX_LINES": "4",
+        "SHARD_LEASE_SECONDS": "3",
+        "RESCUE_INTERVAL_SECONDS": "1",
+        "FLEET_RECONCILE_INTERVAL_SECONDS": str(RECONCILE_S),
+        "FLEET_HEARTBEAT_INTERVAL_SECONDS": "1",
+        "FLEET_IDLE_TTL_SECONDS": "6",
+        "FLEET_PAYBACK_HORIZON_SECONDS": "5",
+        "FLEET_UNLOAD_GRACE_SECONDS": "1.5",
     }
-    with local_fleet(Path(tmp_path_factory.mktemp("fleet")), servers=3, gpu_bytes=GPU_BYTES, env=env,
-                     broker_url=BROKER_URL) as running:
+    with local_fleet(
+        Path(tmp_path_factory.mktemp("fleet")), servers=3, gpu_bytes=GPU_BYTES, env=env, broker_url=BROKER_URL
+    ) as running:
         yield running.stack, running.servers, running.db_url, running.api_key
 
 
@@ -127,7 +141,8 @@ def test_placements_follow_demand_and_survive_a_dead_server(fleet):
                 row = conn.execute(
                     "SELECT s.name FROM fleet_placement p JOIN fleet_tritonserver s ON s.id=p.server_id "
                     "JOIN fleet_cataloguemodel m ON m.id=p.model_id WHERE m.triton_name='scale2' "
-                    "AND p.status='ready' ORDER BY s.name LIMIT 1").fetchone()
+                    "AND p.status='ready' ORDER BY s.name LIMIT 1"
+                ).fetchone()
                 victim = row[0] if row else None
                 time.sleep(0.2)
         assert victim is not None, "scale2 was never placed"
@@ -157,8 +172,12 @@ def test_placements_follow_demand_and_survive_a_dead_server(fleet):
     assert watcher.overcommits == [], watcher.overcommits[:5]
     with psycopg.connect(db_url, autocommit=True) as conn:
         state = conn.execute("SELECT state FROM fleet_tritonserver WHERE name=%s", (victim,)).fetchone()[0]
-        left = conn.execute("SELECT count(*) FROM fleet_placement p JOIN fleet_tritonserver s ON s.id=p.server_id "
-                            "WHERE s.name=%s", (victim,)).fetchone()[0]
+        left = conn.execute(
+            "SELECT count(*) FROM fleet_placement p JOIN fleet_tritonserver s ON s.id=p.server_id WHERE s.name=%s",
+            (victim,),
+        ).fetchone()[0]
     assert state == "unhealthy" and left == 0
-    print(f"\nPLACEMENT identity>=2 after {grew_a:.1f}s, scale2 serving after {served_b:.1f}s, >=2 after {grew_b:.1f}s, "
-          f"identity unloaded {shrank_a:.1f}s after the shift, 0 failed lines, victim {victim}")
+    print(
+        f"\nPLACEMENT identity>=2 after {grew_a:.1f}s, scale2 serving after {served_b:.1f}s, >=2 after {grew_b:.1f}s, "
+        f"identity unloaded {shrank_a:.1f}s after the shift, 0 failed lines, victim {victim}"
+    )

@@ -38,9 +38,13 @@ def _tenant_update(e2e, name: str, assignment: str, *params: object) -> None:
 
 def _claims(e2e, batch_id: str) -> list[datetime]:
     """When each shard of the batch was claimed, oldest first (one row per claim, retries included)."""
-    return [row[0] for row in e2e.sql(
-        "SELECT created_at FROM batches_batchevent WHERE batch_id=%s AND kind='shard_claimed' ORDER BY created_at, id",
-        batch_id)]
+    return [
+        row[0]
+        for row in e2e.sql(
+            "SELECT created_at FROM batches_batchevent WHERE batch_id=%s AND kind='shard_claimed' ORDER BY created_at, id",
+            batch_id,
+        )
+    ]
 
 
 def _wait_claims(e2e, batch_id: str, at_least: int, timeout_s: float = 60) -> None:
@@ -54,7 +58,8 @@ def _wait_claims(e2e, batch_id: str, at_least: int, timeout_s: float = 60) -> No
 
 def _times(e2e, batch_id: str) -> dict[str, datetime | None]:
     created, completed, expires = e2e.sql(
-        "SELECT created_at, completed_at, expires_at FROM batches_batch WHERE id=%s", batch_id)[0]
+        "SELECT created_at, completed_at, expires_at FROM batches_batch WHERE id=%s", batch_id
+    )[0]
     return {"created": created, "completed": completed, "expires": expires}
 
 
@@ -69,8 +74,11 @@ def _claims_after(e2e, batch_id: str, moment: datetime) -> int:
 def _timeline(e2e, *batch_ids: str) -> str:
     """What a failed ordering check shows: the batches' state changes, and their shard claims per 0.25 s,
     in seconds from the first event (batches named A, B, … in argument order)."""
-    rows = e2e.sql("SELECT created_at, batch_id, kind FROM batches_batchevent WHERE batch_id = ANY(%s) "
-                   "AND kind <> 'shard_succeeded' ORDER BY created_at, id", list(batch_ids))
+    rows = e2e.sql(
+        "SELECT created_at, batch_id, kind FROM batches_batchevent WHERE batch_id = ANY(%s) "
+        "AND kind <> 'shard_succeeded' ORDER BY created_at, id",
+        list(batch_ids),
+    )
     if not rows:
         return "(no events)"
     start, names = rows[0][0], {batch_id: chr(ord("A") + i) for i, batch_id in enumerate(batch_ids)}
@@ -110,7 +118,8 @@ def test_small_tenant_is_served_before_another_tenants_flood_finishes(e2e):
     # B overtook a real backlog (at least a quarter of A's shards ran after it), not just A's last shards.
     assert later_flood_claims >= shards // 4, (
         f"only {later_flood_claims} of the flood's {shards} shards ran after the small batch completed; "
-        f"A = flood, B = small batch:\n{_timeline(e2e, flood.id, small.id)}")
+        f"A = flood, B = small batch:\n{_timeline(e2e, flood.id, small.id)}"
+    )
     assert_exactly_once(small_client, small, small_lines)
     assert_exactly_once(flood_client, flood, flood_lines)
 
@@ -140,14 +149,17 @@ def test_high_priority_batch_submitted_after_a_low_one_finishes_first(e2e):
     low_meanwhile = sum(1 for at in _claims(e2e, low.id) if high_runnable < at < high_last_claim)
     assert low_meanwhile <= 2, (
         f"{low_meanwhile} low shards were claimed while the high batch had shards waiting; "
-        f"A = low, B = high:\n{_timeline(e2e, low.id, high.id)}")
+        f"A = low, B = high:\n{_timeline(e2e, low.id, high.id)}"
+    )
     low = e2e.wait_status(client, low.id, {"completed", "failed"}, timeout_s=120)
     assert low.status == "completed", low.errors
     high_done = _times(e2e, high.id)["completed"]
     assert high_done < _times(e2e, low.id)["completed"]
     shards = e2e.sql("SELECT count(*) FROM batches_shard WHERE batch_id=%s", low.id)[0][0]
     # Once the high batch was runnable, the low one only got what the high one could not use.
-    assert _claims_after(e2e, low.id, high_done) >= shards // 4, f"A = low, B = high:\n{_timeline(e2e, low.id, high.id)}"
+    assert _claims_after(e2e, low.id, high_done) >= shards // 4, (
+        f"A = low, B = high:\n{_timeline(e2e, low.id, high.id)}"
+    )
     assert_exactly_once(client, high, high_lines)
     assert_exactly_once(client, low, low_lines)
 
@@ -172,11 +184,13 @@ def test_batch_near_its_deadline_is_promoted_over_a_normal_flood(e2e):
     urgent = e2e.wait_status(client, urgent.id, {"completed", "expired", "failed"}, timeout_s=30)
     assert urgent.status == "completed", (
         f"{urgent.status}: {urgent.request_counts}, {len(urgent_lines)} lines at {seconds_per_row * 1e6:.0f} µs/row; "
-        f"A = flood, B = urgent:\n{_timeline(e2e, flood.id, urgent.id)}")
+        f"A = flood, B = urgent:\n{_timeline(e2e, flood.id, urgent.id)}"
+    )
     urgent_times = _times(e2e, urgent.id)
     assert urgent_times["completed"] <= urgent_times["expires"], (
         f"completed {(urgent_times['completed'] - urgent_times['expires']).total_seconds():.2f}s after its expiry; "
-        f"A = flood, B = urgent:\n{_timeline(e2e, flood.id, urgent.id)}")
+        f"A = flood, B = urgent:\n{_timeline(e2e, flood.id, urgent.id)}"
+    )
     # The flood still had work waiting: the urgent batch was served ahead of it, not after it.
     assert _pending_shards(e2e, flood.id) > 0, f"A = flood, B = urgent:\n{_timeline(e2e, flood.id, urgent.id)}"
     assert_exactly_once(client, urgent, urgent_lines)

@@ -59,15 +59,27 @@ def test_embeddings_batch_matches_in_process_model(e2e):
 
 def test_tensor_endpoint_with_identity_model(e2e):
     client = e2e.sdk()
-    lines = [{"custom_id": f"t{i}", "method": "POST", "url": "/v2/infer",
-              "body": {"model": "identity", "inputs": [{"name": "INPUT0", "datatype": "FP32",
-                                                         "shape": [2, 3], "data": [i, 1, 2, 3, 4, 5]}]}}
-             for i in range(20)]
+    lines = [
+        {
+            "custom_id": f"t{i}",
+            "method": "POST",
+            "url": "/v2/infer",
+            "body": {
+                "model": "identity",
+                "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2, 3], "data": [i, 1, 2, 3, 4, 5]}],
+            },
+        }
+        for i in range(20)
+    ]
     batch = submit(client, lines, endpoint="/v2/infer")
     batch = e2e.wait_status(client, batch.id, {"completed", "failed"})
     output, _ = assert_exactly_once(client, batch, lines)
     assert output[7]["response"]["body"]["outputs"][0] == {
-        "name": "OUTPUT0", "datatype": "FP32", "shape": [2, 3], "data": [7.0, 1.0, 2.0, 3.0, 4.0, 5.0]}
+        "name": "OUTPUT0",
+        "datatype": "FP32",
+        "shape": [2, 3],
+        "data": [7.0, 1.0, 2.0, 3.0, 4.0, 5.0],
+    }
 
 
 def test_list_pagination_and_errors(e2e):
@@ -96,8 +108,7 @@ def test_other_tenants_ids_are_404_and_bad_keys_401(e2e):
     with pytest.raises(openai.NotFoundError):
         stranger.files.content(batch.input_file_id)
     with pytest.raises(openai.NotFoundError):
-        stranger.batches.create(input_file_id=batch.input_file_id, endpoint="/v1/embeddings",
-                                completion_window="24h")
+        stranger.batches.create(input_file_id=batch.input_file_id, endpoint="/v1/embeddings", completion_window="24h")
     assert batch.id not in [b.id for b in stranger.batches.list()]
     with pytest.raises(openai.AuthenticationError):
         e2e.sdk("sk-cp-not-a-key").batches.list()
@@ -106,17 +117,26 @@ def test_other_tenants_ids_are_404_and_bad_keys_401(e2e):
 def test_invalid_file_fails_batch_with_line_numbers(e2e):
     client = e2e.sdk()
     good = embedding_lines(2)
-    raw = b"\n".join([
-        json.dumps(good[0]).encode(),
-        b"{not json",
-        json.dumps({**good[1], "custom_id": good[0]["custom_id"]}).encode(),
-        json.dumps({**good[1], "custom_id": "m", "body": {"model": "no-such-model", "input": "x"}}).encode(),
-        b"[1, 2]",
-    ]) + b"\n"
+    raw = (
+        b"\n".join(
+            [
+                json.dumps(good[0]).encode(),
+                b"{not json",
+                json.dumps({**good[1], "custom_id": good[0]["custom_id"]}).encode(),
+                json.dumps({**good[1], "custom_id": "m", "body": {"model": "no-such-model", "input": "x"}}).encode(),
+                b"[1, 2]",
+            ]
+        )
+        + b"\n"
+    )
     uploaded = client.files.create(file=("bad.jsonl", io.BytesIO(raw)), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
     batch = e2e.wait_status(client, batch.id, {"failed", "completed"})
     assert batch.status == "failed"
     assert [(e.line, e.code) for e in batch.errors.data] == [
-        (2, "invalid_json"), (3, "duplicate_custom_id"), (4, "model_not_found"), (5, "invalid_request")]
+        (2, "invalid_json"),
+        (3, "duplicate_custom_id"),
+        (4, "model_not_found"),
+        (5, "invalid_request"),
+    ]
     assert batch.output_file_id is None and read_jsonl(client, batch.error_file_id) == []

@@ -84,8 +84,14 @@ def test_a_recent_failed_load_is_passed_to_the_planner_as_a_server_to_avoid(cata
 
     server = server_register(name="t-oom", grpc_url="127.0.0.1:1", gpu_memory_bytes=[1024**3])
     model = CatalogueModel.objects.get(triton_name="identity")
-    Placement.objects.create(model=model, server=server, gpus="0", instances=0, status=PlacementStatus.FAILED,
-                             failed_until=timezone.now() + timedelta(minutes=1))
+    Placement.objects.create(
+        model=model,
+        server=server,
+        gpus="0",
+        instances=0,
+        status=PlacementStatus.FAILED,
+        failed_until=timezone.now() + timedelta(minutes=1),
+    )
     profiles = {p.model: p for p in planner_inputs(time.time())[3]}
     assert profiles["identity"].avoid_servers == ("t-oom",)
     assert profiles["scale2"].avoid_servers == ()

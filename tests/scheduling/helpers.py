@@ -21,8 +21,9 @@ def runnable_batch(tenant: Tenant, lines: int, *, prefix: str = "r", priority: s
     """An in_progress identity batch (one row per line); shard size follows settings.SHARD_MAX_LINES."""
     content = jsonl([tensor_line(f"{prefix}{i}", [[float(i), 0.0, 0.0, 0.0]]) for i in range(lines)])
     file = upload(tenant, content)
-    batch = services.batch_create(tenant=tenant, input_file_id=file.id, endpoint="/v2/infer",
-                                  completion_window="24h", priority=priority)
+    batch = services.batch_create(
+        tenant=tenant, input_file_id=file.id, endpoint="/v2/infer", completion_window="24h", priority=priority
+    )
     services.batch_validate(batch_id=batch.id)
     batch.refresh_from_db()
     assert batch.status == "in_progress", batch.errors

@@ -22,10 +22,14 @@ def quiet(monkeypatch, settings):
 
 
 def _create(api, lines: list[dict], endpoint: str, **extra) -> dict:
-    upload = api.post("/v1/files", {"file": SimpleUploadedFile("in.jsonl", jsonl(lines)), "purpose": "batch"},
-                      format="multipart")
-    response = api.post("/v1/batches", {"input_file_id": upload.json()["id"], "endpoint": endpoint,
-                                        "completion_window": "24h", **extra}, format="json")
+    upload = api.post(
+        "/v1/files", {"file": SimpleUploadedFile("in.jsonl", jsonl(lines)), "purpose": "batch"}, format="multipart"
+    )
+    response = api.post(
+        "/v1/batches",
+        {"input_file_id": upload.json()["id"], "endpoint": endpoint, "completion_window": "24h", **extra},
+        format="json",
+    )
     return {**response.json(), "http": response.status_code}
 
 

@@ -7,100 +7,163 @@ import controlplane.batches.models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('tenants', '0001_initial'),
+        ("tenants", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Batch',
+            name="Batch",
             fields=[
-                ('id', models.CharField(default=controlplane.batches.models.new_batch_id, editable=False, max_length=40, primary_key=True, serialize=False)),
-                ('endpoint', models.CharField(choices=[('/v1/embeddings', 'Embeddings'), ('/v2/infer', 'Tensors')], max_length=64)),
-                ('input_file_id', models.CharField(db_index=True, max_length=40)),
-                ('completion_window', models.CharField(max_length=16)),
-                ('status', models.CharField(choices=[('validating', 'Validating'), ('failed', 'Failed'), ('in_progress', 'In Progress'), ('finalizing', 'Finalizing'), ('completed', 'Completed'), ('expired', 'Expired'), ('cancelling', 'Cancelling'), ('cancelled', 'Cancelled')], default='validating', max_length=16)),
-                ('stop_reason', models.CharField(blank=True, choices=[('cancel', 'Cancel'), ('expire', 'Expire')], max_length=16, null=True)),
-                ('metadata', models.JSONField(blank=True, null=True)),
-                ('errors', models.JSONField(blank=True, null=True)),
-                ('model', models.CharField(blank=True, default='', max_length=200)),
-                ('output_file_id', models.CharField(blank=True, max_length=40, null=True)),
-                ('error_file_id', models.CharField(blank=True, max_length=40, null=True)),
-                ('total_lines', models.PositiveBigIntegerField(default=0)),
-                ('completed_lines', models.PositiveBigIntegerField(default=0)),
-                ('failed_lines', models.PositiveBigIntegerField(default=0)),
-                ('prompt_tokens', models.PositiveBigIntegerField(default=0)),
-                ('created_at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('in_progress_at', models.DateTimeField(blank=True, null=True)),
-                ('expires_at', models.DateTimeField(db_index=True)),
-                ('finalizing_at', models.DateTimeField(blank=True, null=True)),
-                ('completed_at', models.DateTimeField(blank=True, null=True)),
-                ('failed_at', models.DateTimeField(blank=True, null=True)),
-                ('expired_at', models.DateTimeField(blank=True, null=True)),
-                ('cancelling_at', models.DateTimeField(blank=True, null=True)),
-                ('cancelled_at', models.DateTimeField(blank=True, null=True)),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='batches', to='tenants.tenant')),
+                (
+                    "id",
+                    models.CharField(
+                        default=controlplane.batches.models.new_batch_id,
+                        editable=False,
+                        max_length=40,
+                        primary_key=True,
+                        serialize=False,
+                    ),
+                ),
+                (
+                    "endpoint",
+                    models.CharField(
+                        choices=[("/v1/embeddings", "Embeddings"), ("/v2/infer", "Tensors")], max_length=64
+                    ),
+                ),
+                ("input_file_id", models.CharField(db_index=True, max_length=40)),
+                ("completion_window", models.CharField(max_length=16)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("validating", "Validating"),
+                            ("failed", "Failed"),
+                            ("in_progress", "In Progress"),
+                            ("finalizing", "Finalizing"),
+                            ("completed", "Completed"),
+                            ("expired", "Expired"),
+                            ("cancelling", "Cancelling"),
+                            ("cancelled", "Cancelled"),
+                        ],
+                        default="validating",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "stop_reason",
+                    models.CharField(
+                        blank=True, choices=[("cancel", "Cancel"), ("expire", "Expire")], max_length=16, null=True
+                    ),
+                ),
+                ("metadata", models.JSONField(blank=True, null=True)),
+                ("errors", models.JSONField(blank=True, null=True)),
+                ("model", models.CharField(blank=True, default="", max_length=200)),
+                ("output_file_id", models.CharField(blank=True, max_length=40, null=True)),
+                ("error_file_id", models.CharField(blank=True, max_length=40, null=True)),
+                ("total_lines", models.PositiveBigIntegerField(default=0)),
+                ("completed_lines", models.PositiveBigIntegerField(default=0)),
+                ("failed_lines", models.PositiveBigIntegerField(default=0)),
+                ("prompt_tokens", models.PositiveBigIntegerField(default=0)),
+                ("created_at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                ("in_progress_at", models.DateTimeField(blank=True, null=True)),
+                ("expires_at", models.DateTimeField(db_index=True)),
+                ("finalizing_at", models.DateTimeField(blank=True, null=True)),
+                ("completed_at", models.DateTimeField(blank=True, null=True)),
+                ("failed_at", models.DateTimeField(blank=True, null=True)),
+                ("expired_at", models.DateTimeField(blank=True, null=True)),
+                ("cancelling_at", models.DateTimeField(blank=True, null=True)),
+                ("cancelled_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="batches", to="tenants.tenant"
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'batches',
+                "verbose_name_plural": "batches",
             },
         ),
         migrations.CreateModel(
-            name='BatchEvent',
+            name="BatchEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('shard_index', models.PositiveIntegerField(blank=True, null=True)),
-                ('kind', models.CharField(max_length=64)),
-                ('message', models.TextField(blank=True, default='')),
-                ('created_at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('batch', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='events', to='batches.batch')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("shard_index", models.PositiveIntegerField(blank=True, null=True)),
+                ("kind", models.CharField(max_length=64)),
+                ("message", models.TextField(blank=True, default="")),
+                ("created_at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                (
+                    "batch",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="events", to="batches.batch"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['created_at', 'id'],
+                "ordering": ["created_at", "id"],
             },
         ),
         migrations.CreateModel(
-            name='Shard',
+            name="Shard",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('index', models.PositiveIntegerField()),
-                ('start_line', models.PositiveBigIntegerField(help_text='1-based, inclusive')),
-                ('end_line', models.PositiveBigIntegerField(help_text='1-based, inclusive')),
-                ('start_byte', models.PositiveBigIntegerField()),
-                ('end_byte', models.PositiveBigIntegerField(help_text='exclusive')),
-                ('request_count', models.PositiveIntegerField()),
-                ('status', models.CharField(choices=[('pending', 'Pending'), ('running', 'Running'), ('succeeded', 'Succeeded'), ('stopped', 'Stopped'), ('skipped', 'Skipped'), ('failed', 'Failed')], default='pending', max_length=16)),
-                ('attempt', models.PositiveIntegerField(default=0)),
-                ('lease_owner', models.CharField(blank=True, default='', max_length=200)),
-                ('lease_expires_at', models.DateTimeField(blank=True, null=True)),
-                ('part_name', models.CharField(blank=True, default='', max_length=500)),
-                ('completed_lines', models.PositiveIntegerField(default=0)),
-                ('failed_lines', models.PositiveIntegerField(default=0)),
-                ('prompt_tokens', models.PositiveBigIntegerField(default=0)),
-                ('triton_server', models.CharField(blank=True, default='', max_length=200)),
-                ('last_error', models.TextField(blank=True, default='')),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('batch', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='shards', to='batches.batch')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("index", models.PositiveIntegerField()),
+                ("start_line", models.PositiveBigIntegerField(help_text="1-based, inclusive")),
+                ("end_line", models.PositiveBigIntegerField(help_text="1-based, inclusive")),
+                ("start_byte", models.PositiveBigIntegerField()),
+                ("end_byte", models.PositiveBigIntegerField(help_text="exclusive")),
+                ("request_count", models.PositiveIntegerField()),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending"),
+                            ("running", "Running"),
+                            ("succeeded", "Succeeded"),
+                            ("stopped", "Stopped"),
+                            ("skipped", "Skipped"),
+                            ("failed", "Failed"),
+                        ],
+                        default="pending",
+                        max_length=16,
+                    ),
+                ),
+                ("attempt", models.PositiveIntegerField(default=0)),
+                ("lease_owner", models.CharField(blank=True, default="", max_length=200)),
+                ("lease_expires_at", models.DateTimeField(blank=True, null=True)),
+                ("part_name", models.CharField(blank=True, default="", max_length=500)),
+                ("completed_lines", models.PositiveIntegerField(default=0)),
+                ("failed_lines", models.PositiveIntegerField(default=0)),
+                ("prompt_tokens", models.PositiveBigIntegerField(default=0)),
+                ("triton_server", models.CharField(blank=True, default="", max_length=200)),
+                ("last_error", models.TextField(blank=True, default="")),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "batch",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="shards", to="batches.batch"
+                    ),
+                ),
             ],
         ),
         migrations.AddIndex(
-            model_name='batch',
-            index=models.Index(fields=['tenant', 'created_at'], name='batches_bat_tenant__bcbe3c_idx'),
+            model_name="batch",
+            index=models.Index(fields=["tenant", "created_at"], name="batches_bat_tenant__bcbe3c_idx"),
         ),
         migrations.AddIndex(
-            model_name='batch',
-            index=models.Index(fields=['status'], name='batches_bat_status_7a0087_idx'),
+            model_name="batch",
+            index=models.Index(fields=["status"], name="batches_bat_status_7a0087_idx"),
         ),
         migrations.AddIndex(
-            model_name='shard',
-            index=models.Index(fields=['status', 'lease_expires_at'], name='batches_sha_status_57f338_idx'),
+            model_name="shard",
+            index=models.Index(fields=["status", "lease_expires_at"], name="batches_sha_status_57f338_idx"),
         ),
         migrations.AddConstraint(
-            model_name='shard',
-            constraint=models.UniqueConstraint(fields=('batch', 'index'), name='uniq_shard_index'),
+            model_name="shard",
+            constraint=models.UniqueConstraint(fields=("batch", "index"), name="uniq_shard_index"),
         ),
     ]

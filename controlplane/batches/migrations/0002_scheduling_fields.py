@@ -4,39 +4,40 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('batches', '0001_initial'),
+        ("batches", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='batch',
-            name='last_dispatched_at',
+            model_name="batch",
+            name="last_dispatched_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='batch',
-            name='priority',
-            field=models.CharField(choices=[('high', 'High'), ('normal', 'Normal'), ('low', 'Low')], default='normal', max_length=8),
+            model_name="batch",
+            name="priority",
+            field=models.CharField(
+                choices=[("high", "High"), ("normal", "Normal"), ("low", "Low")], default="normal", max_length=8
+            ),
         ),
         migrations.AddField(
-            model_name='batch',
-            name='work_units',
+            model_name="batch",
+            name="work_units",
             field=models.PositiveBigIntegerField(default=0),
         ),
         migrations.AddField(
-            model_name='shard',
-            name='not_before',
+            model_name="shard",
+            name="not_before",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='shard',
-            name='work_units',
+            model_name="shard",
+            name="work_units",
             field=models.PositiveBigIntegerField(default=0),
         ),
         migrations.AddIndex(
-            model_name='shard',
-            index=models.Index(fields=['batch', 'status', 'index'], name='batches_sha_batch_i_c0f630_idx'),
+            model_name="shard",
+            index=models.Index(fields=["batch", "status", "index"], name="batches_sha_batch_i_c0f630_idx"),
         ),
     ]

@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('batches', '0002_scheduling_fields'),
+        ("batches", "0002_scheduling_fields"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='batch',
-            name='deadline_promoted_at',
+            model_name="batch",
+            name="deadline_promoted_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
     ]

@@ -7,27 +7,43 @@ import controlplane.files.models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('tenants', '0001_initial'),
+        ("tenants", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='File',
+            name="File",
             fields=[
-                ('id', models.CharField(default=controlplane.files.models.new_file_id, editable=False, max_length=40, primary_key=True, serialize=False)),
-                ('filename', models.CharField(max_length=255)),
-                ('purpose', models.CharField(choices=[('batch', 'Batch'), ('batch_output', 'Batch Output')], max_length=32)),
-                ('bytes', models.PositiveBigIntegerField()),
-                ('storage_name', models.CharField(max_length=500)),
-                ('created_at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='files', to='tenants.tenant')),
+                (
+                    "id",
+                    models.CharField(
+                        default=controlplane.files.models.new_file_id,
+                        editable=False,
+                        max_length=40,
+                        primary_key=True,
+                        serialize=False,
+                    ),
+                ),
+                ("filename", models.CharField(max_length=255)),
+                (
+                    "purpose",
+                    models.CharField(choices=[("batch", "Batch"), ("batch_output", "Batch Output")], max_length=32),
+                ),
+                ("bytes", models.PositiveBigIntegerField()),
+                ("storage_name", models.CharField(max_length=500)),
+                ("created_at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="files", to="tenants.tenant"
+                    ),
+                ),
             ],
             options={
-                'indexes': [models.Index(fields=['tenant', 'created_at'], name='files_file_tenant__96158c_idx')],
+                "indexes": [models.Index(fields=["tenant", "created_at"], name="files_file_tenant__96158c_idx")],
             },
         ),
     ]

@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('files', '0001_initial'),
+        ("files", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='file',
-            name='line_count',
+            model_name="file",
+            name="line_count",
             field=models.PositiveBigIntegerField(blank=True, null=True),
         ),
     ]

@@ -5,116 +5,215 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='CatalogueModel',
+            name="CatalogueModel",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(help_text='Name tenants use in request bodies.', max_length=200, unique=True)),
-                ('triton_name', models.CharField(help_text='Model name in the Triton repository.', max_length=200, unique=True)),
-                ('kind', models.CharField(choices=[('embeddings', 'Text embeddings (/v1/embeddings)'), ('tensor', 'Generic tensors (KServe v2 body, /v2/infer)')], max_length=32)),
-                ('max_batch_size', models.PositiveIntegerField(help_text='Rows per Triton call (config.pbtxt).')),
-                ('inputs', models.JSONField(blank=True, default=list)),
-                ('outputs', models.JSONField(blank=True, default=list)),
-                ('embedding_dimensions', models.PositiveIntegerField(blank=True, null=True)),
-                ('is_enabled', models.BooleanField(default=True)),
-                ('memory_per_instance_bytes', models.PositiveBigIntegerField(default=536870912)),
-                ('load_seconds', models.FloatField(default=10.0, help_text='Measured on the last load; declared until then')),
-                ('gpus_per_instance', models.PositiveIntegerField(default=1)),
-                ('min_instances', models.PositiveIntegerField(default=0)),
-                ('max_instances', models.PositiveIntegerField(default=4)),
-                ('lines_per_second_per_instance', models.FloatField(default=0.0, help_text='Smoothed measured throughput')),
-                ('pin_gpus', models.JSONField(blank=True, default=list)),
-                ('last_active_at', models.DateTimeField(blank=True, null=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "name",
+                    models.CharField(help_text="Name tenants use in request bodies.", max_length=200, unique=True),
+                ),
+                (
+                    "triton_name",
+                    models.CharField(help_text="Model name in the Triton repository.", max_length=200, unique=True),
+                ),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("embeddings", "Text embeddings (/v1/embeddings)"),
+                            ("tensor", "Generic tensors (KServe v2 body, /v2/infer)"),
+                        ],
+                        max_length=32,
+                    ),
+                ),
+                ("max_batch_size", models.PositiveIntegerField(help_text="Rows per Triton call (config.pbtxt).")),
+                ("inputs", models.JSONField(blank=True, default=list)),
+                ("outputs", models.JSONField(blank=True, default=list)),
+                ("embedding_dimensions", models.PositiveIntegerField(blank=True, null=True)),
+                ("is_enabled", models.BooleanField(default=True)),
+                ("memory_per_instance_bytes", models.PositiveBigIntegerField(default=536870912)),
+                (
+                    "load_seconds",
+                    models.FloatField(default=10.0, help_text="Measured on the last load; declared until then"),
+                ),
+                ("gpus_per_instance", models.PositiveIntegerField(default=1)),
+                ("min_instances", models.PositiveIntegerField(default=0)),
+                ("max_instances", models.PositiveIntegerField(default=4)),
+                (
+                    "lines_per_second_per_instance",
+                    models.FloatField(default=0.0, help_text="Smoothed measured throughput"),
+                ),
+                ("pin_gpus", models.JSONField(blank=True, default=list)),
+                ("last_active_at", models.DateTimeField(blank=True, null=True)),
             ],
         ),
         migrations.CreateModel(
-            name='FleetLock',
+            name="FleetLock",
             fields=[
-                ('name', models.CharField(max_length=64, primary_key=True, serialize=False)),
-                ('holder', models.CharField(blank=True, default='', max_length=200)),
-                ('expires_at', models.DateTimeField(blank=True, null=True)),
+                ("name", models.CharField(max_length=64, primary_key=True, serialize=False)),
+                ("holder", models.CharField(blank=True, default="", max_length=200)),
+                ("expires_at", models.DateTimeField(blank=True, null=True)),
             ],
         ),
         migrations.CreateModel(
-            name='TritonServer',
+            name="TritonServer",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100, unique=True)),
-                ('grpc_url', models.CharField(help_text="host:port of Triton's gRPC endpoint", max_length=200, unique=True)),
-                ('metrics_url', models.CharField(blank=True, default='', max_length=300)),
-                ('real_gpus', models.BooleanField(default=False)),
-                ('state', models.CharField(choices=[('healthy', 'Healthy'), ('unhealthy', 'Unhealthy'), ('draining', 'Draining'), ('cordoned', 'Cordoned')], default='healthy', max_length=16)),
-                ('operator_state', models.CharField(blank=True, choices=[('healthy', 'Healthy'), ('unhealthy', 'Unhealthy'), ('draining', 'Draining'), ('cordoned', 'Cordoned')], max_length=16, null=True)),
-                ('last_heartbeat_at', models.DateTimeField(blank=True, null=True)),
-                ('consecutive_failures', models.PositiveIntegerField(default=0)),
-                ('breaker_open_until', models.DateTimeField(blank=True, null=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=100, unique=True)),
+                (
+                    "grpc_url",
+                    models.CharField(help_text="host:port of Triton's gRPC endpoint", max_length=200, unique=True),
+                ),
+                ("metrics_url", models.CharField(blank=True, default="", max_length=300)),
+                ("real_gpus", models.BooleanField(default=False)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("healthy", "Healthy"),
+                            ("unhealthy", "Unhealthy"),
+                            ("draining", "Draining"),
+                            ("cordoned", "Cordoned"),
+                        ],
+                        default="healthy",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "operator_state",
+                    models.CharField(
+                        blank=True,
+                        choices=[
+                            ("healthy", "Healthy"),
+                            ("unhealthy", "Unhealthy"),
+                            ("draining", "Draining"),
+                            ("cordoned", "Cordoned"),
+                        ],
+                        max_length=16,
+                        null=True,
+                    ),
+                ),
+                ("last_heartbeat_at", models.DateTimeField(blank=True, null=True)),
+                ("consecutive_failures", models.PositiveIntegerField(default=0)),
+                ("breaker_open_until", models.DateTimeField(blank=True, null=True)),
             ],
         ),
         migrations.CreateModel(
-            name='PlacementEvent',
+            name="PlacementEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('gpus', models.CharField(blank=True, default='', max_length=64)),
-                ('action', models.CharField(max_length=32)),
-                ('before', models.PositiveIntegerField(default=0)),
-                ('after', models.PositiveIntegerField(default=0)),
-                ('reason', models.TextField(blank=True, default='')),
-                ('actor', models.CharField(default='reconciler', max_length=100)),
-                ('ok', models.BooleanField(default=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('model', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='fleet.cataloguemodel')),
-                ('server', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='fleet.tritonserver')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("gpus", models.CharField(blank=True, default="", max_length=64)),
+                ("action", models.CharField(max_length=32)),
+                ("before", models.PositiveIntegerField(default=0)),
+                ("after", models.PositiveIntegerField(default=0)),
+                ("reason", models.TextField(blank=True, default="")),
+                ("actor", models.CharField(default="reconciler", max_length=100)),
+                ("ok", models.BooleanField(default=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                (
+                    "model",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="fleet.cataloguemodel",
+                    ),
+                ),
+                (
+                    "server",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="fleet.tritonserver",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
+                "ordering": ["-created_at", "-id"],
             },
         ),
         migrations.AddField(
-            model_name='cataloguemodel',
-            name='pin_server',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='fleet.tritonserver'),
+            model_name="cataloguemodel",
+            name="pin_server",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="+",
+                to="fleet.tritonserver",
+            ),
         ),
         migrations.CreateModel(
-            name='Placement',
+            name="Placement",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('gpus', models.CharField(help_text='Comma-separated GPU indices of this instance group', max_length=64)),
-                ('instances', models.PositiveIntegerField()),
-                ('status', models.CharField(choices=[('loading', 'Loading'), ('ready', 'Ready'), ('failed', 'Failed')], default='loading', max_length=16)),
-                ('failed_until', models.DateTimeField(blank=True, null=True)),
-                ('last_error', models.TextField(blank=True, default='')),
-                ('avg_queue_ms', models.FloatField(blank=True, null=True)),
-                ('avg_compute_ms', models.FloatField(blank=True, null=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('model', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='placements', to='fleet.cataloguemodel')),
-                ('server', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='placements', to='fleet.tritonserver')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "gpus",
+                    models.CharField(help_text="Comma-separated GPU indices of this instance group", max_length=64),
+                ),
+                ("instances", models.PositiveIntegerField()),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[("loading", "Loading"), ("ready", "Ready"), ("failed", "Failed")],
+                        default="loading",
+                        max_length=16,
+                    ),
+                ),
+                ("failed_until", models.DateTimeField(blank=True, null=True)),
+                ("last_error", models.TextField(blank=True, default="")),
+                ("avg_queue_ms", models.FloatField(blank=True, null=True)),
+                ("avg_compute_ms", models.FloatField(blank=True, null=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "model",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="placements",
+                        to="fleet.cataloguemodel",
+                    ),
+                ),
+                (
+                    "server",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="placements", to="fleet.tritonserver"
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('model', 'server', 'gpus'), name='uniq_placement')],
+                "constraints": [models.UniqueConstraint(fields=("model", "server", "gpus"), name="uniq_placement")],
             },
         ),
         migrations.CreateModel(
-            name='Gpu',
+            name="Gpu",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('index', models.PositiveIntegerField()),
-                ('name', models.CharField(default='declared', max_length=100)),
-                ('total_memory_bytes', models.PositiveBigIntegerField()),
-                ('used_by_others_bytes', models.PositiveBigIntegerField(default=0)),
-                ('utilization', models.FloatField(blank=True, null=True)),
-                ('declared', models.BooleanField(default=True, help_text='Declared in configuration rather than measured')),
-                ('server', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='gpus', to='fleet.tritonserver')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("index", models.PositiveIntegerField()),
+                ("name", models.CharField(default="declared", max_length=100)),
+                ("total_memory_bytes", models.PositiveBigIntegerField()),
+                ("used_by_others_bytes", models.PositiveBigIntegerField(default=0)),
+                ("utilization", models.FloatField(blank=True, null=True)),
+                (
+                    "declared",
+                    models.BooleanField(default=True, help_text="Declared in configuration rather than measured"),
+                ),
+                (
+                    "server",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="gpus", to="fleet.tritonserver"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['server_id', 'index'],
-                'constraints': [models.UniqueConstraint(fields=('server', 'index'), name='uniq_gpu_index')],
+                "ordering": ["server_id", "index"],
+                "constraints": [models.UniqueConstraint(fields=("server", "index"), name="uniq_gpu_index")],
             },
         ),
     ]

@@ -4,25 +4,24 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('fleet', '0002_seed_catalogue'),
+        ("fleet", "0002_seed_catalogue"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='cataloguemodel',
-            name='max_inflight_calls',
+            model_name="cataloguemodel",
+            name="max_inflight_calls",
             field=models.PositiveIntegerField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='cataloguemodel',
-            name='paused',
-            field=models.BooleanField(default=False, help_text='No new shard of this model is dispatched.'),
+            model_name="cataloguemodel",
+            name="paused",
+            field=models.BooleanField(default=False, help_text="No new shard of this model is dispatched."),
         ),
         migrations.AddField(
-            model_name='cataloguemodel',
-            name='seconds_per_work_unit',
+            model_name="cataloguemodel",
+            name="seconds_per_work_unit",
             field=models.FloatField(default=0.0005),
         ),
     ]

@@ -5,44 +5,62 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('fleet', '0003_scheduling_fields'),
-        ('tenants', '0002_scheduling_and_quotas'),
+        ("fleet", "0003_scheduling_fields"),
+        ("tenants", "0002_scheduling_and_quotas"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='SchedulerClock',
+            name="SchedulerClock",
             fields=[
-                ('name', models.CharField(default='default', max_length=32, primary_key=True, serialize=False)),
-                ('vtime', models.FloatField(default=0.0)),
-                ('vtime_at', models.DateTimeField()),
+                ("name", models.CharField(default="default", max_length=32, primary_key=True, serialize=False)),
+                ("vtime", models.FloatField(default=0.0)),
+                ("vtime_at", models.DateTimeField()),
             ],
         ),
         migrations.CreateModel(
-            name='TenantShare',
+            name="TenantShare",
             fields=[
-                ('tenant', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, primary_key=True, related_name='share', serialize=False, to='tenants.tenant')),
-                ('vtime', models.FloatField(default=0.0)),
-                ('vtime_at', models.DateTimeField()),
-                ('served_work_units', models.FloatField(default=0.0, help_text='Undecayed total, for the admin')),
+                (
+                    "tenant",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        primary_key=True,
+                        related_name="share",
+                        serialize=False,
+                        to="tenants.tenant",
+                    ),
+                ),
+                ("vtime", models.FloatField(default=0.0)),
+                ("vtime_at", models.DateTimeField()),
+                ("served_work_units", models.FloatField(default=0.0, help_text="Undecayed total, for the admin")),
             ],
         ),
         migrations.CreateModel(
-            name='Slot',
+            name="Slot",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('state', models.CharField(choices=[('queued', 'Queued'), ('running', 'Running')], default='queued', max_length=8)),
-                ('owner', models.CharField(blank=True, default='', max_length=200)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('expires_at', models.DateTimeField(db_index=True)),
-                ('model', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='slots', to='fleet.cataloguemodel')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[("queued", "Queued"), ("running", "Running")], default="queued", max_length=8
+                    ),
+                ),
+                ("owner", models.CharField(blank=True, default="", max_length=200)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("expires_at", models.DateTimeField(db_index=True)),
+                (
+                    "model",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="slots", to="fleet.cataloguemodel"
+                    ),
+                ),
             ],
             options={
-                'indexes': [models.Index(fields=['model', 'state'], name='scheduling__model_i_d46436_idx')],
+                "indexes": [models.Index(fields=["model", "state"], name="scheduling__model_i_d46436_idx")],
             },
         ),
     ]

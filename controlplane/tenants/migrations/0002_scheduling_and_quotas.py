@@ -4,40 +4,46 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('tenants', '0001_initial'),
+        ("tenants", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='tenant',
-            name='default_priority',
-            field=models.CharField(choices=[('high', 'High'), ('normal', 'Normal'), ('low', 'Low')], default='normal', max_length=8),
+            model_name="tenant",
+            name="default_priority",
+            field=models.CharField(
+                choices=[("high", "High"), ("normal", "Normal"), ("low", "Low")], default="normal", max_length=8
+            ),
         ),
         migrations.AddField(
-            model_name='tenant',
-            name='max_enqueued_tokens',
+            model_name="tenant",
+            name="max_enqueued_tokens",
             field=models.PositiveBigIntegerField(default=5000000000),
         ),
         migrations.AddField(
-            model_name='tenant',
-            name='max_priority',
-            field=models.CharField(choices=[('high', 'High'), ('normal', 'Normal'), ('low', 'Low')], default='normal', help_text='Highest priority class this tenant may ask for.', max_length=8),
+            model_name="tenant",
+            name="max_priority",
+            field=models.CharField(
+                choices=[("high", "High"), ("normal", "Normal"), ("low", "Low")],
+                default="normal",
+                help_text="Highest priority class this tenant may ask for.",
+                max_length=8,
+            ),
         ),
         migrations.AddField(
-            model_name='tenant',
-            name='max_requests_per_minute',
+            model_name="tenant",
+            name="max_requests_per_minute",
             field=models.PositiveIntegerField(default=3000),
         ),
         migrations.AddField(
-            model_name='tenant',
-            name='paused',
+            model_name="tenant",
+            name="paused",
             field=models.BooleanField(default=False),
         ),
         migrations.AddField(
-            model_name='tenant',
-            name='weight',
-            field=models.FloatField(default=1.0, help_text='Fair-share weight: 2.0 gets twice the work of 1.0'),
+            model_name="tenant",
+            name="weight",
+            field=models.FloatField(default=1.0, help_text="Fair-share weight: 2.0 gets twice the work of 1.0"),
         ),
     ]

@@ -5,36 +5,50 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('tenants', '0002_scheduling_and_quotas'),
+        ("tenants", "0002_scheduling_and_quotas"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='TenantEvent',
+            name="TenantEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(max_length=32)),
-                ('actor', models.CharField(max_length=100)),
-                ('message', models.TextField(blank=True, default='')),
-                ('created_at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='events', to='tenants.tenant')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("kind", models.CharField(max_length=32)),
+                ("actor", models.CharField(max_length=100)),
+                ("message", models.TextField(blank=True, default="")),
+                ("created_at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="events", to="tenants.tenant"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
+                "ordering": ["-created_at", "-id"],
             },
         ),
         migrations.CreateModel(
-            name='ApiKeyRequestWindow',
+            name="ApiKeyRequestWindow",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('window_start', models.DateTimeField()),
-                ('count', models.PositiveIntegerField(default=0)),
-                ('api_key', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='request_windows', to='tenants.apikey')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("window_start", models.DateTimeField()),
+                ("count", models.PositiveIntegerField(default=0)),
+                (
+                    "api_key",
+                    models.ForeignKey(
+                        db_index=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="request_windows",
+                        to="tenants.apikey",
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('api_key', 'window_start'), name='uniq_api_key_request_window')],
+                "constraints": [
+                    models.UniqueConstraint(fields=("api_key", "window_start"), name="uniq_api_key_request_window")
+                ],
             },
         ),
     ]

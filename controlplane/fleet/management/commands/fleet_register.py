@@ -33,20 +33,27 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name", help="e.g. triton-0")
         parser.add_argument("grpc_url", help="host:port of Triton's gRPC endpoint")
-        parser.add_argument("--gpu-memory", required=True,
-                            help="memory of each GPU, comma-separated, in index order: 16G,16G (or 512M, bytes)")
-        parser.add_argument("--metrics-url", default="", help="Triton's Prometheus endpoint, e.g. http://h:8002/metrics")
+        parser.add_argument(
+            "--gpu-memory",
+            required=True,
+            help="memory of each GPU, comma-separated, in index order: 16G,16G (or 512M, bytes)",
+        )
+        parser.add_argument(
+            "--metrics-url", default="", help="Triton's Prometheus endpoint, e.g. http://h:8002/metrics"
+        )
         parser.add_argument("--real-gpus", action="store_true", help="run instances as KIND_GPU on these GPUs")
 
-    def handle(self, *args: Any, name: str, grpc_url: str, gpu_memory: str, metrics_url: str, real_gpus: bool,
-               **options: Any) -> None:
+    def handle(
+        self, *args: Any, name: str, grpc_url: str, gpu_memory: str, metrics_url: str, real_gpus: bool, **options: Any
+    ) -> None:
         try:
             sizes = [parse_size(part) for part in gpu_memory.split(",")]
         except ValueError as exc:
             raise CommandError(f"--gpu-memory: {exc}") from exc
         try:
-            server = server_register(name=name, grpc_url=grpc_url, gpu_memory_bytes=sizes, metrics_url=metrics_url,
-                                     real_gpus=real_gpus)
+            server = server_register(
+                name=name, grpc_url=grpc_url, gpu_memory_bytes=sizes, metrics_url=metrics_url, real_gpus=real_gpus
+            )
         except IntegrityError as exc:
             raise CommandError(f"{grpc_url} is already registered under another name") from exc
         gpus = ", ".join(f"gpu{i} {size / 1024**3:.1f} GiB" for i, size in enumerate(sizes))
