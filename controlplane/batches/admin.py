@@ -6,8 +6,9 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from controlplane.batches.models import Batch, BatchEvent, Shard
+from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard, ShardStatus
 from controlplane.batches.services import batch_cancel
+from controlplane.batches.shards import shard_requeue
 from controlplane.core.errors import DomainError
 from controlplane.scheduling.services import batch_priority_set
 from controlplane.tenants.models import Priority
@@ -23,11 +24,13 @@ class ShardInline(admin.TabularInline):
         "end_line",
         "status",
         "attempt",
+        "content_failures",
         "lease_owner",
         "lease_expires_at",
         "completed_lines",
         "failed_lines",
         "triton_server",
+        "last_error",
     )
     readonly_fields = fields
     show_change_link = True
@@ -109,21 +112,56 @@ class BatchAdmin(admin.ModelAdmin):
         return False
 
 
+class DeadLetterFilter(admin.SimpleListFilter):
+    title = "dead letters"
+    parameter_name = "dead"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("open", "dead, batch still open (requeueable)"), ("all", "all dead shards")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Shard]) -> QuerySet[Shard]:
+        if self.value() == "all":
+            return queryset.filter(status=ShardStatus.DEAD)
+        if self.value() == "open":
+            return queryset.filter(
+                status=ShardStatus.DEAD, batch__status=BatchStatus.IN_PROGRESS, batch__stop_reason__isnull=True
+            )
+        return queryset
+
+
 @admin.register(Shard)
 class ShardAdmin(admin.ModelAdmin):
     list_display = (
         "__str__",
         "status",
         "attempt",
+        "content_failures",
+        "error",
         "lease_owner",
         "lease_expires_at",
         "completed_lines",
         "failed_lines",
         "triton_server",
     )
-    list_filter = ("status", "triton_server")
-    search_fields = ("batch__id", "lease_owner")
+    list_filter = (DeadLetterFilter, "status", "triton_server")
+    search_fields = ("batch__id", "lease_owner", "last_error")
     readonly_fields = [f.name for f in Shard._meta.fields]
+    actions = ["requeue_dead_shards"]
+
+    @admin.display(description="last error")
+    def error(self, shard: Shard) -> str:
+        return shard.last_error[:200]
+
+    @admin.action(description="Requeue selected dead shards (only while their batch is in progress)")
+    def requeue_dead_shards(self, request: HttpRequest, queryset: QuerySet[Shard]) -> None:
+        actor, requeued = request.user.get_username(), 0
+        for shard_id in queryset.values_list("id", flat=True):
+            try:
+                shard_requeue(shard_id=shard_id, actor=actor)
+                requeued += 1
+            except DomainError as exc:
+                self.message_user(request, exc.message, level=messages.WARNING)
+        self.message_user(request, f"Requeued {requeued} shard(s).")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

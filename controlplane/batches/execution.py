@@ -1,6 +1,13 @@
 """Running one shard: claim it, pack its requests into Triton calls with several in flight, write a
 part, and commit it under the attempt number. Cancel/expiry stop it between calls, keeping the lines
-already done."""
+already done. A keeper thread renews the lease for the whole run (model load and part upload included).
+
+Whose fault a failure is decides what it costs (shards.shard_release):
+- infrastructure, free: TransientTritonError (Triton unreachable, restarting, overloaded, model not
+  loaded, NoCapacity), a model that cannot be loaded, storage I/O (OSError), and a database error or a
+  killed worker (the lease expires and the rescuer puts the shard back);
+- content, spends one of SHARD_MAX_ATTEMPTS: any other exception while processing the shard's own data;
+- neither: a PermanentTritonError of a call is pinned to the one line that caused it (a 400 line)."""
 
 from __future__ import annotations
 
@@ -9,10 +16,12 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from functools import partial
 from typing import Any
 
 import numpy as np
 from django.conf import settings
+from django.db import DatabaseError
 
 from controlplane.batches.backend import InferenceBackend
 from controlplane.batches.finalize import batch_try_finalize
@@ -31,6 +40,7 @@ from controlplane.batches.parts import encode_entry
 from controlplane.batches.records import failed_response_record, output_record
 from controlplane.batches.requests import ModelResolver, ParsedLine, parse_line
 from controlplane.batches.shards import (
+    LeaseKeeper,
     PartSummary,
     batch_stop_requested,
     shard_claim,
@@ -46,7 +56,7 @@ from controlplane.triton.client import PermanentTritonError, TransientTritonErro
 
 logger = logging.getLogger(__name__)
 
-# How often a running shard looks at its batch for a cancel/expiry and renews its lease.
+# How often a running shard looks at its batch for a cancel/expiry (its keeper renews the lease).
 CHECK_INTERVAL_SECONDS = 1.0
 
 
@@ -82,30 +92,67 @@ def shard_run(*, shard_id: int, owner: str, backend_factory: Callable[[str], Inf
 
 def shard_execute(*, shard: Shard, model: CatalogueModel, backend: InferenceBackend) -> str:
     """Run a shard this caller has claimed, publish its part under the attempt number, and finalize the
-    batch if it was the last one. Returns succeeded, stopped, stale, lease_lost, deferred or failed."""
-    batch = shard.batch
-    try:
-        lines = _read_shard(shard)
-        Shard.objects.filter(id=shard.id, attempt=shard.attempt).update(triton_server=backend.server[:200])
-        backend.prepare(model.triton_name)
-        runner = _ShardRunner(shard, model, lines, backend)
-        entries, stopped = runner.run()
-    except LeaseLost:
-        logger.warning("shard %s attempt %s lost its lease; discarding its work", shard.id, shard.attempt)
-        return "lease_lost"
-    except TransientTritonError as exc:
-        status = shard_release(shard_id=shard.id, attempt=shard.attempt, error=str(exc))
-        shard.last_error = str(exc)
-        if status == ShardStatus.FAILED:
-            batch_try_finalize(batch_id=batch.id)
-            return "failed"
-        return "deferred"
-    summary = _write_part(shard, entries, stopped)
+    batch if it was the last one. Returns succeeded, stopped, stale, lease_lost, deferred (infrastructure:
+    back to pending, nothing spent), retry (its content failed: back to pending, one attempt spent),
+    dead, or skipped (its batch is stopping)."""
+    renew = partial(shard_renew, shard_id=shard.id, attempt=shard.attempt)
+    failure: Exception | None = None
+    summary: PartSummary | None = None
+    with LeaseKeeper(renew, name=f"shard-{shard.id}-lease") as keeper:
+        try:
+            summary = _produce_part(shard, model, backend, keeper)
+        except LeaseLost:
+            logger.warning("shard %s attempt %s lost its lease; discarding its work", shard.id, shard.attempt)
+            return "lease_lost"
+        except DatabaseError:
+            # Nothing can be recorded now; the lease expires and the rescuer (infrastructure) takes over.
+            raise
+        except Exception as exc:  # noqa: BLE001 - classified below, and recorded on the shard
+            failure = exc
+    if failure is not None:
+        return _give_back(shard, failure)
+    assert summary is not None
     if not shard_commit(shard_id=shard.id, attempt=shard.attempt, summary=summary):
         blob_delete(summary.part_name)
         return "stale"
-    batch_try_finalize(batch_id=batch.id)
-    return "stopped" if stopped else "succeeded"
+    batch_try_finalize(batch_id=shard.batch_id)
+    return "stopped" if summary.stopped else "succeeded"
+
+
+def _produce_part(shard: Shard, model: CatalogueModel, backend: InferenceBackend, keeper: LeaseKeeper) -> PartSummary:
+    lines = _read_shard(shard)
+    Shard.objects.filter(id=shard.id, attempt=shard.attempt).update(triton_server=backend.server[:200])
+    try:
+        backend.prepare(model.triton_name)  # may load the model: seconds, under the keeper's renewals
+    except PermanentTritonError as exc:
+        # A model that will not load is the fleet's problem, not this shard's: wait for it for free.
+        raise TransientTritonError(f"model {model.triton_name!r} could not be prepared: {exc}") from exc
+    if keeper.lost.is_set():
+        raise LeaseLost()
+    entries, stopped = _ShardRunner(shard, model, lines, backend, keeper).run()
+    return _write_part(shard, entries, stopped)
+
+
+def _is_infrastructure(exc: Exception) -> bool:
+    # A missing input blob is not an outage: retrying cannot bring it back, so it spends attempts.
+    return isinstance(exc, (TransientTritonError, OSError)) and not isinstance(exc, FileNotFoundError)
+
+
+def _give_back(shard: Shard, exc: Exception) -> str:
+    content_failure = not _is_infrastructure(exc)
+    if content_failure:
+        logger.exception("shard %s attempt %s failed on its content", shard.id, shard.attempt, exc_info=exc)
+        error = f"{type(exc).__name__}: {exc}"
+    else:
+        error = str(exc) or type(exc).__name__
+    status = shard_release(shard_id=shard.id, attempt=shard.attempt, error=error, content_failure=content_failure)
+    shard.last_error = error
+    if status is None:
+        return "lease_lost"
+    if status in (ShardStatus.DEAD, ShardStatus.SKIPPED):
+        batch_try_finalize(batch_id=shard.batch_id)
+        return str(status)
+    return "retry" if content_failure else "deferred"
 
 
 def _shard_model(shard_id: int) -> CatalogueModel | None:
@@ -135,8 +182,16 @@ def _read_shard(shard: Shard) -> dict[int, ParsedLine]:
 
 
 class _ShardRunner:
-    def __init__(self, shard: Shard, model: CatalogueModel, lines: dict[int, ParsedLine], backend: InferenceBackend):
+    def __init__(
+        self,
+        shard: Shard,
+        model: CatalogueModel,
+        lines: dict[int, ParsedLine],
+        backend: InferenceBackend,
+        keeper: LeaseKeeper,
+    ):
         self.shard = shard
+        self.keeper = keeper
         self.model = model
         self.lines = lines
         self.backend = backend
@@ -166,10 +221,10 @@ class _ShardRunner:
                 for future in done:
                     running.pop(future)
                     self._collect(future.result())  # a TransientTritonError propagates from here
+                if self.keeper.lost.is_set():
+                    raise LeaseLost()
                 if time.monotonic() - last_check >= CHECK_INTERVAL_SECONDS:
                     last_check = time.monotonic()
-                    if not shard_renew(shard_id=self.shard.id, attempt=self.shard.attempt):
-                        raise LeaseLost()
                     stopped = stopped or batch_stop_requested(batch_id=self.shard.batch_id)
         return [self.entries[n] for n in sorted(self.entries)], stopped and len(self.entries) < len(self.lines)
 

@@ -1,6 +1,6 @@
 """Finalization: merge committed parts, in input order, into the batch's output and error files.
 
-Lines no part holds (a shard skipped by cancel/expiry, stopped midway, or failed after all attempts)
+Lines no part holds (a shard skipped by cancel/expiry, stopped midway, or dead after all its attempts)
 become error lines, so every custom_id appears exactly once across the two files."""
 
 from __future__ import annotations
@@ -41,10 +41,17 @@ _MISSING_LINE_ERRORS = {
 def batch_try_finalize(*, batch_id: str) -> bool:
     """Move a batch whose shards are all closed into finalizing, then finalize. Safe to call often."""
     if Shard.objects.filter(batch_id=batch_id, status__in=SHARD_OPEN_STATUSES).exists():
-        return False
-    won = Batch.objects.filter(id=batch_id, status__in=FINALIZABLE).update(
-        status=BatchStatus.FINALIZING, finalizing_at=timezone.now()
-    )
+        return False  # the common case, answered without a lock
+    with transaction.atomic():
+        # shards.shard_requeue reopens a dead shard under this batch row lock: checking again under it
+        # means a requeued shard is never left pending in a batch that finalized without it.
+        if not list(Batch.objects.select_for_update().filter(id=batch_id, status__in=FINALIZABLE).values_list("id")):
+            return False
+        if Shard.objects.filter(batch_id=batch_id, status__in=SHARD_OPEN_STATUSES).exists():
+            return False
+        won = Batch.objects.filter(id=batch_id, status__in=FINALIZABLE).update(
+            status=BatchStatus.FINALIZING, finalizing_at=timezone.now()
+        )
     if won != 1:
         return False
     batch_finalize(batch_id=batch_id)
@@ -77,7 +84,7 @@ def _part_entries(part_name: str) -> Iterator[tuple[int, str, bytes]]:
 
 def _missing_lines(batch: Batch, shard: Shard, done: set[int]) -> Iterator[tuple[int, str, bytes]]:
     code, message = _MISSING_LINE_ERRORS[
-        StopReason(batch.stop_reason) if batch.stop_reason and shard.status != ShardStatus.FAILED else None
+        StopReason(batch.stop_reason) if batch.stop_reason and shard.status != ShardStatus.DEAD else None
     ]
     with blob_open(_input_name(batch)) as stream:
         for line in iter_lines(

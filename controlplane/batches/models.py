@@ -92,8 +92,10 @@ class ShardStatus(models.TextChoices):
     STOPPED = "stopped"
     # Never ran because the batch was cancelled or expired first.
     SKIPPED = "skipped"
-    # Gave up after SHARD_MAX_ATTEMPTS; its unfinished lines become error lines.
-    FAILED = "failed"
+    # Dead letter: its content failed SHARD_MAX_ATTEMPTS times (last_error says why). At finalization
+    # its lines become internal_error lines; while the batch is still open an operator can requeue it
+    # (shards.shard_requeue). Infrastructure faults never lead here (see Shard.content_failures).
+    DEAD = "dead"
 
 
 SHARD_OPEN_STATUSES = (ShardStatus.PENDING, ShardStatus.RUNNING)
@@ -103,7 +105,9 @@ class Shard(models.Model):
     """A contiguous line range of a batch's input file, processed by one Celery task at a time.
 
     ``attempt`` is the fencing token: each claim increments it, and only the holder of the current
-    attempt can renew the lease or commit a part.
+    attempt can renew the lease or commit a part. It therefore only ever grows and counts every claim,
+    whatever ended it; ``content_failures`` counts the runs that failed because of the shard's own data
+    (an unexpected exception while processing it), and only that is bounded by SHARD_MAX_ATTEMPTS.
     """
 
     batch = models.ForeignKey(Batch, on_delete=models.CASCADE, related_name="shards")
@@ -121,6 +125,9 @@ class Shard(models.Model):
     not_before = models.DateTimeField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=ShardStatus.choices, default=ShardStatus.PENDING)
     attempt = models.PositiveIntegerField(default=0)
+    # Not a second fencing token, only a budget: Triton down or restarting, no capacity, a lost worker
+    # (lease expiry) or database never add to it, so an outage costs no lines. A requeue resets it.
+    content_failures = models.PositiveIntegerField(default=0)
     lease_owner = models.CharField(max_length=200, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     part_name = models.CharField(max_length=500, blank=True, default="")

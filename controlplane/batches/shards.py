@@ -1,20 +1,29 @@
-"""Shard claims, leases and commits. Every write is a conditional UPDATE; ``attempt`` is the fencing
-token, so a worker that lost its lease can never overwrite the work of the one that took over."""
+"""Shard claims, leases, commits, releases and dead letters. Every write is a conditional UPDATE;
+``attempt`` is the fencing token, so a worker that lost its lease can never overwrite the work of the one
+that took over.
+
+Only failures caused by a shard's own content spend its budget (``content_failures`` against
+SHARD_MAX_ATTEMPTS); infrastructure faults (Triton down or restarting, no capacity, a lost worker) release
+it for free. A shard whose content failed too often is a dead letter (``dead``) until an operator requeues
+it (``shard_requeue``) or its batch finalizes and reports its lines as ``internal_error``."""
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
 from controlplane.batches.services import event_record
 from controlplane.core import dispatch
+from controlplane.core.errors import Conflict, NotFound
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +32,54 @@ RUNNABLE_BATCH_STATUSES = (BatchStatus.IN_PROGRESS,)
 
 def _lease_until() -> datetime:
     return timezone.now() + timedelta(seconds=settings.SHARD_LEASE_SECONDS)
+
+
+def lease_renew_interval() -> float:
+    """Renew every second (a quarter of a short lease at most): a lease survives a few missed renewals."""
+    return max(0.2, min(1.0, settings.SHARD_LEASE_SECONDS / 4))
+
+
+class LeaseKeeper:
+    """Renews a lease from a background thread for as long as the holder works, whatever it is doing
+    (reading its input, waiting for a model to load, a slow Triton call, uploading its part), so leases
+    can be short. ``lost`` is set once a renewal matched nothing: the holder must stop and publish
+    nothing. A database error is not a lost lease: the next tick tries again, and if the database stays
+    away the lease simply expires (the rescuer treats that as the infrastructure fault it is)."""
+
+    def __init__(self, renew: Callable[[], bool], *, name: str) -> None:
+        self.name = name
+        self.lost = threading.Event()
+        self._renew = renew
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def __enter__(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        interval = lease_renew_interval()
+        try:
+            while not self._stop.wait(interval):
+                try:
+                    renewed = self._renew()
+                except DatabaseError:
+                    logger.warning("%s: renewing the lease failed; retrying", self.name, exc_info=True)
+                    connection.close()  # reconnect on the next tick
+                    continue
+                if not renewed:
+                    self.lost.set()
+                    return
+        finally:
+            connection.close()  # this thread's own connection
 
 
 def shard_claim(*, shard_id: int, owner: str) -> Shard | None:
@@ -121,43 +178,73 @@ def shard_commit(*, shard_id: int, attempt: int, summary: PartSummary) -> bool:
 
 
 # A released shard waits this long (doubling per attempt, capped) before it is runnable again: the
-# wait lives in the shard row (not_before), not in a Celery countdown held by a worker.
+# wait lives in the shard row (not_before), not in a Celery countdown held by a worker. The cap is low
+# because infrastructure failures spend no attempts and a recovered Triton should get work back within
+# ~5 s; the cost of a low cap during a long outage is one cheap failed claim per shard every 4 s.
 RELEASE_BACKOFF_SECONDS = 1.0
-RELEASE_BACKOFF_MAX_SECONDS = 30.0
+RELEASE_BACKOFF_MAX_SECONDS = 4.0
 
 
-def shard_release(*, shard_id: int, attempt: int, error: str) -> str | None:
-    """Give a running shard back after a transient failure. Returns the new status (pending, or failed
-    once attempts are exhausted), or None when the lease had already been lost."""
-    exhausted = Shard.objects.filter(id=shard_id, attempt__gte=settings.SHARD_MAX_ATTEMPTS).exists()
-    new_status = ShardStatus.FAILED if exhausted else ShardStatus.PENDING
+def shard_release(*, shard_id: int, attempt: int, error: str, content_failure: bool) -> str | None:
+    """Give a running shard back without a part. Returns its new status, or None when the lease had
+    already been lost (a newer attempt or the rescuer owns the shard; nothing changes).
+
+    ``content_failure`` says whose fault it was. False (Triton unreachable or restarting, no capacity, a
+    model that would not load, storage I/O): the shard goes back to pending and spends nothing, so an
+    outage of any length costs no lines. True (its own data made processing fail): ``content_failures``
+    grows, and at SHARD_MAX_ATTEMPTS the shard becomes a dead letter (``dead``, ``last_error`` kept).
+    Either way a stopping batch's shard is closed as ``skipped`` (its lines become batch_cancelled /
+    batch_expired), so a cancel during an outage still completes."""
     now = timezone.now()
-    backoff = min(RELEASE_BACKOFF_MAX_SECONDS, RELEASE_BACKOFF_SECONDS * 2 ** max(0, attempt - 1))
     with transaction.atomic():
-        won = Shard.objects.filter(id=shard_id, attempt=attempt, status=ShardStatus.RUNNING).update(
+        # The row lock (shard only) makes the budget check and the update one step.
+        shard = (
+            Shard.objects.select_for_update(of=("self",))
+            .select_related("batch")
+            .only("id", "index", "batch_id", "content_failures", "batch__stop_reason")
+            .filter(id=shard_id, attempt=attempt, status=ShardStatus.RUNNING)
+            .first()
+        )
+        if shard is None:
+            return None
+        failures = shard.content_failures + (1 if content_failure else 0)
+        if shard.batch.stop_reason:
+            new_status = ShardStatus.SKIPPED
+        elif failures >= settings.SHARD_MAX_ATTEMPTS:
+            new_status = ShardStatus.DEAD
+        else:
+            new_status = ShardStatus.PENDING
+        closed = new_status != ShardStatus.PENDING
+        backoff = min(RELEASE_BACKOFF_MAX_SECONDS, RELEASE_BACKOFF_SECONDS * 2 ** max(0, attempt - 1))
+        Shard.objects.filter(id=shard_id).update(
             status=new_status,
+            content_failures=failures,
             last_error=error[:2000],
             lease_owner="",
             lease_expires_at=None,
-            not_before=None if exhausted else now + timedelta(seconds=backoff),
-            finished_at=now if exhausted else None,
+            not_before=None if closed else now + timedelta(seconds=backoff),
+            finished_at=now if closed else None,
         )
-        if won != 1:
-            return None
-        shard = Shard.objects.only("batch_id", "index").get(id=shard_id)
+        cause = (
+            f"content failure {failures} of {settings.SHARD_MAX_ATTEMPTS}"
+            if content_failure
+            else "infrastructure, no attempt spent"
+        )
         event_record(
             batch_id=shard.batch_id,
             shard_index=shard.index,
             kind=f"shard_released_{new_status}",
-            message=f"attempt {attempt}: {error[:500]}",
+            message=f"attempt {attempt} ({cause}): {error[:500]}",
         )
     return new_status
 
 
 def shards_rescue() -> list[int]:
     """Put shards whose worker died (lease expired) back to pending, or close them when their batch is
-    stopping or their attempts are spent. Returns the shard ids made runnable again; the dispatcher's
-    next top-up gives them slots."""
+    stopping. A lost worker is an infrastructure fault: it spends none of the shard's content budget.
+    Also closes pending shards of stopping batches (released by a worker just as the batch was cancelled),
+    which nothing would claim again. Returns the shard ids made runnable again; the dispatcher's next
+    top-up gives them slots."""
     now = timezone.now()
     runnable: list[int] = []
     expired = Shard.objects.filter(status=ShardStatus.RUNNING, lease_expires_at__lt=now)
@@ -165,12 +252,7 @@ def shards_rescue() -> list[int]:
         "id", "attempt", "batch_id", "index", "batch__stop_reason", "batch__model"
     ):
         # A stopping batch runs nothing new: the dead worker's lines are accounted as cancelled/expired.
-        if shard.batch.stop_reason:
-            new_status = ShardStatus.SKIPPED
-        elif shard.attempt >= settings.SHARD_MAX_ATTEMPTS:
-            new_status = ShardStatus.FAILED
-        else:
-            new_status = ShardStatus.PENDING
+        new_status = ShardStatus.SKIPPED if shard.batch.stop_reason else ShardStatus.PENDING
         closed = new_status != ShardStatus.PENDING
         with transaction.atomic():
             won = Shard.objects.filter(id=shard.id, attempt=shard.attempt, status=ShardStatus.RUNNING).update(
@@ -186,11 +268,57 @@ def shards_rescue() -> list[int]:
                     batch_id=shard.batch_id,
                     shard_index=shard.index,
                     kind=f"shard_rescued_{new_status}",
-                    message=f"lease of attempt {shard.attempt} expired",
+                    message=f"lease of attempt {shard.attempt} expired (infrastructure, no attempt spent)",
                 )
                 if closed:
                     dispatch.batch_finalize_enqueue(shard.batch_id)
                 else:
                     runnable.append(shard.id)
                     dispatch.slots_topup_enqueue(shard.batch.model)
+    stranded = Shard.objects.filter(status=ShardStatus.PENDING, batch__stop_reason__isnull=False)
+    for shard_id, batch_id in list(stranded.values_list("id", "batch_id")):
+        if shard_skip_if_stopping(shard_id=shard_id):
+            dispatch.batch_finalize_enqueue(batch_id)
     return runnable
+
+
+def shard_requeue(*, shard_id: int, actor: str) -> Shard:
+    """Give a dead shard a fresh content budget and make it runnable again (an operator fixed the model,
+    or wants one more try). Only while its batch is open (in_progress, no cancel/expiry): a batch
+    finalizes once none of its shards is pending or running, and from then on a dead shard's lines are
+    ``internal_error`` lines of its error file, to be re-run as a new batch.
+
+    The batch row is locked first, and the finalizer checks for open shards under the same lock, so a
+    requeue and a finalization never both win. ``attempt`` is not reset: it is the fencing token and only
+    grows; the budget (``content_failures``) is what starts again."""
+    with transaction.atomic():
+        batch_id = Shard.objects.filter(id=shard_id).values_list("batch_id", flat=True).first()
+        if batch_id is None:
+            raise NotFound(f"No shard with id {shard_id}.", param="shard_id")
+        batch = Batch.objects.select_for_update().only("id", "status", "stop_reason", "model").get(id=batch_id)
+        if batch.status != BatchStatus.IN_PROGRESS or batch.stop_reason:
+            state = f"{batch.status} ({batch.stop_reason})" if batch.stop_reason else batch.status
+            raise Conflict(
+                f"Batch {batch.id} is {state}: its dead shards can no longer be requeued; "
+                "re-run its failed lines as a new batch instead.",
+                param="shard_id",
+            )
+        shard = Shard.objects.only("id", "index", "status", "last_error").get(id=shard_id)
+        won = Shard.objects.filter(id=shard_id, status=ShardStatus.DEAD).update(
+            status=ShardStatus.PENDING,
+            content_failures=0,
+            not_before=None,
+            finished_at=None,
+            lease_owner="",
+            lease_expires_at=None,
+        )
+        if won != 1:
+            raise Conflict(f"Shard {batch.id}#{shard.index} is {shard.status}, not dead.", param="shard_id")
+        event_record(
+            batch_id=batch.id,
+            shard_index=shard.index,
+            kind="shard_requeued",
+            message=f"by {actor}; last error: {shard.last_error[:300]}",
+        )
+        dispatch.slots_topup_enqueue(batch.model)
+    return Shard.objects.get(id=shard_id)

@@ -5,15 +5,15 @@ behind other models' slots, so one model's backlog never holds all worker thread
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
+from functools import partial
 
 from django.conf import settings
-from django.db import connection
 
 from controlplane.batches.backend import InferenceBackend
 from controlplane.batches.execution import shard_execute
+from controlplane.batches.shards import LeaseKeeper
 from controlplane.fleet.models import CatalogueModel
 from controlplane.scheduling.claims import shard_claim_next, shard_settle
 from controlplane.scheduling.slots import slot_finish, slot_renew, slot_start, slots_topup
@@ -22,53 +22,31 @@ from controlplane.triton.client import TransientTritonError
 logger = logging.getLogger(__name__)
 
 
-class SlotKeeper:
-    """Renews a running slot's lease from a background thread while its shards run, so the lease can be
-    as short as a shard's and a dead worker's slot is freed as quickly as its shard is rescued."""
-
-    def __init__(self, slot_id: int):
-        self.slot_id = slot_id
-        self.lost = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"slot-{slot_id}-keeper", daemon=True)
-
-    def __enter__(self) -> SlotKeeper:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        interval = max(0.2, settings.SHARD_LEASE_SECONDS / 3)
-        try:
-            while not self._stop.wait(interval):
-                if not slot_renew(slot_id=self.slot_id):
-                    self.lost.set()
-                    return
-        finally:
-            connection.close()  # this thread's own connection
-
-
 def slot_run(*, slot_id: int, owner: str, backend_factory: Callable[[str], InferenceBackend]) -> int:
     """Returns the number of shards this slot ran."""
     slot = slot_start(slot_id=slot_id, owner=owner)
     if slot is None:
         return 0
     model = slot.model
+    ran, triton_away = 0, False
     try:
-        with SlotKeeper(slot_id) as keeper:
-            ran = _run_shards(model=model, owner=owner, backend_factory=backend_factory, keeper=keeper)
+        # The slot's lease is as short as a shard's, renewed in the background while its shards run, so a
+        # dead worker's slot is freed as quickly as its shard is rescued.
+        with LeaseKeeper(partial(slot_renew, slot_id=slot_id), name=f"slot-{slot_id}-lease") as keeper:
+            ran, triton_away = _run_shards(model=model, owner=owner, backend_factory=backend_factory, keeper=keeper)
     finally:
         slot_finish(slot_id=slot_id)
-        slots_topup(model_name=model.name)
+        # With Triton away an immediate top-up would start the next slot only to fail the same way, in a
+        # tight loop; beat's top-up (SCHEDULER_TOPUP_INTERVAL_SECONDS) tries again soon enough.
+        if not triton_away:
+            slots_topup(model_name=model.name)
     return ran
 
 
 def _run_shards(
-    *, model: CatalogueModel, owner: str, backend_factory: Callable[[str], InferenceBackend], keeper: SlotKeeper
-) -> int:
+    *, model: CatalogueModel, owner: str, backend_factory: Callable[[str], InferenceBackend], keeper: LeaseKeeper
+) -> tuple[int, bool]:
+    """Returns the shards run, and whether the slot ended because Triton was away."""
     ran = 0
     deadline = time.monotonic() + settings.SCHEDULER_SLOT_BUDGET_SECONDS
     while time.monotonic() < deadline and not keeper.lost.is_set():
@@ -77,8 +55,8 @@ def _run_shards(
         except TransientTritonError as exc:
             # Nowhere to run it (no ready placement, server down): shards stay pending, unclaimed;
             # the next top-up (placement change, beat) gives the model a slot again.
-            logger.info("slot %s: model %s has nowhere to run: %s", keeper.slot_id, model.name, exc)
-            break
+            logger.info("%s: model %s has nowhere to run: %s", keeper.name, model.name, exc)
+            return ran, True
         shard = shard_claim_next(model=model, owner=owner)
         if shard is None:
             break
@@ -87,5 +65,5 @@ def _run_shards(
         if outcome == "succeeded":
             shard_settle(shard_id=shard.id)
         if outcome == "deferred":
-            break
-    return ran
+            return ran, True  # Triton is away: the slot ends rather than claim shards it cannot run
+    return ran, False

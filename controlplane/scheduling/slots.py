@@ -64,7 +64,7 @@ def _topup_one(model_id: int) -> tuple[str, int]:
 
 def _running_lease() -> timedelta:
     # The same lease as a shard's: a killed worker's slot stops counting as soon as its shard is rescued.
-    # The slot runner renews it in the background while a shard runs (runner.SlotKeeper).
+    # The slot runner renews it in the background while a shard runs (runner.slot_run, batches.shards.LeaseKeeper).
     return timedelta(seconds=settings.SHARD_LEASE_SECONDS)
 
 

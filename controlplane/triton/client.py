@@ -67,6 +67,20 @@ _TRANSIENT_MESSAGES = (
     # The python backend restarts a crashed stub; the requests caught in the crash can be retried.
     "is not healthy",
 )
+# INTERNAL is what Triton reports both for its own failures and for an exception raised by a model's
+# code; these markers are the server's (or the stub's) side, worth retrying elsewhere or later.
+_INTERNAL_TRANSIENT_MESSAGES = (
+    "out of memory",  # CUDA / ORT / TensorRT allocation failures
+    "failed to allocate",
+    "cuda error",
+    "unavailable",
+    "stub process",  # python backend: "Stub process '<m>' is not healthy", "... exited unexpectedly"
+    "stub has exited",
+    "failed to initialize stub",
+    "shared memory",  # the python backend's shm pool ran out ("failed to increase the shared memory pool")
+    "shutting down",
+    "is not ready",
+)
 _HTTP_TRANSIENT = frozenset({"408", "429", "502", "503", "504"})
 
 
@@ -79,7 +93,35 @@ def _status_name(exc: InferenceServerException) -> str | None:
 
 
 def classify(exc: BaseException) -> TritonError:
-    """Map any exception raised while talking to Triton onto TransientTritonError / PermanentTritonError."""
+    """Map any exception raised while talking to Triton onto TransientTritonError / PermanentTritonError.
+
+    Transient errors are infrastructure (retried, then the shard is released without spending an
+    attempt); permanent ones are pinned to the line that caused them (a 400 line for the tenant).
+
+    ==========================================  ==============================================  ==========
+    status (gRPC name, or HTTP code)            message (lower-cased, substring)                 class
+    ==========================================  ==============================================  ==========
+    NOT_FOUND, or any                           "unknown model"                                  ModelNotLoaded (transient)
+    UNAVAILABLE, DEADLINE_EXCEEDED,             any                                              transient
+    RESOURCE_EXHAUSTED, ABORTED; 408 429 5xx*
+    INTERNAL (or HTTP 500)                      "out of memory", "failed to allocate", "cuda      transient
+                                                error", "unavailable", "stub process", "stub has
+                                                exited", "failed to initialize stub", "shared
+                                                memory", "shutting down", "is not ready"
+    INTERNAL (or HTTP 500)                      anything else: the model's own exception on       permanent
+                                                this request ("Failed to process the request(s)
+                                                for model ..., message: ValueError: ...")
+    any other status or none                    "connection refused/reset", "failed to connect",  transient
+                                                "socket closed", "broken pipe", "deadline
+                                                exceeded", "exceeds maximum queue size",
+                                                "server (is) not ready", "is not healthy"
+    INVALID_ARGUMENT, UNIMPLEMENTED, ...         anything else                                    permanent
+    ConnectionError / TimeoutError (client)     -                                                transient
+    any other exception                         -                                                permanent
+    ==========================================  ==============================================  ==========
+
+    (*) 502, 503, 504.
+    """
     if isinstance(exc, TritonError):
         return exc
     if isinstance(exc, InferenceServerException):
@@ -92,6 +134,8 @@ def classify(exc: BaseException) -> TritonError:
         if status in _TRANSIENT_STATUSES or status in _HTTP_TRANSIENT:
             return TransientTritonError(message, status=status)
         if any(marker in lowered for marker in _TRANSIENT_MESSAGES):
+            return TransientTritonError(message, status=status)
+        if status in ("INTERNAL", "500") and any(marker in lowered for marker in _INTERNAL_TRANSIENT_MESSAGES):
             return TransientTritonError(message, status=status)
         return PermanentTritonError(message, status=status)
     if isinstance(exc, (ConnectionError, TimeoutError)):

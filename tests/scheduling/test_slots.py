@@ -149,3 +149,19 @@ def test_unavailable_backend_defers_in_the_database(broker, settings):
     assert shard.status == ShardStatus.PENDING and shard.not_before is not None
     assert shard.not_before > timezone.now()  # waits in the row, not in a Celery countdown
     assert not Slot.objects.filter(state=SlotState.QUEUED).exists()  # nothing runnable: nothing queued
+
+
+def test_a_shard_that_crashes_dies_alone(broker, settings):
+    settings.SHARD_MAX_ATTEMPTS = 1
+    batch = runnable_batch(new_tenant("t"), 4)  # two shards
+
+    def crash_first_call(calls: int) -> None:
+        if calls == 1:
+            raise RuntimeError("unexpected output")
+
+    broker.drain(FakeBackend(on_call=crash_first_call))
+    statuses = sorted(Shard.objects.filter(batch=batch).values_list("status", flat=True))
+    assert statuses == [ShardStatus.DEAD, ShardStatus.SUCCEEDED]
+    batch = Batch.objects.get(id=batch.id)
+    assert batch.status == BatchStatus.COMPLETED
+    assert (batch.completed_lines, batch.failed_lines) == (2, 2)

@@ -23,6 +23,14 @@ from controlplane.triton.client import (
         ("StatusCode.DEADLINE_EXCEEDED", "Deadline Exceeded"),
         ("StatusCode.RESOURCE_EXHAUSTED", "queue is full"),
         ("StatusCode.INTERNAL", "Stub process 'minilm_0_0' is not healthy."),
+        # INTERNAL from the server's side (memory, a crashed or restarting stub, shutdown): infrastructure.
+        ("StatusCode.INTERNAL", "onnx runtime error 6: CUDA failure 2: out of memory"),
+        ("StatusCode.INTERNAL", "Failed to allocate memory for requested buffer of size 1048576"),
+        ("StatusCode.INTERNAL", "Failed to process the request(s) for model 'minilm', message: Stub process exited"),
+        ("StatusCode.INTERNAL", "Failed to increase the shared memory pool size for key 'triton_python_backend_shm'"),
+        ("StatusCode.INTERNAL", "Server is shutting down"),
+        ("StatusCode.INTERNAL", "model 'minilm' is unavailable"),
+        ("500", "CUDA error: an illegal memory access was encountered"),
         (None, "Connection reset by peer"),
         ("503", "Server not ready"),
     ],
@@ -39,6 +47,12 @@ def test_transient(status: str | None, message: str) -> None:
         ("StatusCode.INVALID_ARGUMENT", "inference input 'INPUT0' data-type is 'FP64', but model expects 'FP32'"),
         ("StatusCode.INVALID_ARGUMENT", "unexpected inference input 'NOPE' for model 'identity'"),
         ("StatusCode.INTERNAL", "failed to load 'nope', failed to poll from model repository"),
+        # The model's own exception on one request: that request's error, not the server's.
+        (
+            "StatusCode.INTERNAL",
+            "Failed to process the request(s) for model 'minilm_0_0', message: ValueError: bad token id",
+        ),
+        ("StatusCode.INTERNAL", "ZeroDivisionError: division by zero"),
         ("StatusCode.UNKNOWN", "something nobody anticipated"),
         (None, "got unexpected datatype float64 from numpy array"),
         ("400", "bad request"),
