@@ -1,12 +1,59 @@
-"""Streaming over JSONL with byte offsets, so shards can later seek straight to their range."""
+"""Streaming over JSONL with byte offsets, so shards can later seek straight to their range, and
+decoding one line's JSON so that no input can crash the reader."""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Any
+
+from controlplane.core.jsontext import MAX_JSON_DEPTH, bad_text, json_error_text, reject_constant, too_deep
 
 _SKIP_CHUNK = 1024 * 1024
+# An escaped UTF-16 surrogate (\ud800-\udfff): only then can a decoded string hold a lone one.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+class LineIssue(Exception):
+    """A line that cannot be run, with the OpenAI-style error code and the field to fix."""
+
+    def __init__(self, code: str, message: str, param: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+
+
+def load_json_line(raw: bytes) -> Any:
+    """``json.loads`` that turns every way a line can be hostile into a LineIssue: invalid UTF-8 or JSON,
+    NaN/Infinity, integers past Python's digit limit, nesting past MAX_JSON_DEPTH, lone surrogates
+    (they cannot be encoded again, so they would fail the line later, in the worker). A UTF-8 BOM is
+    accepted on any line, so is a CRLF line end."""
+    if too_deep(raw):
+        raise LineIssue("invalid_json", f"Line is nested more than {MAX_JSON_DEPTH} levels deep.")
+    try:
+        # Strict UTF-8 (json.loads would let encoded surrogates through); a leading BOM is dropped.
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise LineIssue("invalid_json", f"Line is not valid UTF-8: {exc.reason} at byte {exc.start}.") from exc
+    try:
+        obj = json.loads(text, parse_constant=reject_constant)
+    except RecursionError as exc:  # unreachable under the depth check; kept so no input can crash the caller
+        raise LineIssue("invalid_json", "Line is nested too deeply.") from exc
+    except ValueError as exc:  # JSONDecodeError, NaN/Infinity, an integer with too many digits
+        raise LineIssue("invalid_json", f"Line is not valid JSON: {json_error_text(exc)}.") from exc
+    # NUL is allowed in a line's text (only a model name could not be looked up, see ModelResolver).
+    found = bad_text(obj, reject_nul=False) if _SURROGATE_ESCAPE.search(raw) else None
+    if found is not None:
+        where = found[0]
+        raise LineIssue(
+            "invalid_unicode",
+            f"{where or 'The line'} holds a lone UTF-16 surrogate (\\ud800-\\udfff); text must be valid Unicode.",
+            where[:200] or None,
+        )
+    return obj
 
 
 @dataclass(frozen=True)

@@ -3,15 +3,18 @@ and dispatch (one shard), so both agree on what a line means."""
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from controlplane.batches.lines import LineIssue, load_json_line
 from controlplane.batches.models import Endpoint
+from controlplane.core.errors import quote
 from controlplane.fleet.models import CatalogueModel, ModelKind
+
+__all__ = ["LineIssue", "ModelResolver", "ParsedLine", "parse_line", "work_units"]
 
 # OpenAI's own limit on inputs per embeddings request.
 MAX_EMBEDDING_INPUTS = 2048
@@ -31,16 +34,6 @@ KSERVE_DTYPES: dict[str, Any] = {
     "FP64": np.float64,
     "BYTES": np.object_,
 }
-
-
-class LineIssue(Exception):
-    """A line that cannot be run, with the OpenAI-style error code and the field to fix."""
-
-    def __init__(self, code: str, message: str, param: str | None = None):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.param = param
 
 
 @dataclass(frozen=True)
@@ -98,15 +91,14 @@ class ModelResolver:
 
     def get(self, name: str) -> CatalogueModel | None:
         if name not in self._cache:
-            self._cache[name] = CatalogueModel.objects.filter(name=name, is_enabled=True).first()
+            # Postgres cannot hold a NUL in text, so no model has one (and the query itself would fail).
+            found = None if "\x00" in name else CatalogueModel.objects.filter(name=name, is_enabled=True).first()
+            self._cache[name] = found
         return self._cache[name]
 
 
 def parse_line(raw: bytes, *, endpoint: str, resolver: ModelResolver) -> ParsedLine:
-    try:
-        obj = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise LineIssue("invalid_json", f"Line is not valid JSON: {exc}.") from exc
+    obj = load_json_line(raw)
     if not isinstance(obj, dict):
         raise LineIssue("invalid_request", "Each line must be a JSON object.")
     custom_id = obj.get("custom_id")
@@ -115,11 +107,11 @@ def parse_line(raw: bytes, *, endpoint: str, resolver: ModelResolver) -> ParsedL
     if len(custom_id) > 512:
         raise LineIssue("invalid_custom_id", "custom_id must be at most 512 characters.", "custom_id")
     if obj.get("method") != "POST":
-        raise LineIssue("invalid_method", f"method must be 'POST', got {obj.get('method')!r}.", "method")
+        raise LineIssue("invalid_method", f"method must be 'POST', got {quote(obj.get('method'))}.", "method")
     if obj.get("url") != endpoint:
         raise LineIssue(
             "mismatched_url",
-            f"url must be the batch's endpoint {endpoint!r}, got {obj.get('url')!r}.",
+            f"url must be the batch's endpoint {endpoint!r}, got {quote(obj.get('url'))}.",
             "url",
         )
     body = obj.get("body")
@@ -130,7 +122,7 @@ def parse_line(raw: bytes, *, endpoint: str, resolver: ModelResolver) -> ParsedL
         raise LineIssue("missing_model", "body.model must name a model.", "body.model")
     model = resolver.get(model_name)
     if model is None:
-        raise LineIssue("model_not_found", f"The model {model_name!r} does not exist.", "body.model")
+        raise LineIssue("model_not_found", f"The model {quote(model_name)} does not exist.", "body.model")
     expected_kind = ModelKind.EMBEDDINGS if endpoint == Endpoint.EMBEDDINGS else ModelKind.TENSOR
     if model.kind != expected_kind:
         raise LineIssue(
@@ -200,11 +192,11 @@ def _parse_tensor(body: dict[str, Any], model: CatalogueModel) -> TensorRequest:
         if not isinstance(name, str) or name not in specs:  # a list or object as name is unhashable
             raise LineIssue(
                 "invalid_input_name",
-                f"{param}.name {name!r} is not an input of {model.name!r}; inputs are {sorted(specs)}.",
+                f"{param}.name {quote(name)} is not an input of {model.name!r}; inputs are {sorted(specs)}.",
                 f"{param}.name",
             )
         if name in seen:
-            raise LineIssue("invalid_input_name", f"Input {name!r} is given twice.", f"{param}.name")
+            raise LineIssue("invalid_input_name", f"Input {quote(name)} is given twice.", f"{param}.name")
         seen[name] = _parse_tensor_input(item, specs[name], param, model.max_batch_size)
     missing = sorted(set(specs) - set(seen))
     if missing:
@@ -236,7 +228,7 @@ def _parse_tensor_input(item: dict[str, Any], spec: dict[str, Any], param: str, 
     if datatype != spec["datatype"]:
         raise LineIssue(
             "invalid_datatype",
-            f"{param}.datatype must be {spec['datatype']!r}, got {datatype!r}.",
+            f"{param}.datatype must be {spec['datatype']!r}, got {quote(datatype)}.",
             f"{param}.datatype",
         )
     shape = item.get("shape")
@@ -248,24 +240,71 @@ def _parse_tensor_input(item: dict[str, Any], spec: dict[str, Any], param: str, 
     ):
         raise LineIssue(
             "invalid_shape",
-            f"{param}.shape must be [rows] + {dims} (rows first, -1 means any), got {shape!r}.",
+            f"{param}.shape must be [rows] + {dims} (rows first, -1 means any), got {quote(shape)}.",
             f"{param}.shape",
         )
     if not 1 <= shape[0] <= max_batch_size:
         raise LineIssue("invalid_shape", f"{param}.shape[0] (rows) must be 1..{max_batch_size}.", f"{param}.shape")
     for got, want in zip(shape[1:], dims, strict=True):
         if want != -1 and got != want:
-            raise LineIssue("invalid_shape", f"{param}.shape must be [rows] + {dims}, got {shape}.", f"{param}.shape")
-    try:
-        array = np.asarray(item.get("data"), dtype=KSERVE_DTYPES[datatype])
-    except (TypeError, ValueError) as exc:
-        raise LineIssue(
-            "invalid_data", f"{param}.data does not hold {datatype} values: {exc}.", f"{param}.data"
-        ) from exc
+            raise LineIssue(
+                "invalid_shape", f"{param}.shape must be [rows] + {dims}, got {quote(shape)}.", f"{param}.shape"
+            )
+    array = _tensor_array(item.get("data"), datatype, f"{param}.data")
     if array.size != math.prod(shape):
         raise LineIssue(
             "invalid_data",
-            f"{param}.data has {array.size} values but shape {shape} needs {math.prod(shape)}.",
+            f"{param}.data has {array.size} values but shape {quote(shape)} needs {math.prod(shape)}.",
             f"{param}.data",
         )
     return TensorInput(name=item["name"], datatype=datatype, shape=tuple(shape), array=array.reshape(shape))
+
+
+def _tensor_array(data: Any, datatype: str, param: str) -> np.ndarray:
+    """The values of one input as an array of its KServe type, every value checked to fit: numpy would
+    otherwise wrap 1000 into an INT8, truncate 1.5, turn 1e39 into an FP32 inf or "1" into 1.0."""
+    if not isinstance(data, list):
+        raise LineIssue("invalid_data", f"{param} must be a list of {datatype} values, got {quote(data)}.", param)
+    try:
+        # Numbers are inferred first (bool, int64/uint64, float64; str or object means a wrong value).
+        array = np.asarray(data, dtype=np.object_) if datatype == "BYTES" else np.asarray(data)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise LineIssue("invalid_data", f"{param} does not hold {datatype} values: {str(exc)[:200]}.", param) from exc
+    if datatype == "BYTES":
+        bad = next((v for v in array.flat if not isinstance(v, str)), None)
+        if bad is not None:
+            raise LineIssue("invalid_data", f"{param} must hold strings for BYTES, got {quote(bad)}.", param)
+        return array
+    if array.dtype.kind not in "biuf":
+        raise LineIssue("invalid_data", f"{param} must hold only numbers (within range) for {datatype}.", param)
+    target = np.dtype(KSERVE_DTYPES[datatype])
+    if array.size:
+        bad_value, want = _first_out_of_range(array, target)
+        if bad_value is not None:
+            raise LineIssue(
+                "invalid_data", f"{param} value {quote(bad_value)} is out of range: {datatype} takes {want}.", param
+            )
+    return array.astype(target)
+
+
+def _first_out_of_range(array: np.ndarray, target: np.dtype[Any]) -> tuple[Any, str]:
+    """A value of ``array`` that ``target`` cannot hold exactly (None if all fit), and what it takes."""
+    if target.kind == "b":
+        valid = np.isin(array, (0, 1))
+        want = "true/false (or 0/1)"
+    elif target.kind in "iu":
+        info = np.iinfo(target)
+        want = f"integers in {info.min}..{info.max}"
+        if array.dtype.kind != "f":
+            # Exact integers: compare as Python ints (as floats, 2**63 - 1 would round up and pass).
+            low, high = int(array.min()), int(array.max())
+            return (low if low < info.min else high if high > info.max else None), want
+        # Floats: a whole number in range is accepted; the bound is a power of two, exact as a float.
+        valid = (array >= info.min) & (array < float(info.max) + 1) & (np.floor(array) == array)
+    else:
+        limit = float(np.finfo(target).max)
+        valid = np.abs(array.astype(np.float64)) <= limit  # False for NaN and inf (from 1e400) too
+        want = f"finite numbers within ±{limit:.4g}"
+    if valid.all():
+        return None, want
+    return array.flat[int(np.argmin(valid))].item(), want

@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import Q, Sum
 from django.utils import timezone
 
@@ -26,6 +26,7 @@ from controlplane.batches.validation import validate_input
 from controlplane.batches.windows import parse_completion_window
 from controlplane.core import dispatch
 from controlplane.core.errors import Conflict, ValidationFailed
+from controlplane.core.jsontext import bad_text
 from controlplane.files.models import File
 from controlplane.files.selectors import file_get
 from controlplane.files.storage import blob_open
@@ -46,11 +47,17 @@ def _validate_metadata(metadata: Any) -> dict[str, str] | None:
     if not isinstance(metadata, dict) or len(metadata) > 16:
         raise ValidationFailed("metadata must be an object with at most 16 pairs.", param="metadata")
     for key, value in metadata.items():
-        if not isinstance(value, str) or len(key) > 64 or len(value) > 512:
+        if not isinstance(key, str) or not isinstance(value, str) or len(key) > 64 or len(value) > 512:
             raise ValidationFailed(
                 "metadata keys must be at most 64 characters and values strings of at most 512.",
                 param="metadata",
             )
+    # Postgres's jsonb refuses NUL and a lone surrogate cannot be encoded (the API's parser already
+    # refuses both; this guards other callers).
+    if bad_text(metadata, reject_nul=True) is not None:
+        raise ValidationFailed(
+            "metadata keys and values must be valid Unicode text without NUL characters.", param="metadata"
+        )
     return metadata
 
 
@@ -95,10 +102,39 @@ def batch_create(
 
 def batch_validate(*, batch_id: str) -> None:
     """Stream the input once; either every shard is created and the batch is in_progress, or the
-    batch is failed with line-numbered errors. Nothing in between is ever visible."""
+    batch is failed with line-numbered errors. Nothing in between is ever visible.
+
+    No input leaves the batch in ``validating``: a bad line is a line error, and any other failure (a
+    bug, an unreadable blob) is logged and fails the batch with a ``validation_error`` entry. Only a
+    lost database connection is raised again: then nothing can be written, and the batch is left in
+    ``validating`` for the rescuer's deadline on that state to pick up."""
     batch = Batch.objects.select_related("tenant").get(id=batch_id)
     if batch.status != BatchStatus.VALIDATING:
         return  # a redelivered task after the batch moved on, or cancelled while queued
+    try:
+        _batch_validate_input(batch)
+    except (OperationalError, InterfaceError):
+        raise
+    except Exception as exc:
+        logger.exception("batch=%s validation failed unexpectedly", batch.id)
+        # The conditional update in _batch_fail leaves a batch that already moved on untouched.
+        _batch_fail(
+            batch,
+            [
+                {
+                    "code": "validation_error",
+                    "param": None,
+                    "line": None,
+                    "message": (
+                        f"Validation stopped on an internal error ({type(exc).__name__}); no request was run. "
+                        f"Create the batch again; if this repeats, report batch {batch.id}."
+                    ),
+                }
+            ],
+        )
+
+
+def _batch_validate_input(batch: Batch) -> None:
     input_file = File.objects.filter(id=batch.input_file_id, tenant_id=batch.tenant_id).first()
     if input_file is None:
         _batch_fail(

@@ -8,6 +8,7 @@ from typing import IO, Any
 
 from controlplane.batches.lines import iter_lines
 from controlplane.batches.requests import LineIssue, ModelResolver, parse_line, work_units
+from controlplane.core.errors import quote, storable_text
 
 # The batch's errors list stays readable: the first problems name their lines, a count says the rest.
 MAX_REPORTED_ERRORS = 100
@@ -40,7 +41,9 @@ class ValidationResult:
     def add_error(self, code: str, message: str, *, line: int | None, param: str | None = None) -> None:
         self.error_count += 1
         if len(self.errors) < MAX_REPORTED_ERRORS:
-            self.errors.append({"code": code, "message": message, "param": param, "line": line})
+            # Messages quote user values (cut to 200 characters); the guard keeps what is saved storable.
+            param = None if param is None else storable_text(param, limit=200)
+            self.errors.append({"code": code, "message": storable_text(message), "param": param, "line": line})
 
 
 def validate_input(
@@ -96,7 +99,7 @@ def validate_input(
         if digest in seen_ids:
             result.add_error(
                 "duplicate_custom_id",
-                f"custom_id {parsed.custom_id!r} is also used on line {seen_ids[digest]}; ids must be unique.",
+                f"custom_id {quote(parsed.custom_id)} is also used on line {seen_ids[digest]}; ids must be unique.",
                 line=line.number,
                 param="custom_id",
             )
@@ -110,8 +113,8 @@ def validate_input(
         elif parsed.model_name != result.model:
             result.add_error(
                 "mixed_models",
-                f"All requests in a batch must use one model; this line uses {parsed.model_name!r}, "
-                f"earlier lines use {result.model!r}.",
+                f"All requests in a batch must use one model; this line uses {quote(parsed.model_name)}, "
+                f"earlier lines use {quote(result.model)}.",
                 line=line.number,
                 param="body.model",
             )

@@ -51,6 +51,30 @@ class PayloadTooLarge(DomainError):
     code = "file_too_large"
 
 
+# How much of a user's value an error message quotes: enough to recognise it, never a 100 MiB `errors`.
+QUOTE_LIMIT = 200
+
+
+def quote(value: Any, limit: int = QUOTE_LIMIT) -> str:
+    """``repr`` of a user value for an error message, cut to ``limit`` characters. The result is plain
+    printable text (repr escapes NUL bytes and lone surrogates), so it can be stored in Postgres."""
+    if isinstance(value, str) and len(value) > limit:
+        value = value[:limit]  # cut before repr: a huge string is never copied whole
+    try:
+        text = repr(value)
+    except RecursionError:  # a value nested deeper than repr can follow
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def storable_text(text: str, limit: int = 2000) -> str:
+    """Text that Postgres accepts in text and jsonb columns (no NUL, valid UTF-8), at most ``limit``
+    characters: the last guard before a message built from user input is saved."""
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+
+
 def ratelimit_headers(*, name: str, limit: int, remaining: int, reset_seconds: float) -> dict[str, str]:
     """OpenAI's headers for one limit: ``name`` is ``requests`` for the request rate, otherwise the quota
     (``enqueued-lines``); reset is written like OpenAI's ``12s``."""
