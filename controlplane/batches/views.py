@@ -10,6 +10,7 @@ from controlplane.batches import selectors, services
 from controlplane.batches.models import Batch
 from controlplane.batches.serializers import batch_render
 from controlplane.core.errors import ValidationFailed
+from controlplane.core.idempotency import idempotency_key, idempotent, json_fingerprint
 from controlplane.core.pagination import cursor_page, parse_limit
 from controlplane.scheduling.selectors import batches_queue_info
 from controlplane.tenants.auth import request_tenant
@@ -36,16 +37,23 @@ class BatchListCreateView(APIView):
         for required in ("input_file_id", "endpoint", "completion_window"):
             if required not in data:
                 raise ValidationFailed(f"Missing required parameter: {required!r}.", param=required)
-        batch = services.batch_create(
-            tenant=request_tenant(request),
-            input_file_id=data["input_file_id"],
-            endpoint=data["endpoint"],
-            completion_window=data["completion_window"],
-            metadata=data.get("metadata"),
-            # An extra body field (the openai SDK sends it with extra_body={"priority": "high"}).
-            priority=data.get("priority"),
-        )
-        return Response(batch_render(batch))
+        tenant = request_tenant(request)
+        key = idempotency_key(request)
+
+        def respond() -> Response:
+            batch = services.batch_create(
+                tenant=tenant,
+                input_file_id=data["input_file_id"],
+                endpoint=data["endpoint"],
+                completion_window=data["completion_window"],
+                metadata=data.get("metadata"),
+                # An extra body field (the openai SDK sends it with extra_body={"priority": "high"}).
+                priority=data.get("priority"),
+            )
+            return Response(batch_render(batch))
+
+        fingerprint = json_fingerprint(request, data) if key is not None else ""
+        return idempotent(tenant_id=tenant.id, key=key, fingerprint=fingerprint, respond=respond)
 
 
 class BatchDetailView(APIView):

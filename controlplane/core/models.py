@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 
 from django.db import models
+from django.utils import timezone
 
 
 def new_public_id(prefix: str) -> str:
@@ -18,3 +19,25 @@ class TimestampedModel(models.Model):
 
     class Meta:
         abstract = True
+
+
+class IdempotencyRecord(models.Model):
+    """The stored answer to one ``Idempotency-Key`` of a tenant (controlplane/core/idempotency.py).
+
+    The tenant is named by string, not imported: core stays the lowest app in Python, only its migration
+    depends on tenants. A row exists only committed together with the object its request created."""
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255)
+    # sha256 of method, path and body: the same key with another request is a 409, not a replay.
+    request_hash = models.CharField(max_length=64)
+    response_status = models.PositiveSmallIntegerField(null=True)
+    response_body = models.JSONField(null=True)
+    # A plain default (not auto_now_add): tests and the pruner compare it with a clock they choose.
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "key"], name="idempotency_unique_tenant_key")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}:{self.key}"

@@ -13,11 +13,12 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.core.errors import PayloadTooLarge, ValidationFailed
+from controlplane.core.idempotency import idempotency_key, idempotent, request_fingerprint
 from controlplane.core.pagination import cursor_page, parse_limit
 from controlplane.files import selectors, services
 from controlplane.files.serializers import file_render
 from controlplane.files.storage import blob_open
-from controlplane.files.uploads import SizeLimitUploadHandler
+from controlplane.files.uploads import ContentHashUploadHandler, SizeLimitUploadHandler
 from controlplane.tenants.auth import request_tenant
 
 
@@ -43,11 +44,16 @@ class FileListCreateView(APIView):
         declared = int(request.META.get("CONTENT_LENGTH") or 0)
         if declared > limit + 64 * 1024:
             raise _too_large()
+        key = idempotency_key(request)
         guard = SizeLimitUploadHandler(request._request, max_bytes=limit)
         handlers = request._request.upload_handlers
         # A list until the body is parsed (then Django freezes it); request.FILES below is the first read.
         assert isinstance(handlers, list)
         handlers.insert(0, guard)
+        # With a key, the content is hashed as it streams in, for the fingerprint below.
+        hasher = ContentHashUploadHandler(request._request) if key is not None else None
+        if hasher is not None:
+            handlers.insert(1, hasher)
         upload = request.FILES.get("file")
         if guard.exceeded:
             raise _too_large()
@@ -56,14 +62,19 @@ class FileListCreateView(APIView):
             raise ValidationFailed("Attach the JSONL file as multipart field 'file'.", param="file")
         if purpose != "batch":
             raise ValidationFailed(f"purpose must be 'batch', got {purpose!r}.", param="purpose")
-        file = services.file_create(
-            tenant=request_tenant(request),
-            content=upload,
-            filename=upload.name or "upload.jsonl",
-            purpose=purpose,
-            size=upload.size,
-        )
-        return Response(file_render(file), status=200)
+        tenant = request_tenant(request)
+        filename = upload.name or "upload.jsonl"
+
+        def respond() -> Response:
+            file = services.file_create(
+                tenant=tenant, content=upload, filename=filename, purpose=purpose, size=upload.size
+            )
+            return Response(file_render(file), status=200)
+
+        fingerprint = ""
+        if hasher is not None:
+            fingerprint = request_fingerprint("POST", request.path, purpose, filename, hasher.hexdigest("file"))
+        return idempotent(tenant_id=tenant.id, key=key, fingerprint=fingerprint, respond=respond)
 
 
 class FileDetailView(APIView):
