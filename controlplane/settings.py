@@ -12,14 +12,25 @@ from pathlib import Path
 
 import dj_database_url
 
-from controlplane.core.env import env_bool, env_choice, env_float, env_int, env_list, env_str
+from controlplane.core.env import (
+    SECRET_KEY_FILENAME,
+    env_bool,
+    env_choice,
+    env_float,
+    env_int,
+    env_list,
+    env_pair,
+    env_secret_key,
+    env_str,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("CONTROLPLANE_VAR_DIR", str(BASE_DIR / "var")))
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
-# The embedded default key only protects local runs; production must set DJANGO_SECRET_KEY.
-SECRET_KEY = env_str("DJANGO_SECRET_KEY", "embedded-default-not-for-production")
+# DJANGO_SECRET_KEY, else the local runner's generated var/secret_key; the public embedded key only with
+# DEBUG. Anything else stops every process at start-up (core/env.py, env_secret_key, says why).
+SECRET_KEY = env_secret_key("DJANGO_SECRET_KEY", key_file=VAR_DIR / SECRET_KEY_FILENAME, debug=DEBUG)
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
 
 INSTALLED_APPS = [
@@ -40,6 +51,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "controlplane.core.middleware.RejectNulMiddleware",  # ?after=%00 is a 400, not a Postgres error
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -47,7 +59,25 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     # x-ratelimit-*-requests headers on every API response, like OpenAI's (tenants/auth.py counts).
     "controlplane.tenants.middleware.RateLimitHeadersMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
+
+# --- HTTP security (README, "Production settings"; `manage.py check --deploy` passes with those) ---------
+# Off by default because the embedded default serves plain http on 127.0.0.1; production terminates TLS
+# (usually at a proxy that sets X-Forwarded-Proto) and turns these on.
+X_FRAME_OPTIONS = "DENY"  # the admin is never framed (clickjacking)
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", False)
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+# Liveness probes reach the pod directly over http, without the proxy's X-Forwarded-Proto.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+# e.g. "HTTP_X_FORWARDED_PROTO,https": only behind a proxy that always sets (overwrites) that header.
+SECURE_PROXY_SSL_HEADER = env_pair("SECURE_PROXY_SSL_HEADER")
+# The admin's POSTs behind a TLS proxy on another origin, e.g. "https://batch.example.com".
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
 ROOT_URLCONF = "controlplane.urls"
 WSGI_APPLICATION = "controlplane.wsgi.application"
@@ -113,7 +143,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["controlplane.tenants.auth.IsTenant"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": [
-        "rest_framework.parsers.JSONParser",
+        "controlplane.core.parsers.LimitedJSONParser",  # API_MAX_JSON_BYTES, no 500 on hostile JSON
         "rest_framework.parsers.MultiPartParser",
         "rest_framework.parsers.FormParser",
     ],
@@ -124,16 +154,28 @@ REST_FRAMEWORK = {
 # --- Product limits -------------------------------------------------------------------------------
 FILE_MAX_BYTES = env_int("FILE_MAX_BYTES", 1024**3, minimum=1)  # 1 GiB, as OpenAI's batch limit
 BATCH_MAX_LINE_BYTES = env_int("BATCH_MAX_LINE_BYTES", 1024 * 1024, minimum=1)
+API_MAX_JSON_BYTES = env_int("API_MAX_JSON_BYTES", 1024 * 1024, minimum=1)  # JSON request bodies (413 above)
 BATCH_MAX_LINES = env_int("BATCH_MAX_LINES", 5_000_000, minimum=1)
+# Idempotency-Key on POST /v1/files and /v1/batches (controlplane/core/idempotency.py): how long a key
+# holds its answer (OpenAI and Stripe keep 24 h), and how long a same-key request waits for one in flight
+# before a retryable 409.
+IDEMPOTENCY_KEY_TTL_SECONDS = env_int("IDEMPOTENCY_KEY_TTL_SECONDS", 24 * 3600, minimum=1)
+IDEMPOTENCY_WAIT_SECONDS = env_float("IDEMPOTENCY_WAIT_SECONDS", 10.0)
+IDEMPOTENCY_PRUNE_INTERVAL_SECONDS = env_int("IDEMPOTENCY_PRUNE_INTERVAL_SECONDS", 3600, minimum=1)
 # Upper bound on lines per shard; shards are sized by time (SCHEDULER_SHARD_SECONDS) below it. Cheap rows
 # (the identity model: ~70 µs each) hit this bound first; measured with bench/fairness.py, 1,024 instead of
 # 2,048 brought a newcomer's slowdown behind a flood from 2.4× to 1.0× at the same flood throughput.
 SHARD_MAX_LINES = env_int("SHARD_MAX_LINES", 1024, minimum=1)
-# Lease long enough for a shard on a slow CPU, short enough that a killed worker's shard is retried
-# quickly; a running shard renews it after every Triton call.
-SHARD_LEASE_SECONDS = env_int("SHARD_LEASE_SECONDS", 60, minimum=1)
+# A running shard's lease is renewed every second by a keeper thread for the whole run (reading, model
+# load, calls, writing the part), so its length does not depend on how long a shard takes: it only has to
+# outlast a few missed renewals (a GC pause, a slow database). 10 s plus a rescue every 2 s runs a killed
+# worker's shards again within ~12-15 s (it was 60 s + 10 s: three SIGKILLs cost a batch 60 s).
+SHARD_LEASE_SECONDS = env_int("SHARD_LEASE_SECONDS", 10, minimum=1)
+# Runs of a shard that failed because of its own content before it becomes a dead letter; infrastructure
+# faults (Triton down, no capacity, a lost worker) never count (Shard.content_failures).
 SHARD_MAX_ATTEMPTS = env_int("SHARD_MAX_ATTEMPTS", 5, minimum=1)
-RESCUE_INTERVAL_SECONDS = env_float("RESCUE_INTERVAL_SECONDS", 10.0)
+# The rescuer is one indexed query on (status, lease_expires_at): cheap enough to run every 2 s.
+RESCUE_INTERVAL_SECONDS = env_float("RESCUE_INTERVAL_SECONDS", 2.0)
 EXPIRY_INTERVAL_SECONDS = env_float("EXPIRY_INTERVAL_SECONDS", 30.0)
 # Several packed calls in flight keep Triton's dynamic batcher fed while one call's result travels back.
 DISPATCH_INFLIGHT_CALLS = env_int("DISPATCH_INFLIGHT_CALLS", 3, minimum=1)
@@ -242,6 +284,10 @@ CELERY_BEAT_SCHEDULE = {
     "fleet-reconcile": {
         "task": "fleet.reconcile",
         "schedule": timedelta(seconds=FLEET_RECONCILE_INTERVAL_SECONDS),
+    },
+    "prune-idempotency-keys": {
+        "task": "core.idempotency_records_prune",
+        "schedule": timedelta(seconds=IDEMPOTENCY_PRUNE_INTERVAL_SECONDS),
     },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")

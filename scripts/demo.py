@@ -4,6 +4,7 @@ local Triton), driven through the REST API with the official openai SDK."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import sys
 import time
@@ -24,7 +25,9 @@ def main() -> int:
     shutil.rmtree(var_dir, ignore_errors=True)
     # Embedded defaults only: no DATABASE_URL / broker URL, whatever the calling shell has set.
     env = {"DATABASE_URL": "", "CELERY_BROKER_URL": "filesystem://", "STORAGE_BACKEND": "local"}
-    stack = Stack(var_dir=var_dir, web_port=find_free_port(), env=env)
+    # Supervised like `make serve`: a crashed Triton, worker or beat is restarted and the restart logged.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    stack = Stack(var_dir=var_dir, web_port=find_free_port(), env=env, supervise=True)
     print(f"starting Triton, web, worker and beat (logs in {stack.log_dir}) ...", flush=True)
     started = time.monotonic()
     with stack:

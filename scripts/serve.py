@@ -1,8 +1,10 @@
 """`make serve`: Triton, web (127.0.0.1:8000), worker and beat in the foreground; Ctrl-C stops all.
-Uses DATABASE_URL / CELERY_BROKER_URL when set, the embedded defaults otherwise."""
+Uses DATABASE_URL / CELERY_BROKER_URL when set, the embedded defaults otherwise. A process that crashes is
+restarted with backoff and the restart is logged here (Stack(supervise=True))."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -16,8 +18,10 @@ from deploy.local.stack import Stack  # noqa: E402
 
 
 def main() -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     port = int(os.environ.get("PORT", "8000"))
-    stack = Stack(var_dir=Path(os.environ.get("CONTROLPLANE_VAR_DIR", REPO_ROOT / "var")), web_port=port)
+    var_dir = Path(os.environ.get("CONTROLPLANE_VAR_DIR", REPO_ROOT / "var"))
+    stack = Stack(var_dir=var_dir, web_port=port, supervise=True)
     stopping = False
 
     def stop(signum: int, _frame: object) -> None:
@@ -34,12 +38,9 @@ def main() -> int:
             f"logs in {stack.log_dir}. Ctrl-C stops everything.",
             flush=True,
         )
+        # manage.py finds the runner's signing key in the var dir (var/secret_key), so no variable is needed.
         print("create a tenant: .venv/bin/python manage.py tenant_create NAME", flush=True)
-        while not stopping:
-            for name, proc in list(stack.procs.items()):
-                if proc.poll() is not None:
-                    print(f"{name} exited with {proc.returncode}; stopping", flush=True)
-                    stopping = True
+        while not stopping:  # the stack's supervisor restarts what crashes
             time.sleep(0.5)
     return 0
 

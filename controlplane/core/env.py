@@ -7,6 +7,7 @@ an ImproperlyConfigured naming the variable, instead of surfacing later as odd b
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -65,4 +66,50 @@ def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     value = env_str(name, default)
     if value not in choices:
         raise ImproperlyConfigured(f"{name} must be one of {', '.join(choices)}; got {value!r}.")
+    return value
+
+
+def env_pair(name: str) -> tuple[str, str] | None:
+    """Two comma-separated values (e.g. SECURE_PROXY_SSL_HEADER=HTTP_X_FORWARDED_PROTO,https), or None."""
+    items = env_list(name, [])
+    if not items:
+        return None
+    if len(items) != 2:
+        raise ImproperlyConfigured(f"{name} must be two comma-separated values, got {os.environ.get(name)!r}")
+    return items[0], items[1]
+
+
+# The file the local runner (deploy/local/stack.py) writes its generated key to, inside the var dir.
+SECRET_KEY_FILENAME = "secret_key"
+# Public (it is in this file): good enough to sign a developer's DEBUG session, never anything else.
+EMBEDDED_SECRET_KEY = "embedded-default-not-for-production"
+
+
+def env_secret_key(name: str, *, key_file: Path, debug: bool) -> str:
+    """The signing key: the variable ``name``, else the local runner's generated ``key_file``, else (only with
+    DEBUG) the public embedded key. Anything else refuses to start.
+
+    Why a file and not "generate on first use" here: every process (gunicorn workers, Celery, beat,
+    ``manage.py``) must agree on one key, and a key invented by whichever process starts first in a
+    production container would differ per pod and be lost with it, silently. So only the local runner
+    creates the file (``make serve`` / ``make demo``, mode 0600, once per var dir) and hands it to its
+    children as ``name``; a ``manage.py`` run next to it (``manage.py tenant_create`` after ``make serve``)
+    reads the same file. Production sets ``name`` and has no such file, so a missing key is an error.
+    """
+    value = os.environ.get(name, "").strip()
+    if not value:
+        try:
+            value = key_file.read_text().strip()
+        except FileNotFoundError:
+            value = ""
+    if not value and debug:
+        return EMBEDDED_SECRET_KEY
+    if not value:
+        raise ImproperlyConfigured(
+            f"{name} is not set. Outside DEBUG the service refuses to run without a private key: set {name} to "
+            f"a long random value (python -c 'import secrets; print(secrets.token_urlsafe(50))'), or start the "
+            f"local runner (make serve), which generates one in {key_file}."
+        )
+    if value == EMBEDDED_SECRET_KEY and not debug:
+        raise ImproperlyConfigured(f"{name} is the public embedded default; set it to a private random value.")
     return value

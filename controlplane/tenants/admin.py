@@ -5,15 +5,19 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from controlplane.tenants.models import ApiKey, Tenant, TenantEvent
-from controlplane.tenants.services import tenant_set_paused
+from controlplane.tenants.services import api_key_revoke, tenant_set_paused
 
 
 class ApiKeyInline(admin.TabularInline):
     model = ApiKey
     extra = 0
-    fields = ("name", "prefix", "created_at", "last_used_at", "revoked_at")
-    readonly_fields = ("prefix", "created_at", "last_used_at")
+    fields = ("name", "prefix", "created_at", "last_used_at", "expires_at", "revoked_at")
+    # revoked_at is set only by the revoke action (api_key_revoke): never cleared by editing a field.
+    readonly_fields = ("prefix", "created_at", "last_used_at", "revoked_at")
     can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False  # keys come from the service, which shows the secret once (see ApiKeyAdmin)
 
 
 class TenantEventInline(admin.TabularInline):
@@ -95,12 +99,24 @@ class TenantAdmin(admin.ModelAdmin):
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
     # The hash is not a secret but is useless to an operator; the key itself is never stored.
-    list_display = ("prefix", "tenant", "name", "created_at", "last_used_at", "revoked_at")
-    list_filter = ("revoked_at",)
+    list_display = ("prefix", "tenant", "name", "created_at", "last_used_at", "expires_at", "revoked_at")
+    list_filter = ("revoked_at", "expires_at")
     search_fields = ("prefix", "tenant__name", "name")
-    fields = ("tenant", "name", "prefix", "created_at", "last_used_at", "revoked_at")
-    readonly_fields = ("tenant", "prefix", "created_at", "last_used_at")
+    fields = ("tenant", "name", "prefix", "created_at", "last_used_at", "expires_at", "revoked_at")
+    # revoked_at is read-only: a revoked key cannot be brought back by editing the field, only by the
+    # revoke action setting it (api_key_revoke, which also writes a TenantEvent).
+    readonly_fields = ("tenant", "prefix", "created_at", "last_used_at", "revoked_at")
+    actions = ["revoke"]
 
-    def has_add_permission(self, request: object) -> bool:
-        # Keys are created with `manage.py tenant_create` / the service, which shows the secret once.
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        # Keys are created with `manage.py tenant_create` / `api_key_create` (the service), which shows the
+        # secret once.
         return False
+
+    @admin.action(description="Revoke the selected keys (for good: they stop working at once)")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        actor = request.user.get_username()
+        revoked = [key.prefix for key in queryset.order_by("id") if api_key_revoke(key_id=key.id, actor=actor)]
+        self.message_user(
+            request, f"Revoked: {', '.join(p + '…' for p in revoked)}." if revoked else "Revoked: nothing to change."
+        )

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.core.exceptions import ValidationError
 from django.db import models
 
@@ -79,10 +81,20 @@ class ApiKey(TimestampedModel):
     prefix = models.CharField(max_length=16, help_text="First characters of the key, to recognise it.")
     key_hash = models.CharField(max_length=64, unique=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    # Set once by api_key_revoke and never cleared: a revoked key stays revoked (read-only in the admin).
     revoked_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="Empty: the key never expires.")
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.tenant.name})"
+
+    def unusable_reason(self, now: datetime) -> str | None:
+        """Why this key cannot authenticate at ``now`` (revoked, expired), or None when it can."""
+        if self.revoked_at is not None:
+            return f"This API key ({self.prefix}…) was revoked at {self.revoked_at.isoformat()}."
+        if self.expires_at is not None and self.expires_at <= now:
+            return f"This API key ({self.prefix}…) expired at {self.expires_at.isoformat()}."
+        return None
 
 
 class TenantEvent(models.Model):

@@ -9,7 +9,14 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from controlplane.core import dispatch
-from controlplane.core.errors import Conflict, QuotaExceeded, ratelimit_headers, whole_seconds
+from controlplane.core.errors import (
+    Conflict,
+    NotFound,
+    QuotaExceeded,
+    ValidationFailed,
+    ratelimit_headers,
+    whole_seconds,
+)
 from controlplane.tenants.models import ApiKey, ApiKeyRequestWindow, Tenant, TenantEvent
 
 KEY_PREFIX = "sk-cp-"
@@ -21,26 +28,51 @@ def hash_api_key(raw_key: str) -> str:
 
 
 @transaction.atomic
-def api_key_create(*, tenant: Tenant, name: str = "") -> tuple[ApiKey, str]:
-    """Create a key and return it with its secret, which is never stored and cannot be shown again."""
+def api_key_create(*, tenant: Tenant, name: str = "", expires_at: datetime | None = None) -> tuple[ApiKey, str]:
+    """Create a key and return it with its secret, which is never stored and cannot be shown again.
+
+    ``expires_at`` None: the key works until revoked; otherwise it must lie in the future."""
+    if expires_at is not None and expires_at <= timezone.now():
+        raise ValidationFailed(f"The key's expiry {expires_at.isoformat()} is not in the future.", param="expires_at")
     raw_key = KEY_PREFIX + secrets.token_urlsafe(32)
     key = ApiKey.objects.create(
-        tenant=tenant, name=name, prefix=raw_key[: len(KEY_PREFIX) + 6], key_hash=hash_api_key(raw_key)
+        tenant=tenant,
+        name=name,
+        prefix=raw_key[: len(KEY_PREFIX) + 6],
+        key_hash=hash_api_key(raw_key),
+        expires_at=expires_at,
     )
     return key, raw_key
 
 
 @transaction.atomic
-def tenant_create(*, name: str) -> tuple[Tenant, str]:
+def tenant_create(*, name: str, key_expires_at: datetime | None = None) -> tuple[Tenant, str]:
     if Tenant.objects.filter(name=name).exists():
         raise Conflict(f"A tenant named {name!r} already exists.", param="name")
     tenant = Tenant.objects.create(name=name)
-    _, raw_key = api_key_create(tenant=tenant, name="initial")
+    _, raw_key = api_key_create(tenant=tenant, name="initial", expires_at=key_expires_at)
     return tenant, raw_key
 
 
-def api_key_revoke(*, key: ApiKey) -> None:
-    ApiKey.objects.filter(id=key.id, revoked_at__isnull=True).update(revoked_at=timezone.now())
+def api_key_revoke(*, key_id: int, actor: str) -> bool:
+    """Revoke a key for good: it fails authentication from the next request on. Returns whether this call
+    revoked it; revoking a revoked key changes nothing and records nothing.
+
+    ``revoked_at`` is only ever set (conditional UPDATE on ``revoked_at IS NULL``, so two operators at once
+    record one revocation) and never cleared: there is no un-revoke; issue a new key instead."""
+    with transaction.atomic():
+        key = ApiKey.objects.filter(id=key_id).first()
+        if key is None:
+            raise NotFound(f"No API key with id {key_id}.", param="key_id")
+        changed = ApiKey.objects.filter(id=key_id, revoked_at__isnull=True).update(revoked_at=timezone.now())
+        if changed:
+            TenantEvent.objects.create(
+                tenant_id=key.tenant_id,
+                kind="key_revoked",
+                actor=actor[:100],
+                message=f"key {key.prefix}… ({key.name or 'unnamed'})",
+            )
+    return bool(changed)
 
 
 def tenant_set_paused(*, tenant_id: int, paused: bool, actor: str) -> bool:

@@ -6,19 +6,31 @@ the same way. Production runs the same four commands under Kubernetes or compose
 With its own Triton (`with_triton=True`, the default) the runner registers that server as a managed fleet
 server, keeps the shipped models warm and waits until they are loaded: dispatch, placement and the admin's
 fleet pages then work as in production. With `with_triton=False` it runs unmanaged on the Triton at
-`triton_grpc_url` (TRITON_GRPC_URLS), or on whatever the caller registers itself (deploy/local/fleet.py)."""
+`triton_grpc_url` (TRITON_GRPC_URLS), or on whatever the caller registers itself (deploy/local/fleet.py).
+
+With `supervise=True` (`make serve`, `make demo`) it behaves like an orchestrator: a child that exits is
+started again after a backoff (1 s doubling to 30 s; back to 1 s once it stayed up a minute), and each
+restart is logged. Off by default, so tests that kill a process on purpose decide what happens next.
+
+The children's signing key: DJANGO_SECRET_KEY when the caller sets it, else a random key generated once per
+var dir into `<var_dir>/secret_key` (mode 0600), which `manage.py` run by hand next to it also reads
+(controlplane/core/env.py, env_secret_key)."""
 
 from __future__ import annotations
 
+import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from controlplane.core.env import SECRET_KEY_FILENAME
 from deploy.local.triton_server import (
     free_port,
     log_tail,
@@ -30,6 +42,38 @@ from deploy.local.triton_server import (
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 BIN = Path(PYTHON).parent
+logger = logging.getLogger(__name__)
+
+# Restart backoff of a supervised child: 1 s, doubling per crash in a row, at most 30 s; a child that stayed
+# up this long counts as healthy again, so its next crash restarts it after 1 s.
+RESTART_FIRST_DELAY_S = 1.0
+RESTART_MAX_DELAY_S = 30.0
+RESTART_HEALTHY_AFTER_S = 60.0
+
+
+@dataclass(frozen=True)
+class Restart:
+    """One supervised restart, as logged (the tests read these)."""
+
+    name: str
+    returncode: int | None
+    delay_s: float
+    at: float  # time.monotonic() of the restart
+
+
+def secret_key_ensure(var_dir: Path) -> str:
+    """The var dir's signing key, generated on first use: 67 random URL-safe characters, mode 0600.
+
+    Created with O_EXCL, so two runners starting on one var dir at once end up with the same key."""
+    path = var_dir / SECRET_KEY_FILENAME
+    var_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_text().strip()
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secrets.token_urlsafe(50) + "\n")
+    return path.read_text().strip()
 
 
 @dataclass
@@ -64,6 +108,14 @@ class Stack:
     warm_seconds: float = field(default=0.0, init=False)
     triton_metrics_url: str = field(default="", init=False)
     _warm_started: float = field(default=0.0, init=False, repr=False)
+    # Restart children that exit (see the module docstring). Tests that kill processes on purpose keep it off.
+    supervise: bool = False
+    restarts: list[Restart] = field(default_factory=list, init=False)
+    _commands: dict[str, list[str]] = field(default_factory=dict, init=False, repr=False)
+    _triton_ports: tuple[int, int, int] = field(default=(0, 0, 0), init=False, repr=False)
+    _lock: threading.RLock = field(default_factory=threading.RLock, init=False, repr=False)
+    _stopping: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+    _supervisor: threading.Thread | None = field(default=None, init=False, repr=False)
 
     @property
     def base_url(self) -> str:
@@ -78,7 +130,10 @@ class Stack:
         env.update(self.env)
         env["CONTROLPLANE_VAR_DIR"] = str(self.var_dir)
         env["PYTHONPATH"] = str(REPO_ROOT)
-        env.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+        # The service's settings, whatever the calling process runs under (pytest: tests.settings).
+        env["DJANGO_SETTINGS_MODULE"] = self.env.get("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+        if not env.get("DJANGO_SECRET_KEY"):
+            env["DJANGO_SECRET_KEY"] = secret_key_ensure(self.var_dir)
         if self.triton_grpc_url and not self.with_triton:
             # Unmanaged: dispatch loads models on first use here. The runner's own Triton is a registered
             # server instead, and routing follows its placements.
@@ -98,6 +153,7 @@ class Stack:
         return result
 
     def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
+        self._commands[name] = cmd  # what a supervised restart runs again
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_dir / f"{name}.log", "ab") as log:
             proc = subprocess.Popen(
@@ -109,7 +165,8 @@ class Stack:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        self.procs[name] = proc
+        with self._lock:
+            self.procs[name] = proc
         return proc
 
     def start(self) -> Stack:
@@ -162,23 +219,35 @@ class Stack:
         if self.with_triton:
             self.wait_warm()  # loads run while web and the worker boot
         self._wait_http(f"{self.base_url}/healthz", "web")
+        if self.supervise:
+            self._stopping.clear()
+            self._supervisor = threading.Thread(target=self._supervise, name="stack-supervisor", daemon=True)
+            self._supervisor.start()
         return self
 
     def start_triton(self) -> None:
-        ports = free_port(), free_port(), free_port()
-        log = self.log_dir / "triton.log"
+        self._triton_ports = ports = free_port(), free_port(), free_port()
+        proc = self._spawn_triton()
+        wait_until_ready(f"http://127.0.0.1:{ports[0]}", 90, proc=proc, log_path=self.log_dir / "triton.log")
+        self.triton_grpc_url = f"127.0.0.1:{ports[1]}"
+        self.triton_metrics_url = f"http://127.0.0.1:{ports[2]}/metrics"
+
+    def _spawn_triton(self) -> subprocess.Popen[bytes]:
+        # The same ports every time: the fleet row registered below keeps pointing at a restarted server.
+        # die_with_parent fires when the forking *thread* ends: the main thread, or for a restart the
+        # supervisor thread, which ends only in stop(), where Triton is stopped anyway.
+        http_port, grpc_port, metrics_port = self._triton_ports
         proc = start_local_server(
-            http_port=ports[0],
-            grpc_port=ports[1],
-            metrics_port=ports[2],
-            log_path=log,
+            http_port=http_port,
+            grpc_port=grpc_port,
+            metrics_port=metrics_port,
+            log_path=self.log_dir / "triton.log",
             extra_args=("--exit-timeout-secs=5",),
             die_with_parent=True,
         )
-        self.procs["triton"] = proc
-        wait_until_ready(f"http://127.0.0.1:{ports[0]}", 90, proc=proc, log_path=log)
-        self.triton_grpc_url = f"127.0.0.1:{ports[1]}"
-        self.triton_metrics_url = f"http://127.0.0.1:{ports[2]}/metrics"
+        with self._lock:
+            self.procs["triton"] = proc
+        return proc
 
     def register_triton(self) -> None:
         """Put the runner's Triton under management with declared GPUs and raise the warm models' floor."""
@@ -252,10 +321,45 @@ class Stack:
         )
 
     def kill(self, name: str) -> None:
-        """SIGKILL a process group: what a node failure or the OOM killer does to a worker."""
-        proc = self.procs.pop(name)
+        """SIGKILL a process group: what a node failure or the OOM killer does to a worker. The process is
+        forgotten, so even a supervising stack does not restart it (signal ``procs[name]`` to crash it)."""
+        with self._lock:
+            proc = self.procs.pop(name)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+    def _supervise(self) -> None:
+        """Restart children that exit, each on its own backoff, until stop(). Runs in a thread."""
+        crashes: dict[str, int] = {}  # crashes in a row, per child
+        started: dict[str, float] = dict.fromkeys(self.procs, time.monotonic())
+        due: dict[str, tuple[float, float, int | None]] = {}  # name -> (restart at, delay, exit code)
+        while not self._stopping.wait(0.2):
+            now = time.monotonic()
+            with self._lock:
+                exited = [(n, p.returncode) for n, p in self.procs.items() if n not in due and p.poll() is not None]
+            for name, code in exited:
+                if now - started.get(name, now) >= RESTART_HEALTHY_AFTER_S:
+                    crashes[name] = 0
+                crashes[name] = crashes.get(name, 0) + 1
+                delay = min(RESTART_MAX_DELAY_S, RESTART_FIRST_DELAY_S * 2 ** (crashes[name] - 1))
+                due[name] = (now + delay, delay, code)
+                logger.warning("%s exited with code %s; restarting in %.0f s", name, code, delay)
+            for name, (at, delay, code) in list(due.items()):
+                if now < at or self._stopping.is_set():
+                    continue
+                del due[name]
+                try:
+                    if name == "triton":
+                        self._spawn_triton()
+                    else:
+                        self._spawn(name, self._commands[name])
+                except Exception:
+                    # Keep supervising the others; this one is tried again after its next backoff.
+                    logger.exception("restarting %s failed", name)
+                    continue
+                started[name] = time.monotonic()
+                self.restarts.append(Restart(name=name, returncode=code, delay_s=delay, at=started[name]))
+                logger.warning("restarted %s (restart %d in a row; log %s)", name, crashes[name], self.log_dir)
 
     def _wait_http(self, url: str, name: str, timeout_s: float = 60) -> None:
         deadline = time.monotonic() + timeout_s
@@ -270,6 +374,10 @@ class Stack:
         raise RuntimeError(f"{name} not answering at {url}:\n{log_tail(self.log_dir / f'{name}.log')}")
 
     def stop(self) -> None:
+        self._stopping.set()
+        if self._supervisor is not None:
+            self._supervisor.join()
+            self._supervisor = None
         for name in ("beat", "web", *[n for n in self.procs if n.startswith(("worker", "control"))]):
             proc = self.procs.pop(name, None)
             if proc is not None and proc.poll() is None:

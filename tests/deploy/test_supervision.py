@@ -1,0 +1,95 @@
+"""The local runner as an orchestrator: with supervise=True a crashed child is restarted with backoff and
+the service keeps working; without it (the default, for tests that kill on purpose) nothing is restarted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from openai import OpenAI
+
+from deploy.local.stack import Stack, find_free_port
+from tests.e2e.helpers import assert_exactly_once, submit, tensor_lines
+from tests.triton_fixture import pytest_runtest_makereport, triton_model_repository, triton_server
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def stack(triton_server, tmp_path_factory) -> Iterator[Stack]:
+    # Embedded defaults (SQLite, filesystem broker) in a var dir of its own, on the session's Triton.
+    env = {
+        "DATABASE_URL": "",
+        "CELERY_BROKER_URL": "filesystem://",
+        "STORAGE_BACKEND": "local",
+        "SHARD_MAX_LINES": "16",
+        "SHARD_LEASE_SECONDS": "3",
+        "RESCUE_INTERVAL_SECONDS": "1",
+    }
+    var_dir = Path(tmp_path_factory.mktemp("supervised"))
+    with Stack(
+        var_dir=var_dir,
+        web_port=find_free_port(),
+        env=env,
+        with_triton=False,
+        triton_grpc_url=triton_server.grpc_url,
+        supervise=True,
+    ) as running:
+        yield running
+
+
+def _crash(stack: Stack, name: str) -> int:
+    """SIGKILL the child's process group behind the runner's back, as the OOM killer would."""
+    pid = stack.procs[name].pid
+    os.killpg(pid, signal.SIGKILL)
+    return pid
+
+
+def _wait_restarted(stack: Stack, name: str, old_pid: int, timeout_s: float) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        proc = stack.procs[name]
+        if proc.pid != old_pid and proc.poll() is None:
+            return time.monotonic() - started
+        time.sleep(0.05)
+    raise AssertionError(f"{name} not restarted within {timeout_s}s; restarts: {stack.restarts}")
+
+
+def test_crashed_worker_and_beat_are_restarted_with_backoff_and_work_completes(stack):
+    key = stack.manage("tenant_create", "supervised").stdout.strip().splitlines()[-1]
+    client = OpenAI(base_url=f"{stack.base_url}/v1", api_key=key, max_retries=0, timeout=60)
+
+    worker_pid, beat_pid = _crash(stack, "worker"), _crash(stack, "beat")
+    # First crash in a row: restarted after 1 s (plus the supervisor's 0.2 s poll); 3x margin.
+    assert _wait_restarted(stack, "worker", worker_pid, timeout_s=4.0) < 4.0
+    _wait_restarted(stack, "beat", beat_pid, timeout_s=4.0)
+    first = {r.name: r for r in stack.restarts}
+    assert first["worker"].returncode == -signal.SIGKILL and first["worker"].delay_s == 1.0
+    assert first["beat"].delay_s == 1.0
+
+    # A second crash soon after doubles the delay.
+    worker_pid = _crash(stack, "worker")
+    waited = _wait_restarted(stack, "worker", worker_pid, timeout_s=8.0)
+    assert stack.restarts[-1].name == "worker" and stack.restarts[-1].delay_s == 2.0 and waited >= 1.9
+
+    # The restarted worker serves a batch end to end.
+    lines = tensor_lines(64, prefix="sup")
+    batch = submit(client, lines, endpoint="/v2/infer")
+    deadline = time.monotonic() + 120
+    while batch.status not in {"completed", "failed", "cancelled", "expired"} and time.monotonic() < deadline:
+        time.sleep(0.2)
+        batch = client.batches.retrieve(batch.id)
+    assert batch.status == "completed", (batch.status, batch.errors, stack.log_dir)
+    output, errors = assert_exactly_once(client, batch, lines)
+    assert len(output) == 64 and errors == []
+
+
+def test_a_process_the_runner_kills_on_purpose_is_not_restarted(stack):
+    stack.kill("control")
+    time.sleep(1.6)
+    assert "control" not in stack.procs and all(r.name != "control" for r in stack.restarts)
+    stack.start_control_worker()  # put it back for whatever runs next
