@@ -176,6 +176,13 @@ SHARD_LEASE_SECONDS = env_int("SHARD_LEASE_SECONDS", 10, minimum=1)
 SHARD_MAX_ATTEMPTS = env_int("SHARD_MAX_ATTEMPTS", 5, minimum=1)
 # The rescuer is one indexed query on (status, lease_expires_at): cheap enough to run every 2 s.
 RESCUE_INTERVAL_SECONDS = env_float("RESCUE_INTERVAL_SECONDS", 2.0)
+# A batch still in validating this long after its validation was (re)enqueued lost its message or its
+# worker: the rescuer enqueues it again (validation checks the status first, so a duplicate is harmless) and
+# fails it after services.VALIDATION_MAX_ATTEMPTS tries. Longer than CELERY_TASK_TIME_LIMIT, so a
+# validation that is still running is never duplicated. A finalizer still finalizing after
+# FINALIZE_STALE_SECONDS is presumed dead and another one starts (finalization is idempotent).
+BATCH_VALIDATION_DEADLINE_SECONDS = env_int("BATCH_VALIDATION_DEADLINE_SECONDS", 1200, minimum=1)
+FINALIZE_STALE_SECONDS = env_int("FINALIZE_STALE_SECONDS", 600, minimum=1)
 EXPIRY_INTERVAL_SECONDS = env_float("EXPIRY_INTERVAL_SECONDS", 30.0)
 # Several packed calls in flight keep Triton's dynamic batcher fed while one call's result travels back.
 DISPATCH_INFLIGHT_CALLS = env_int("DISPATCH_INFLIGHT_CALLS", 3, minimum=1)

@@ -1,7 +1,8 @@
 """Finalization: merge committed parts, in input order, into the batch's output and error files.
 
 Lines no part holds (a shard skipped by cancel/expiry, stopped midway, or dead after all its attempts)
-become error lines, so every custom_id appears exactly once across the two files."""
+become error lines, so every custom_id appears exactly once across the two files. So do the lines of a
+committed part that storage lost (``part_lost``): finalization never waits for a blob that is gone."""
 
 from __future__ import annotations
 
@@ -28,14 +29,13 @@ from controlplane.files.storage import blob_delete, blob_open, blob_save
 logger = logging.getLogger(__name__)
 
 FINALIZABLE = (BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING)
-# A finalizer that has not finished after this long is presumed dead and another one starts.
-FINALIZE_STALE_AFTER = timedelta(minutes=10)
 
 _MISSING_LINE_ERRORS = {
     StopReason.CANCEL: ("batch_cancelled", "The batch was cancelled before this request ran."),
     StopReason.EXPIRE: ("batch_expired", "This request could not be executed before the completion window expired."),
     None: ("internal_error", "This request could not be processed after repeated attempts."),
 }
+_PART_LOST_ERROR = ("part_lost", "The results of this request were lost in storage; re-run it.")
 
 
 def batch_try_finalize(*, batch_id: str) -> bool:
@@ -59,10 +59,13 @@ def batch_try_finalize(*, batch_id: str) -> bool:
 
 
 def batches_finalize_stuck() -> list[str]:
-    """Restart finalizers that died, and finalize batches whose last shard closed unnoticed."""
-    stale = Batch.objects.filter(
-        status=BatchStatus.FINALIZING, finalizing_at__lt=timezone.now() - FINALIZE_STALE_AFTER
-    ).values_list("id", flat=True)
+    """Restart finalizers that died (after FINALIZE_STALE_SECONDS), and finalize batches whose last shard
+    closed unnoticed: in_progress or cancelling (a lost finalize message, a running shard of a cancelled
+    batch closed as skipped by shards.shards_rescue when its worker died)."""
+    stale_before = timezone.now() - timedelta(seconds=settings.FINALIZE_STALE_SECONDS)
+    stale = Batch.objects.filter(status=BatchStatus.FINALIZING, finalizing_at__lt=stale_before).values_list(
+        "id", flat=True
+    )
     done = []
     for batch_id in list(stale):
         if Batch.objects.filter(id=batch_id, status=BatchStatus.FINALIZING).update(finalizing_at=timezone.now()):
@@ -75,17 +78,26 @@ def batches_finalize_stuck() -> list[str]:
     return done
 
 
-def _part_entries(part_name: str) -> Iterator[tuple[int, str, bytes]]:
-    with blob_open(part_name) as part:
-        for raw in part:
-            if raw.strip():
-                yield decode_entry(raw)
+def _part_entries(part_name: str) -> list[tuple[int, str, bytes]] | None:
+    """The part's entries, or None when storage no longer has it. Other storage errors propagate: a
+    passing outage must not fail lines for good, and the stale-finalizer rescue runs finalization again."""
+    try:
+        with blob_open(part_name) as part:
+            return [decode_entry(raw) for raw in part if raw.strip()]
+    except FileNotFoundError:  # deleted, or never reached storage
+        logger.warning("part %s is lost; its lines become part_lost errors", part_name, exc_info=True)
+        return None
 
 
-def _missing_lines(batch: Batch, shard: Shard, done: set[int]) -> Iterator[tuple[int, str, bytes]]:
-    code, message = _MISSING_LINE_ERRORS[
-        StopReason(batch.stop_reason) if batch.stop_reason and shard.status != ShardStatus.DEAD else None
-    ]
+def _missing_lines(
+    batch: Batch, shard: Shard, done: set[int], *, part_lost: bool = False
+) -> Iterator[tuple[int, str, bytes]]:
+    if part_lost:
+        code, message = _PART_LOST_ERROR
+    else:
+        code, message = _MISSING_LINE_ERRORS[
+            StopReason(batch.stop_reason) if batch.stop_reason and shard.status != ShardStatus.DEAD else None
+        ]
     with blob_open(_input_name(batch)) as stream:
         for line in iter_lines(
             stream,
@@ -110,10 +122,15 @@ def batch_finalize(*, batch_id: str) -> None:
     if batch.status != BatchStatus.FINALIZING:
         return
     completed = failed = 0
+    lost_parts: list[int] = []
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         for shard in Shard.objects.filter(batch_id=batch_id).order_by("index"):
-            entries = list(_part_entries(shard.part_name)) if shard.part_name else []
-            if shard.status != ShardStatus.SUCCEEDED:
+            entries = _part_entries(shard.part_name) if shard.part_name else []
+            if entries is None:
+                # Its results cannot come back: every line of the shard is reported as lost, once.
+                lost_parts.append(shard.index)
+                entries = list(_missing_lines(batch, shard, set(), part_lost=True))
+            elif shard.status != ShardStatus.SUCCEEDED:
                 entries += list(_missing_lines(batch, shard, {number for number, _, _ in entries}))
                 entries.sort(key=lambda entry: entry[0])
             for _, kind, payload in entries:
@@ -148,6 +165,13 @@ def batch_finalize(*, batch_id: str) -> None:
             # Another finalizer finished first; ours must not leave rows behind.
             transaction.set_rollback(True)
         else:
+            for shard_index in lost_parts:
+                event_record(
+                    batch_id=batch_id,
+                    shard_index=shard_index,
+                    kind="part_lost",
+                    message="part missing from storage; its lines are part_lost errors",
+                )
             event_record(batch_id=batch_id, kind=terminal, message=f"{completed} ok, {failed} errors")
     if won != 1:
         for file in files:

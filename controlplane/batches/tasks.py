@@ -23,6 +23,10 @@ def batch_finalize_task(batch_id: str) -> bool:
 
 @shared_task(name="batches.shards_rescue")
 def shards_rescue_task() -> int:
+    """The rescuer: every non-terminal state has a deadline. validating (services.batches_validation_rescue),
+    in_progress and cancelling (expired shard leases, then batches whose shards are all closed) and
+    finalizing (a dead finalizer) each reach a terminal state or visibly progress."""
+    services.batches_validation_rescue()
     runnable = shards.shards_rescue()
     finalize.batches_finalize_stuck()
     return len(runnable)
