@@ -213,7 +213,7 @@ class PolicyBench:
         # B under A's flood.
         speed = db.seconds_per_row()
         a_id = self._create(self.sdk_a, self.a_file)
-        db.wait(a_id, ("in_progress",) + TERMINAL, 300)
+        db.wait(a_id, ("in_progress", *TERMINAL), 300)
         while db.claimed_shards(a_id) == 0:
             time.sleep(0.02)
         b_id = self._create(self.sdk_b, self.b_file)

@@ -23,12 +23,12 @@ if __package__ in (None, ""):  # run as a script: make `build_engines` importabl
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from build_engines.export import export_onnx, onnx_path  # noqa: E402
-from build_engines.model_io import load_source, random_inputs  # noqa: E402
-from build_engines.spec import load_spec  # noqa: E402
-from build_engines.verify import verify_onnx  # noqa: E402
+from build_engines.export import export_onnx, onnx_path
+from build_engines.model_io import load_source, random_inputs
+from build_engines.spec import load_spec
+from build_engines.verify import verify_onnx
 
 
 def main() -> int:

@@ -52,14 +52,14 @@ def export_onnx(spec: ModelSpec, out_dir: Path, *, command: str) -> Path:
                 do_constant_folding=True,
                 dynamo=False,
             )
-    except Exception as exc:  # noqa: BLE001 - the exporter raises many unrelated types; all mean "fix the spec"
+    except Exception as exc:  # the exporter raises many unrelated types; all mean "fix the spec"
         partial.unlink(missing_ok=True)
         raise _export_error(spec, exc) from exc
     partial.replace(target)  # atomic: a crash never leaves a half-written model.onnx that looks valid
 
     try:
         onnx.checker.check_model(str(target), full_check=True)
-    except Exception as exc:  # noqa: BLE001 - checker raises ValidationError or InferenceError
+    except Exception as exc:  # checker raises ValidationError or InferenceError
         raise SpecError(spec.path, [("opset", f"the exported graph fails onnx.checker: {_first_line(exc)}")]) from exc
     _check_graph_io(spec, onnx.load(str(target), load_external_data=False))
     # The graph is device-neutral; the GPU (if any) is recorded to describe the machine that exported it.

@@ -164,7 +164,7 @@ class TestConcurrency:
                 client = _client(tenant)
                 start.wait()
                 responses.append(_create_batch(client, file_id, key=key))
-            except BaseException as exc:  # surfaced below; a thread's exception is otherwise lost
+            except BaseException as exc:  # noqa: BLE001 - surfaced below; a thread's exception is otherwise lost
                 errors.append(exc)
             finally:
                 connection.close()

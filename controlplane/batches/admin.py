@@ -65,9 +65,9 @@ class BatchAdmin(admin.ModelAdmin):
     )
     list_filter = ("status", "priority", "endpoint", "model", "tenant")
     search_fields = ("id", "input_file_id", "tenant__name", "model")
-    readonly_fields = [f.name for f in Batch._meta.fields]
-    inlines = [ShardInline, EventInline]
-    actions = ["cancel_batches", "set_priority_high", "set_priority_normal", "set_priority_low"]
+    readonly_fields = tuple(f.name for f in Batch._meta.fields)
+    inlines = (ShardInline, EventInline)
+    actions = ("cancel_batches", "set_priority_high", "set_priority_normal", "set_priority_low")
 
     @admin.display(description="progress")
     def progress(self, batch: Batch) -> str:
@@ -145,8 +145,8 @@ class ShardAdmin(admin.ModelAdmin):
     )
     list_filter = (DeadLetterFilter, "status", "triton_server")
     search_fields = ("batch__id", "lease_owner", "last_error")
-    readonly_fields = [f.name for f in Shard._meta.fields]
-    actions = ["requeue_dead_shards"]
+    readonly_fields = tuple(f.name for f in Shard._meta.fields)
+    actions = ("requeue_dead_shards",)
 
     @admin.display(description="last error")
     def error(self, shard: Shard) -> str:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import ClassVar
+
 from django.db import models
 
 from controlplane.core.models import new_public_id
@@ -78,7 +80,7 @@ class Batch(models.Model):
 
     class Meta:
         verbose_name_plural = "batches"
-        indexes = [models.Index(fields=["tenant", "created_at"]), models.Index(fields=["status"])]
+        indexes = (models.Index(fields=["tenant", "created_at"]), models.Index(fields=["status"]))
 
     def __str__(self) -> str:
         return self.id
@@ -140,11 +142,11 @@ class Shard(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["batch", "index"], name="uniq_shard_index")]
-        indexes = [
+        constraints = (models.UniqueConstraint(fields=["batch", "index"], name="uniq_shard_index"),)
+        indexes = (
             models.Index(fields=["status", "lease_expires_at"]),
             models.Index(fields=["batch", "status", "index"]),
-        ]
+        )
 
     def __str__(self) -> str:
         return f"{self.batch_id}#{self.index}"
@@ -160,4 +162,5 @@ class BatchEvent(models.Model):
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:
-        ordering = ["created_at", "id"]
+        # A list as in the migrations: a tuple would read as a changed option to makemigrations.
+        ordering: ClassVar[list[str]] = ["created_at", "id"]

@@ -61,7 +61,8 @@ class TensorRequest:
 
     def signature(self) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
         """Requests with equal signatures can be stacked along the batch dimension into one call."""
-        return tuple((i.name, i.datatype, i.shape[1:]) for i in self.inputs) + (
+        return (
+            *((i.name, i.datatype, i.shape[1:]) for i in self.inputs),
             ("outputs", ",".join(self.output_names), ()),
         )
 

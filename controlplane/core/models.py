@@ -37,7 +37,7 @@ class IdempotencyRecord(models.Model):
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["tenant", "key"], name="idempotency_unique_tenant_key")]
+        constraints = (models.UniqueConstraint(fields=["tenant", "key"], name="idempotency_unique_tenant_key"),)
 
     def __str__(self) -> str:
         return f"{self.tenant_id}:{self.key}"

@@ -27,7 +27,7 @@ class File(models.Model):
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:
-        indexes = [models.Index(fields=["tenant", "created_at"])]
+        indexes = (models.Index(fields=["tenant", "created_at"]),)
 
     def __str__(self) -> str:
         return f"{self.id} {self.filename}"

@@ -94,7 +94,7 @@ class CatalogueModelAdmin(admin.ModelAdmin):
     search_fields = ("name", "triton_name")
     readonly_fields = ("lines_per_second_per_instance", "last_active_at")
     # Pausing goes through the actions (fleet.services.model_set_paused): they write a PlacementEvent and top up slots.
-    actions = ["pause_dispatch", "resume_dispatch"]
+    actions = ("pause_dispatch", "resume_dispatch")
     fieldsets = (
         (
             None,
@@ -194,8 +194,8 @@ class TritonServerAdmin(admin.ModelAdmin):
         (None, {"fields": ("name", "grpc_url", "metrics_url", "real_gpus")}),
         ("Health (heartbeat, circuit breaker and the actions on the list page)", {"fields": readonly_fields}),
     )
-    inlines = [GpuInline]
-    actions = ["drain", "cordon", "return_to_normal", "rebalance_now"]
+    inlines = (GpuInline,)
+    actions = ("drain", "cordon", "return_to_normal", "rebalance_now")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[TritonServer]:
         return (

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import ClassVar
+
 from django.db import models
 
 
@@ -80,8 +82,9 @@ class Gpu(models.Model):
     declared = models.BooleanField(default=True, help_text="Declared in configuration rather than measured")
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["server", "index"], name="uniq_gpu_index")]
-        ordering = ["server_id", "index"]
+        constraints = (models.UniqueConstraint(fields=["server", "index"], name="uniq_gpu_index"),)
+        # A list as in the migrations: a tuple would read as a changed option to makemigrations.
+        ordering: ClassVar[list[str]] = ["server_id", "index"]
 
     def __str__(self) -> str:
         return f"{self.server.name}/gpu{self.index}"
@@ -109,7 +112,7 @@ class Placement(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["model", "server", "gpus"], name="uniq_placement")]
+        constraints = (models.UniqueConstraint(fields=["model", "server", "gpus"], name="uniq_placement"),)
 
     def __str__(self) -> str:
         return f"{self.model.triton_name}@{self.server.name} x{self.instances}"
@@ -138,4 +141,5 @@ class PlacementEvent(models.Model):
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:
-        ordering = ["-created_at", "-id"]
+        # A list as in the migrations: a tuple would read as a changed option to makemigrations.
+        ordering: ClassVar[list[str]] = ["-created_at", "-id"]

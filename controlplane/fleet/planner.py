@@ -53,7 +53,7 @@ from controlplane.fleet.planner_types import (
     ServerState,
 )
 
-__all__ = ["plan", "diff_placements", "payback_gain_s", "affordable_instances"]
+__all__ = ["affordable_instances", "diff_placements", "payback_gain_s", "plan"]
 
 Key = tuple[str, str, tuple[int, ...]]  # (model, server_id, gpus)
 GpuId = tuple[str, int]

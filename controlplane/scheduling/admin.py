@@ -6,7 +6,8 @@ model, and a model of its own would need a migration for a page that stores noth
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from django import forms
 from django.contrib import admin, messages
@@ -29,8 +30,12 @@ from controlplane.tenants.services import tenant_set_paused
 class QueueActionForm(forms.Form):
     """One form for the queue page's buttons: which action, and the fields that action needs."""
 
-    NEEDS = {"batch_priority": ("batch_id", "priority"), "tenant_paused": ("tenant_id",), "model_paused": ("model_id",)}
-    PERMISSIONS = {
+    NEEDS: ClassVar[Mapping[str, tuple[str, ...]]] = {
+        "batch_priority": ("batch_id", "priority"),
+        "tenant_paused": ("tenant_id",),
+        "model_paused": ("model_id",),
+    }
+    PERMISSIONS: ClassVar[Mapping[str, str]] = {
         "batch_priority": "batches.change_batch",
         "tenant_paused": "tenants.change_tenant",
         "model_paused": "fleet.change_cataloguemodel",

@@ -48,7 +48,7 @@ class Slot(models.Model):
     expires_at = models.DateTimeField(db_index=True)
 
     class Meta:
-        indexes = [models.Index(fields=["model", "state"])]
+        indexes = (models.Index(fields=["model", "state"]),)
 
     def __str__(self) -> str:
         return f"slot {self.id} of {self.model_id} ({self.state})"

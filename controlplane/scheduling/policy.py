@@ -48,21 +48,21 @@ from dataclasses import dataclass
 from enum import Enum, IntEnum
 
 __all__ = [
-    "Priority",
-    "PolicyConfig",
-    "Clock",
-    "TenantShare",
     "Candidate",
+    "Clock",
+    "PolicyConfig",
+    "Priority",
+    "TenantShare",
     "Tier",
-    "decayed",
-    "effective_vtime",
-    "tier",
-    "deadline_at_risk",
-    "slack",
-    "rank",
     "charge",
     "correct",
+    "deadline_at_risk",
+    "decayed",
+    "effective_vtime",
+    "rank",
+    "slack",
     "start_estimates",
+    "tier",
 ]
 
 

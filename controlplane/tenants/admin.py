@@ -74,8 +74,8 @@ class TenantAdmin(admin.ModelAdmin):
             },
         ),
     )
-    inlines = [ApiKeyInline, TenantEventInline]
-    actions = ["pause", "resume"]
+    inlines = (ApiKeyInline, TenantEventInline)
+    actions = ("pause", "resume")
 
     def _set_paused(self, request: HttpRequest, queryset: QuerySet[Tenant], *, paused: bool) -> None:
         actor = request.user.get_username()
@@ -106,7 +106,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     # revoked_at is read-only: a revoked key cannot be brought back by editing the field, only by the
     # revoke action setting it (api_key_revoke, which also writes a TenantEvent).
     readonly_fields = ("tenant", "prefix", "created_at", "last_used_at", "revoked_at")
-    actions = ["revoke"]
+    actions = ("revoke",)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         # Keys are created with `manage.py tenant_create` / `api_key_create` (the service), which shows the

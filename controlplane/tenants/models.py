@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import ClassVar
 
 from django.core.exceptions import ValidationError
 from django.db import models
@@ -107,7 +108,8 @@ class TenantEvent(models.Model):
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:
-        ordering = ["-created_at", "-id"]
+        # A list as in the migrations: a tuple would read as a changed option to makemigrations.
+        ordering: ClassVar[list[str]] = ["-created_at", "-id"]
 
     def __str__(self) -> str:
         return f"{self.tenant_id} {self.kind} by {self.actor}"
@@ -128,9 +130,7 @@ class ApiKeyRequestWindow(models.Model):
     count = models.PositiveIntegerField(default=0)
 
     class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["api_key", "window_start"], name="uniq_api_key_request_window"),
-        ]
+        constraints = (models.UniqueConstraint(fields=["api_key", "window_start"], name="uniq_api_key_request_window"),)
 
     def __str__(self) -> str:
         return f"key {self.api_key_id} @ {self.window_start:%H:%M}: {self.count}"

@@ -230,7 +230,7 @@ class TritonClient:
     def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         try:
             return fn(*args, client_timeout=self.timeout_s, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - everything is classified, nothing is swallowed
+        except Exception as exc:  # everything is classified, nothing is swallowed
             raise classify(exc) from exc
 
     def is_live(self) -> bool:

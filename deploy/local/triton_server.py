@@ -206,7 +206,7 @@ def start_local_server(
             stderr=subprocess.STDOUT if log_file else None,
             # Own session: a Ctrl-C meant for pytest or the runner is forwarded once, deliberately.
             start_new_session=True,
-            preexec_fn=_die_with_parent if die_with_parent else None,  # noqa: PLW1509
+            preexec_fn=_die_with_parent if die_with_parent else None,
         )
     finally:
         if log_file is not None:

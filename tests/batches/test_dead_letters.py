@@ -127,7 +127,7 @@ def attempt_of(shard: Shard) -> int:
 def test_dead_shard_of_a_finished_or_stopping_batch_cannot_be_requeued(tenant, sent, settings):
     settings.SHARD_MAX_ATTEMPTS = 1
     batch = _validated(tenant, 8)
-    first, second = Shard.objects.filter(batch=batch).order_by("index")
+    first, _second = Shard.objects.filter(batch=batch).order_by("index")
     assert _run(first, CrashingBackend()) == "dead"
     services.batch_cancel(batch=batch)
     with pytest.raises(Conflict, match="cancelling"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
@@ -22,7 +23,7 @@ def _reference(content: bytes) -> int:
 def _count_in_chunks(content: bytes, cuts: list[int]) -> int:
     counter = NonBlankLineCounter()
     bounds = [0, *sorted(cuts), len(content)]
-    for start, end in zip(bounds, bounds[1:], strict=False):
+    for start, end in itertools.pairwise(bounds):
         counter.feed(content[start:end])
     return counter.count
 

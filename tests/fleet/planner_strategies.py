@@ -87,6 +87,7 @@ _PIN_GPUS = {
 _PIN_SERVER = st.sampled_from([None] * 5 + ["s0"])
 _LOAD, _HI, _N_MODELS = st.sampled_from([0, 5, 30, 120]), st.integers(1, 4), st.integers(1, 5)
 _PENDING, _RATE = st.sampled_from([0, 0, 1, 100, 3_000, 50_000]), st.sampled_from([0, 5, 50, 500])
+_DEMAND_ROW = st.sampled_from([True, True, False])  # no row: implicitly idle
 _LAST = st.sampled_from([None, 0, 10, 100, 250, 400, 1_000, 5_000]).map(lambda ago: None if ago is None else NOW - ago)
 _IN_FLIGHT = st.sampled_from([0, 0, 1])
 _INTERVAL, _HYST = st.sampled_from([30, 60, 300]), st.sampled_from([0, 0.1, 0.25, 0.5])
@@ -103,7 +104,7 @@ class _Knobs:
     attempts: st.SearchStrategy
     pending: st.SearchStrategy = _PENDING
     last: st.SearchStrategy = _LAST
-    demand_row: st.SearchStrategy = st.sampled_from([True, True, False])  # no row: implicitly idle
+    demand_row: st.SearchStrategy = _DEMAND_ROW
 
 
 def _attempts(lo, hi):

@@ -172,7 +172,7 @@ def test_hysteresis_small_demand_change_moves_nothing(sc, wobble, rate, data):
     pending = max(1, round(c * rate * T * (1 + wobble * h)))
     demand = ModelDemand(m, pending, rate, NOW, 0)
     sc = Scenario(
-        tuple(d for d in sc.demands if d.model != m) + (demand,),
+        (*(d for d in sc.demands if d.model != m), demand),
         sc.servers,
         sc.gpus,
         sc.profiles,

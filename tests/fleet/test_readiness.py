@@ -87,7 +87,7 @@ def test_a_load_failure_ends_the_wait_at_once(local):
 
 def test_a_timeout_says_which_model_waits_and_why(local):
     # No floor and no demand: the planner places nothing, so the wait ends at its timeout.
-    with pytest.raises(ModelsNotReady, match="not ready after 0.5s: identity: no ready placement"):
+    with pytest.raises(ModelsNotReady, match=r"not ready after 0\.5s: identity: no ready placement"):
         fleet_wait_ready(names=["identity"], timeout_s=0.5, actor="test", poll_s=0.1)
     with pytest.raises(NotFound):
         models_not_ready(names=["nope"])

@@ -53,7 +53,7 @@ def test_demand_loads_the_model_and_records_events(fleet, tenant):
 
 
 def test_a_model_unloaded_behind_our_back_is_noticed_and_reloaded(fleet, tenant):
-    server, client = fleet
+    _server, client = fleet
     _demand(tenant, "identity")
     fleet_reconcile()
     client.unload_model("identity")
@@ -63,7 +63,6 @@ def test_a_model_unloaded_behind_our_back_is_noticed_and_reloaded(fleet, tenant)
 
 
 def test_a_failing_load_marks_the_placement_failed(fleet, tenant):
-    server, client = fleet
     CatalogueModel.objects.filter(triton_name="scale2").update(triton_name="no_such_model")
     _demand(tenant, "scale2")
     report = fleet_reconcile()

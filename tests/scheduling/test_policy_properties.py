@@ -24,6 +24,7 @@ i.e. about 7% of the larger share on top when H >= 10 T.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 
@@ -95,7 +96,7 @@ def test_rank_keeps_every_candidate_whatever_the_input_order(cands, shares, syst
 def test_rank_is_tier_then_virtual_time(cands, shares, system, config):
     ranked = rank(cands, shares, system, NOW, config)
     keys = [(tier(c, NOW, config), effective_vtime(shares.get(c.tenant_id), system, NOW, config)) for c in ranked]
-    for (t1, v1), (t2, v2) in zip(keys, keys[1:], strict=False):
+    for (t1, v1), (t2, v2) in itertools.pairwise(keys):
         assert t1 <= t2
         assert t1 != t2 or t1 is Tier.URGENT or v1 <= v2
 
@@ -237,7 +238,7 @@ def test_aging_bounds_the_gap_of_low_work_under_a_high_stream(
     sim = simulate(batches, {1: 1.0, 2: 2.0, 3: w_low}, slots=slots, rate=rate, config=config, until=until)
     served_at = [arrives] + [c.at for c in sim.claims if c.batch_id == "low"]
     assert len(served_at) >= 4
-    for before, after in zip(served_at, served_at[1:], strict=False):
+    for before, after in itertools.pairwise(served_at):
         assert after - before <= aging + max_duration + _EPS
     assert "low" in sim.runnable_at_end
 

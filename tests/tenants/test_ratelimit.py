@@ -124,7 +124,7 @@ def test_concurrent_requests_each_get_their_own_count(other_tenant):
         try:
             for _ in range(25):
                 counts.append(api_request_record(api_key=key, now=NOON).count)
-        except BaseException as exc:  # surfaced below; a thread's exception is otherwise lost
+        except BaseException as exc:  # noqa: BLE001 - surfaced below; a thread's exception is otherwise lost
             errors.append(exc)
         finally:
             connection.close()

@@ -65,7 +65,7 @@ def test_closed_port_is_transient() -> None:
     with TritonClient(f"127.0.0.1:{free_port()}", timeout_s=5) as client:
         assert not client.is_live()
         assert not client.is_ready()
-        with pytest.raises(TransientTritonError, match="(?i)connect"):
+        with pytest.raises(TransientTritonError, match=r"(?i)connect"):
             client.infer("identity", {"INPUT0": np.ones((1, 1), dtype=np.float32)}, ["OUTPUT0"])
 
 
