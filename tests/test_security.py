@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from controlplane.core.env import EMBEDDED_SECRET_KEY, SECRET_KEY_FILENAME
-from deploy.local.stack import Stack, secret_key_ensure
+from deploy.local.stack import Stack
+from deploy.local.supervision import secret_key_ensure
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

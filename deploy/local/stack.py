@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -30,7 +29,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from controlplane.core.env import SECRET_KEY_FILENAME
+from deploy.local.supervision import Restart, RestartBackoff, secret_key_ensure
 from deploy.local.triton_server import (
     free_port,
     log_tail,
@@ -43,37 +42,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 BIN = Path(PYTHON).parent
 logger = logging.getLogger(__name__)
-
-# Restart backoff of a supervised child: 1 s, doubling per crash in a row, at most 30 s; a child that stayed
-# up this long counts as healthy again, so its next crash restarts it after 1 s.
-RESTART_FIRST_DELAY_S = 1.0
-RESTART_MAX_DELAY_S = 30.0
-RESTART_HEALTHY_AFTER_S = 60.0
-
-
-@dataclass(frozen=True)
-class Restart:
-    """One supervised restart, as logged (the tests read these)."""
-
-    name: str
-    returncode: int | None
-    delay_s: float
-    at: float  # time.monotonic() of the restart
-
-
-def secret_key_ensure(var_dir: Path) -> str:
-    """The var dir's signing key, generated on first use: 67 random URL-safe characters, mode 0600.
-
-    Created with O_EXCL, so two runners starting on one var dir at once end up with the same key."""
-    path = var_dir / SECRET_KEY_FILENAME
-    var_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return path.read_text().strip()
-    with os.fdopen(fd, "w") as fh:
-        fh.write(secrets.token_urlsafe(50) + "\n")
-    return path.read_text().strip()
 
 
 @dataclass
@@ -330,18 +298,14 @@ class Stack:
 
     def _supervise(self) -> None:
         """Restart children that exit, each on its own backoff, until stop(). Runs in a thread."""
-        crashes: dict[str, int] = {}  # crashes in a row, per child
-        started: dict[str, float] = dict.fromkeys(self.procs, time.monotonic())
+        backoff = RestartBackoff(self.procs, time.monotonic())
         due: dict[str, tuple[float, float, int | None]] = {}  # name -> (restart at, delay, exit code)
         while not self._stopping.wait(0.2):
             now = time.monotonic()
             with self._lock:
                 exited = [(n, p.returncode) for n, p in self.procs.items() if n not in due and p.poll() is not None]
             for name, code in exited:
-                if now - started.get(name, now) >= RESTART_HEALTHY_AFTER_S:
-                    crashes[name] = 0
-                crashes[name] = crashes.get(name, 0) + 1
-                delay = min(RESTART_MAX_DELAY_S, RESTART_FIRST_DELAY_S * 2 ** (crashes[name] - 1))
+                delay = backoff.exited(name, now)
                 due[name] = (now + delay, delay, code)
                 logger.warning("%s exited with code %s; restarting in %.0f s", name, code, delay)
             for name, (at, delay, code) in list(due.items()):
@@ -354,12 +318,12 @@ class Stack:
                     else:
                         self._spawn(name, self._commands[name])
                 except Exception:
-                    # Keep supervising the others; this one is tried again after its next backoff.
                     logger.exception("restarting %s failed", name)
                     continue
-                started[name] = time.monotonic()
-                self.restarts.append(Restart(name=name, returncode=code, delay_s=delay, at=started[name]))
-                logger.warning("restarted %s (restart %d in a row; log %s)", name, crashes[name], self.log_dir)
+                started = time.monotonic()
+                backoff.started(name, started)
+                self.restarts.append(Restart(name=name, returncode=code, delay_s=delay, at=started))
+                logger.warning("restarted %s (restart %d in a row; log %s)", name, backoff.crashes[name], self.log_dir)
 
     def _wait_http(self, url: str, name: str, timeout_s: float = 60) -> None:
         deadline = time.monotonic() + timeout_s

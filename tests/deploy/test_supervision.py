@@ -93,3 +93,12 @@ def test_a_process_the_runner_kills_on_purpose_is_not_restarted(stack):
     time.sleep(1.6)
     assert "control" not in stack.procs and all(r.name != "control" for r in stack.restarts)
     stack.start_control_worker()  # put it back for whatever runs next
+
+
+def test_restart_backoff_doubles_per_crash_in_a_row_and_resets_after_a_healthy_run():
+    from deploy.local.supervision import RESTART_HEALTHY_AFTER_S, RestartBackoff
+
+    backoff = RestartBackoff(["worker"], now=0.0)
+    assert [backoff.exited("worker", now=1.0 + i) for i in range(7)] == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    backoff.started("worker", now=100.0)
+    assert backoff.exited("worker", now=100.0 + RESTART_HEALTHY_AFTER_S) == 1.0

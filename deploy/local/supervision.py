@@ -1,0 +1,60 @@
+"""What the local runner's supervisor decides (deploy/local/stack.py runs the loop): how long a crashed
+child waits before its restart, and the var dir's signing key its children share."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from controlplane.core.env import SECRET_KEY_FILENAME
+
+# Restart backoff of a supervised child: 1 s, doubling per crash in a row, at most 30 s; a child that stayed
+# up this long counts as healthy again, so its next crash restarts it after 1 s.
+RESTART_FIRST_DELAY_S = 1.0
+RESTART_MAX_DELAY_S = 30.0
+RESTART_HEALTHY_AFTER_S = 60.0
+
+
+@dataclass(frozen=True)
+class Restart:
+    """One supervised restart, as logged (the tests read these)."""
+
+    name: str
+    returncode: int | None
+    delay_s: float
+    at: float  # time.monotonic() of the restart
+
+
+def secret_key_ensure(var_dir: Path) -> str:
+    """The var dir's signing key, generated on first use: 67 random URL-safe characters, mode 0600.
+
+    Created with O_EXCL, so two runners starting on one var dir at once end up with the same key."""
+    path = var_dir / SECRET_KEY_FILENAME
+    var_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_text().strip()
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secrets.token_urlsafe(50) + "\n")
+    return path.read_text().strip()
+
+
+class RestartBackoff:
+    """Per-child crash counts: the delay doubles per crash in a row and resets once a child stayed up."""
+
+    def __init__(self, names: Iterable[str], now: float):
+        self.crashes: dict[str, int] = {}
+        self._started = dict.fromkeys(names, now)
+
+    def exited(self, name: str, now: float) -> float:
+        if now - self._started.get(name, now) >= RESTART_HEALTHY_AFTER_S:
+            self.crashes[name] = 0
+        self.crashes[name] = self.crashes.get(name, 0) + 1
+        return min(RESTART_MAX_DELAY_S, RESTART_FIRST_DELAY_S * 2 ** (self.crashes[name] - 1))
+
+    def started(self, name: str, now: float) -> None:
+        self._started[name] = now
