@@ -16,8 +16,10 @@ from controlplane.scheduling.selectors import batches_queue_info
 from controlplane.tenants.auth import request_tenant
 
 
-def _render_with_queue(batch: Batch) -> dict[str, Any]:
-    return batch_render(batch, queue=batches_queue_info([batch]).get(batch.id))
+def _render_with_queue(batches: list[Batch]) -> list[dict[str, Any]]:
+    """Batch objects with their queue positions, one ranking per model for the whole page."""
+    queues = batches_queue_info(batches)
+    return [batch_render(batch, queue=queues.get(batch.id)) for batch in batches]
 
 
 class BatchListCreateView(APIView):
@@ -58,7 +60,8 @@ class BatchListCreateView(APIView):
 
 class BatchDetailView(APIView):
     def get(self, request: Request, batch_id: str) -> Response:
-        return Response(_render_with_queue(selectors.batch_get(tenant=request_tenant(request), batch_id=batch_id)))
+        [body] = _render_with_queue([selectors.batch_get(tenant=request_tenant(request), batch_id=batch_id)])
+        return Response(body)
 
 
 class BatchCancelView(APIView):

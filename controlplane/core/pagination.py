@@ -33,7 +33,7 @@ def cursor_page(
     *,
     after: str | None,
     limit: int,
-    render: Callable[[M], dict[str, Any]],
+    render: Callable[[list[M]], list[dict[str, Any]]],
 ) -> dict[str, Any]:
     """Page over (created_at, id) descending. ``after`` must name an object of the same queryset, so
     a cursor taken from another tenant's listing finds nothing and fails as unknown."""
@@ -44,7 +44,8 @@ def cursor_page(
             raise ValidationFailed(f"after refers to an unknown object: {after!r}.", param="after")
         qs = qs.filter(Q(created_at__lt=anchor["created_at"]) | Q(created_at=anchor["created_at"], id__lt=anchor["id"]))
     rows = list(qs[: limit + 1])
-    data = [render(row) for row in rows[:limit]]
+    # The whole page at once, so a renderer can read what the rows share in one go.
+    data = render(rows[:limit])
     return {
         "object": "list",
         "data": data,

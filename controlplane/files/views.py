@@ -34,7 +34,7 @@ class FileListCreateView(APIView):
             qs,
             after=request.query_params.get("after"),
             limit=parse_limit(request.query_params.get("limit"), maximum=10_000),
-            render=file_render,
+            render=lambda files: [file_render(f) for f in files],
         )
         return Response(page)
 
