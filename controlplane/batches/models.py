@@ -62,6 +62,15 @@ class Batch(models.Model):
     deadline_promoted_at = models.DateTimeField(null=True, blank=True)
     errors = models.JSONField(null=True, blank=True)
     model = models.CharField(max_length=200, blank=True, default="")
+    # The catalogue entry (version, tensor specs, Triton model) the input was validated against: execution
+    # builds requests from this snapshot, so editing or re-registering the model mid-batch cannot fail
+    # the remaining lines. Null until validation succeeds.
+    model_snapshot = models.JSONField(null=True, blank=True)
+    # OpenAI's output_expires_after (anchor created_at): seconds after which the output and error files
+    # expire; null keeps them until the tenant deletes them.
+    output_expires_after = models.PositiveIntegerField(null=True, blank=True)
+    # The batch whose failed lines this batch re-runs (batches.rerun.batch_rerun_failed), if any.
+    rerun_of = models.CharField(max_length=40, null=True, blank=True, db_index=True)
     output_file_id = models.CharField(max_length=40, null=True, blank=True)
     error_file_id = models.CharField(max_length=40, null=True, blank=True)
     total_lines = models.PositiveBigIntegerField(default=0)
@@ -130,6 +139,10 @@ class Shard(models.Model):
     # Not a second fencing token, only a budget: Triton down or restarting, no capacity, a lost worker
     # (lease expiry) or database never add to it, so an outage costs no lines. A requeue resets it.
     content_failures = models.PositiveIntegerField(default=0)
+    # Leases that ran out (the worker vanished). Not content failures, but a shard that kills every
+    # worker that runs it (an OOM, a crash in a native library) would otherwise loop forever: past
+    # SHARD_MAX_LEASE_EXPIRIES it goes dead like a shard whose content keeps failing.
+    lease_expiries = models.PositiveIntegerField(default=0)
     lease_owner = models.CharField(max_length=200, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     part_name = models.CharField(max_length=500, blank=True, default="")
