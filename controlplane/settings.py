@@ -162,6 +162,8 @@ BATCH_MAX_LINES = env_int("BATCH_MAX_LINES", 5_000_000, minimum=1)
 IDEMPOTENCY_KEY_TTL_SECONDS = env_int("IDEMPOTENCY_KEY_TTL_SECONDS", 24 * 3600, minimum=1)
 IDEMPOTENCY_WAIT_SECONDS = env_float("IDEMPOTENCY_WAIT_SECONDS", 10.0)
 IDEMPOTENCY_PRUNE_INTERVAL_SECONDS = env_int("IDEMPOTENCY_PRUNE_INTERVAL_SECONDS", 3600, minimum=1)
+# How soon a validate/finalize message whose send failed (broker down) is retried from the outbox.
+OUTBOX_RELAY_INTERVAL_SECONDS = env_float("OUTBOX_RELAY_INTERVAL_SECONDS", 1.0)
 # Upper bound on lines per shard; shards are sized by time (SCHEDULER_SHARD_SECONDS) below it. Cheap rows
 # (the identity model: ~70 µs each) hit this bound first; measured with bench/fairness.py, 1,024 instead of
 # 2,048 brought a newcomer's slowdown behind a flood from 2.4× to 1.0× at the same flood throughput.
@@ -291,6 +293,10 @@ CELERY_BEAT_SCHEDULE = {
     "fleet-reconcile": {
         "task": "fleet.reconcile",
         "schedule": timedelta(seconds=FLEET_RECONCILE_INTERVAL_SECONDS),
+    },
+    "outbox-relay": {
+        "task": "core.outbox_relay",
+        "schedule": timedelta(seconds=OUTBOX_RELAY_INTERVAL_SECONDS),
     },
     "prune-idempotency-keys": {
         "task": "core.idempotency_records_prune",

@@ -2,15 +2,29 @@
 
 Services never import task modules (tasks import services): they name the task here, and the message
 is sent after the surrounding transaction commits, so a worker never sees a row that is not there yet.
-Postgres holds the queue; the broker carries only these few kinds of message."""
+Postgres holds the queue; the broker carries only these few kinds of message.
+
+Two kinds of delivery:
+- *durable* (validate, finalize): an OutboxMessage row is written in the caller's transaction, so "the
+  batch changed" and "its work will be dispatched" commit together. After commit we send and delete the
+  row; if the broker is down the row stays and ``outbox_relay`` (a beat task) sends it once the broker is
+  back. A broker outage at batch create therefore delays validation, never loses it, and never turns a
+  committed create into a 500.
+- *regenerable* (slot top-ups, slots): their state is already in Postgres (Slot rows, runnable shards)
+  and beat re-derives them every few seconds, so a failed send is logged and dropped.
+"""
 
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from typing import Any
 
 from celery import current_app
 from django.db import transaction
+from django.utils import timezone
+
+from controlplane.core.models import OutboxMessage
 
 logger = logging.getLogger(__name__)
 
@@ -22,29 +36,86 @@ SLOT = "scheduling.slot_run"
 # Slots go to their own queue so control work (validation, finalization, beat jobs) never waits
 # behind a backlog of model work.
 _QUEUES = {SLOT: "shards"}
+# A short publish retry: a broker blip is absorbed here, a real outage falls through to the outbox
+# (or to beat's regeneration) within a second instead of blocking the request that committed.
+_PUBLISH_RETRY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2}
+# The relay leaves younger rows to their own after-commit send, which normally deletes them first.
+RELAY_GRACE = timedelta(seconds=2)
+# Bounded per run: a long outage's backlog drains over a few beats rather than in one long task.
+RELAY_BATCH = 500
 
 
 def send(task_name: str, args: list[Any]) -> None:
     """Publish now (tests replace this to drive the services by hand)."""
-    current_app.send_task(task_name, args=args, queue=_QUEUES.get(task_name, "control"))
+    current_app.send_task(
+        task_name,
+        args=args,
+        queue=_QUEUES.get(task_name, "control"),
+        retry=True,
+        retry_policy=_PUBLISH_RETRY,
+    )
 
 
-def _on_commit(task_name: str, args: list[Any]) -> None:
-    transaction.on_commit(lambda: send(task_name, args))
+def _send_or_log(task_name: str, args: list[Any]) -> bool:
+    try:
+        send(task_name, args)
+    except Exception as exc:  # noqa: BLE001 - any publish failure means "the broker did not take it"
+        logger.warning("broker did not take %s%s: %s", task_name, args, exc)
+        return False
+    return True
+
+
+def _regenerable(task_name: str, args: list[Any]) -> None:
+    transaction.on_commit(lambda: _send_or_log(task_name, args))
+
+
+def _durable(task_name: str, args: list[Any]) -> None:
+    message = OutboxMessage.objects.create(task_name=task_name, args=args)
+
+    def publish() -> None:
+        if _send_or_log(task_name, args):
+            OutboxMessage.objects.filter(id=message.id).delete()
+
+    transaction.on_commit(publish)
+
+
+def outbox_relay(*, now: Any = None) -> int:
+    """Send the outbox rows whose after-commit send failed; returns how many went out. Stops at the
+    first failure: the broker is still down, and the rest would fail the same way."""
+    cutoff = (now or timezone.now()) - RELAY_GRACE
+    sent = 0
+    with transaction.atomic():
+        pending = list(
+            OutboxMessage.objects.select_for_update(skip_locked=True)
+            .filter(created_at__lte=cutoff)
+            .order_by("id")[:RELAY_BATCH]
+        )
+        for message in pending:
+            try:
+                send(message.task_name, message.args)
+            except Exception as exc:  # noqa: BLE001 - recorded on the row, shown in the admin
+                OutboxMessage.objects.filter(id=message.id).update(
+                    attempts=message.attempts + 1, last_error=str(exc)[:2000]
+                )
+                logger.warning("outbox relay: broker still refuses %s: %s", message, exc)
+                break
+            message.delete()
+            sent += 1
+    return sent
 
 
 def batch_validate_enqueue(batch_id: str) -> None:
-    _on_commit(VALIDATE, [batch_id])
+    _durable(VALIDATE, [batch_id])
 
 
 def batch_finalize_enqueue(batch_id: str) -> None:
-    _on_commit(FINALIZE, [batch_id])
+    _durable(FINALIZE, [batch_id])
 
 
 def slots_topup_enqueue(model_name: str | None = None) -> None:
     """Ask the dispatcher to top up a model's slots (every model's when None)."""
-    _on_commit(TOPUP, [model_name])
+    _regenerable(TOPUP, [model_name])
 
 
 def slot_enqueue(slot_id: int) -> None:
-    _on_commit(SLOT, [slot_id])
+    _regenerable(SLOT, [slot_id])

@@ -41,3 +41,19 @@ class IdempotencyRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant_id}:{self.key}"
+
+
+class OutboxMessage(models.Model):
+    """A broker message that must not be lost: written in the transaction that makes it necessary, sent
+    after commit, deleted once the broker took it. If the broker is down the row stays and the relay
+    (core.outbox_relay, on beat) sends it later (controlplane/core/dispatch.py). Receivers are
+    idempotent, so the rare double send (sent, then the delete failed) is harmless."""
+
+    task_name = models.CharField(max_length=100)
+    args = models.JSONField(default=list)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True, default="")
+
+    def __str__(self) -> str:
+        return f"{self.task_name}{self.args}"

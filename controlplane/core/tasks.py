@@ -5,9 +5,15 @@ from __future__ import annotations
 from celery import shared_task
 from django.utils import timezone
 
+from controlplane.core import dispatch
 from controlplane.core.idempotency import idempotency_records_prune
 
 
 @shared_task(name="core.idempotency_records_prune")
 def idempotency_records_prune_task() -> int:
     return idempotency_records_prune(now=timezone.now())
+
+
+@shared_task(name="core.outbox_relay")
+def outbox_relay_task() -> int:
+    return dispatch.outbox_relay()

@@ -1,0 +1,21 @@
+from __future__ import annotations
+
+from django.contrib import admin
+
+from controlplane.core.models import OutboxMessage
+
+
+@admin.register(OutboxMessage)
+class OutboxMessageAdmin(admin.ModelAdmin):
+    """Messages the broker has not taken yet: rows older than a few seconds mean the broker is down
+    (last_error says what it answered). Read-only; the relay sends them once it is back."""
+
+    list_display = ("id", "task_name", "args", "created_at", "attempts", "last_error")
+    readonly_fields = list_display
+    ordering = ("id",)
+
+    def has_add_permission(self, request) -> bool:  # type: ignore[no-untyped-def]
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:  # type: ignore[no-untyped-def]
+        return False

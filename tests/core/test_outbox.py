@@ -1,0 +1,134 @@
+"""The transactional outbox of controlplane/core/dispatch.py, against a real Redis broker that the test
+starts and stops (a throwaway redis-server on a spare port), so "broker down" is a refused connection
+as in production, not a raised exception of our own."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+import redis
+from celery import Celery
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.utils import timezone
+
+from controlplane.batches.models import Batch, BatchStatus
+from controlplane.core import dispatch
+from controlplane.core.models import OutboxMessage
+from deploy.local.stack import find_free_port
+from tests.batches.helpers import embedding_line, jsonl
+
+pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs the redis-server binary")
+
+
+class ThrowawayRedis:
+    def __init__(self) -> None:
+        self.port = find_free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                redis.Redis(port=self.port).ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def queued(self, queue: str = "control") -> list[tuple[str, list]]:
+        """(task name, args) of each message waiting on a queue."""
+        out = []
+        for raw in redis.Redis(port=self.port).lrange(queue, 0, -1):
+            envelope = json.loads(raw)
+            args = json.loads(base64.b64decode(envelope["body"]))[0]
+            out.append((envelope["headers"]["task"], args))
+        return out
+
+
+@pytest.fixture
+def broker(monkeypatch) -> Iterator[ThrowawayRedis]:
+    server = ThrowawayRedis()
+    app = Celery("outbox-test", broker=server.url)
+    monkeypatch.setattr(dispatch, "current_app", app)
+    yield server
+    server.stop()
+
+
+def _create_batch(api) -> object:
+    upload = api.post(
+        "/v1/files",
+        {"file": SimpleUploadedFile("in.jsonl", jsonl([embedding_line("a", "x")])), "purpose": "batch"},
+        format="multipart",
+    )
+    assert upload.status_code == 200, upload.content
+    return api.post(
+        "/v1/batches",
+        {"input_file_id": upload.json()["id"], "endpoint": "/v1/embeddings", "completion_window": "24h"},
+        format="json",
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_the_broker_up_the_message_goes_out_and_the_row_is_gone(api, broker):
+    broker.start()
+    response = _create_batch(api)
+    assert response.status_code == 200, response.content
+    assert broker.queued() == [(dispatch.VALIDATE, [response.json()["id"]])]
+    assert not OutboxMessage.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_created_while_the_broker_is_down_is_dispatched_once_it_is_back(api, broker):
+    response = _create_batch(api)  # nothing listens on the broker's port
+    assert response.status_code == 200, response.content  # committed, so not a 500
+    batch_id = response.json()["id"]
+    assert Batch.objects.get(id=batch_id).status == BatchStatus.VALIDATING
+    assert list(OutboxMessage.objects.values_list("task_name", "args")) == [(dispatch.VALIDATE, [batch_id])]
+
+    later = timezone.now() + timedelta(seconds=5)
+    assert dispatch.outbox_relay(now=later) == 0  # still down: kept, with the broker's answer
+    kept = OutboxMessage.objects.get()
+    assert kept.attempts == 1 and kept.last_error
+
+    broker.start()
+    assert dispatch.outbox_relay(now=later) == 1
+    assert broker.queued() == [(dispatch.VALIDATE, [batch_id])]
+    assert not OutboxMessage.objects.exists()
+    assert dispatch.outbox_relay(now=later) == 0  # sent once, not again
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_relay_leaves_young_rows_to_their_own_send(broker):
+    broker.start()
+    OutboxMessage.objects.create(task_name=dispatch.FINALIZE, args=["batch_x"])
+    assert dispatch.outbox_relay() == 0
+    assert dispatch.outbox_relay(now=timezone.now() + dispatch.RELAY_GRACE * 2) == 1
+    assert broker.queued() == [(dispatch.FINALIZE, ["batch_x"])]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_regenerable_messages_are_dropped_not_raised_when_the_broker_is_down(broker):
+    # Slot top-ups are re-derived by beat; a failed send must not fail the transaction's caller.
+    dispatch.slots_topup_enqueue("identity")
+    assert not OutboxMessage.objects.exists()
