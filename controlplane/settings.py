@@ -176,6 +176,10 @@ SHARD_LEASE_SECONDS = env_int("SHARD_LEASE_SECONDS", 10, minimum=1)
 # Runs of a shard that failed because of its own content before it becomes a dead letter; infrastructure
 # faults (Triton down, no capacity, a lost worker) never count (Shard.content_failures).
 SHARD_MAX_ATTEMPTS = env_int("SHARD_MAX_ATTEMPTS", 5, minimum=1)
+# Lost leases of one shard before it is a dead letter. High, because a lost worker is normally not the
+# shard's fault (a deploy, a node drain, an outage of the database that stopped renewals); eight in a row
+# on the same shard means the shard itself kills workers (OOM, a crash in native code).
+SHARD_MAX_LEASE_EXPIRIES = env_int("SHARD_MAX_LEASE_EXPIRIES", 8, minimum=1)
 # The rescuer is one indexed query on (status, lease_expires_at): cheap enough to run every 2 s.
 RESCUE_INTERVAL_SECONDS = env_float("RESCUE_INTERVAL_SECONDS", 2.0)
 # A batch still in validating this long after its validation was (re)enqueued lost its message or its

@@ -249,16 +249,25 @@ def shards_rescue() -> list[int]:
     runnable: list[int] = []
     expired = Shard.objects.filter(status=ShardStatus.RUNNING, lease_expires_at__lt=now)
     for shard in expired.select_related("batch").only(
-        "id", "attempt", "batch_id", "index", "batch__stop_reason", "batch__model"
+        "id", "attempt", "batch_id", "index", "lease_expiries", "batch__stop_reason", "batch__model"
     ):
+        expiries = shard.lease_expiries + 1
         # A stopping batch runs nothing new: the dead worker's lines are accounted as cancelled/expired.
-        new_status = ShardStatus.SKIPPED if shard.batch.stop_reason else ShardStatus.PENDING
+        # A shard whose every run loses its worker is presumed to kill it (see Shard.lease_expiries).
+        if shard.batch.stop_reason:
+            new_status, error = ShardStatus.SKIPPED, "lease expired: worker lost"
+        elif expiries >= settings.SHARD_MAX_LEASE_EXPIRIES:
+            new_status = ShardStatus.DEAD
+            error = f"lease expired {expiries} times: every worker that ran this shard was lost"
+        else:
+            new_status, error = ShardStatus.PENDING, "lease expired: worker lost"
         closed = new_status != ShardStatus.PENDING
         with transaction.atomic():
             won = Shard.objects.filter(id=shard.id, attempt=shard.attempt, status=ShardStatus.RUNNING).update(
                 status=new_status,
+                lease_expiries=expiries,
                 lease_owner="",
-                last_error="lease expired: worker lost",
+                last_error=error,
                 lease_expires_at=None,
                 not_before=None,
                 finished_at=now if closed else None,
@@ -268,7 +277,8 @@ def shards_rescue() -> list[int]:
                     batch_id=shard.batch_id,
                     shard_index=shard.index,
                     kind=f"shard_rescued_{new_status}",
-                    message=f"lease of attempt {shard.attempt} expired (infrastructure, no attempt spent)",
+                    message=f"lease of attempt {shard.attempt} expired "
+                    f"({expiries} of {settings.SHARD_MAX_LEASE_EXPIRIES} expiries, no content attempt spent)",
                 )
                 if closed:
                     dispatch.batch_finalize_enqueue(shard.batch_id)
@@ -290,7 +300,7 @@ def shard_requeue(*, shard_id: int, actor: str) -> Shard:
 
     The batch row is locked first, and the finalizer checks for open shards under the same lock, so a
     requeue and a finalization never both win. ``attempt`` is not reset: it is the fencing token and only
-    grows; the budget (``content_failures``) is what starts again."""
+    grows; the budgets (``content_failures``, ``lease_expiries``) are what start again."""
     with transaction.atomic():
         batch_id = Shard.objects.filter(id=shard_id).values_list("batch_id", flat=True).first()
         if batch_id is None:
@@ -307,6 +317,7 @@ def shard_requeue(*, shard_id: int, actor: str) -> Shard:
         won = Shard.objects.filter(id=shard_id, status=ShardStatus.DEAD).update(
             status=ShardStatus.PENDING,
             content_failures=0,
+            lease_expiries=0,
             not_before=None,
             finished_at=None,
             lease_owner="",

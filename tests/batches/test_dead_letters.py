@@ -98,6 +98,26 @@ def test_a_lost_worker_spends_nothing(tenant, sent, settings):
     assert Batch.objects.get(id=batch.id).completed_lines == 2
 
 
+def test_a_shard_that_loses_every_worker_becomes_a_dead_letter(tenant, sent, settings):
+    settings.SHARD_MAX_LEASE_EXPIRIES = 3
+    batch = _validated(tenant, 2)
+    shard = Shard.objects.get(batch=batch)
+    for attempt in range(1, 4):
+        assert shard_claim(shard_id=shard.id, owner=f"w{attempt}") is not None
+        Shard.objects.filter(id=shard.id).update(lease_expires_at="2000-01-01T00:00:00Z")
+        runnable = shards_rescue()
+        assert runnable == ([shard.id] if attempt < 3 else [])
+    shard.refresh_from_db()
+    assert (shard.status, shard.lease_expiries, shard.content_failures) == (ShardStatus.DEAD, 3, 0)
+    assert shard.last_error == "lease expired 3 times: every worker that ran this shard was lost"
+    assert (dispatch.FINALIZE, [batch.id]) in sent
+    # An operator who fixed the cause (more memory) gives it both budgets back.
+    requeued = shard_requeue(shard_id=shard.id, actor="ops")
+    assert (requeued.status, requeued.lease_expiries) == (ShardStatus.PENDING, 0)
+    assert _run(shard, FakeBackend()) == "succeeded"
+    assert Batch.objects.get(id=batch.id).completed_lines == 2
+
+
 def test_dead_shard_is_requeued_while_its_batch_is_open(tenant, sent, settings):
     settings.SHARD_MAX_ATTEMPTS = 1
     batch = _validated(tenant, 8)  # two shards
