@@ -5,7 +5,7 @@ from django.contrib import admin
 from django.http import HttpRequest, JsonResponse
 from django.urls import path, re_path
 
-from controlplane.batches.views import BatchCancelView, BatchDetailView, BatchListCreateView
+from controlplane.batches.views import BatchCancelView, BatchDetailView, BatchListCreateView, BatchRerunView
 from controlplane.files.views import FileContentView, FileDetailView, FileListCreateView
 
 
@@ -22,6 +22,7 @@ urlpatterns = [
     path("v1/batches", BatchListCreateView.as_view()),
     path("v1/batches/<str:batch_id>", BatchDetailView.as_view()),
     path("v1/batches/<str:batch_id>/cancel", BatchCancelView.as_view()),
+    path("v1/batches/<str:batch_id>/rerun", BatchRerunView.as_view()),
 ]
 
 if settings.SERVE_STATIC:

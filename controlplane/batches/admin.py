@@ -7,6 +7,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard, ShardStatus
+from controlplane.batches.rerun import batch_rerun_failed
 from controlplane.batches.services import batch_cancel
 from controlplane.batches.shards import shard_requeue
 from controlplane.core.errors import DomainError
@@ -67,7 +68,7 @@ class BatchAdmin(admin.ModelAdmin):
     search_fields = ("id", "input_file_id", "tenant__name", "model")
     readonly_fields = tuple(f.name for f in Batch._meta.fields)
     inlines = (ShardInline, EventInline)
-    actions = ("cancel_batches", "set_priority_high", "set_priority_normal", "set_priority_low")
+    actions = ("cancel_batches", "rerun_failed_lines", "set_priority_high", "set_priority_normal", "set_priority_low")
 
     @admin.display(description="progress")
     def progress(self, batch: Batch) -> str:
@@ -85,6 +86,17 @@ class BatchAdmin(admin.ModelAdmin):
             except DomainError as exc:
                 self.message_user(request, exc.message, level=messages.WARNING)
         self.message_user(request, f"Cancelling {cancelled} batch(es).")
+
+    @admin.action(description="Re-run failed lines as a new batch (for the same tenant)")
+    def rerun_failed_lines(self, request: HttpRequest, queryset: QuerySet[Batch]) -> None:
+        created = []
+        for batch in queryset.select_related("tenant"):
+            try:
+                created.append(batch_rerun_failed(batch=batch, actor=request.user.get_username()).id)
+            except DomainError as exc:
+                self.message_user(request, exc.message, level=messages.WARNING)
+        if created:
+            self.message_user(request, f"Created {', '.join(created)}.")
 
     def _set_priority(self, request: HttpRequest, queryset: QuerySet[Batch], priority: str) -> None:
         # Operators may set any class: the tenant's max_priority limits only the API.

@@ -11,9 +11,9 @@ def _ts(value: datetime | None) -> int | None:
 
 
 def batch_render(batch: Batch, *, queue: dict[str, Any] | None = None) -> dict[str, Any]:
-    """OpenAI's Batch object, field for field, plus two extra fields the SDK passes through: ``priority``
-    and ``queue`` (position among the model's runnable batches and an estimated start; null when none
-    of the batch's shards is waiting)."""
+    """OpenAI's Batch object, field for field, plus extra fields the SDK passes through: ``priority``,
+    ``queue`` (position among the model's runnable batches and an estimated start; null when none of the
+    batch's shards is waiting) and ``rerun_of`` (the batch whose failed lines this one re-runs)."""
     return {
         "id": batch.id,
         "object": "batch",
@@ -49,4 +49,5 @@ def batch_render(batch: Batch, *, queue: dict[str, Any] | None = None) -> dict[s
         "metadata": batch.metadata,
         "priority": batch.priority,
         "queue": queue,
+        "rerun_of": batch.rerun_of,
     }

@@ -8,6 +8,7 @@ from rest_framework.views import APIView
 
 from controlplane.batches import selectors, services
 from controlplane.batches.models import Batch
+from controlplane.batches.rerun import batch_rerun_failed
 from controlplane.batches.serializers import batch_render
 from controlplane.core.errors import ValidationFailed
 from controlplane.core.idempotency import idempotency_key, idempotent, json_fingerprint
@@ -68,3 +69,29 @@ class BatchCancelView(APIView):
     def post(self, request: Request, batch_id: str) -> Response:
         batch = selectors.batch_get(tenant=request_tenant(request), batch_id=batch_id)
         return Response(batch_render(services.batch_cancel(batch=batch)))
+
+
+class BatchRerunView(APIView):
+    """``POST /v1/batches/{id}/rerun``: the failed lines of a finished batch as a new batch (an extension
+    of the OpenAI API; with the openai SDK: ``client.post(f"/batches/{id}/rerun", body={}, cast_to=Batch)``).
+    Optional body: ``error_codes`` (only lines that failed with one of them), ``completion_window``."""
+
+    def post(self, request: Request, batch_id: str) -> Response:
+        data = request.data if request.data else {}
+        if not isinstance(data, dict):
+            raise ValidationFailed("The request body must be a JSON object.")
+        tenant = request_tenant(request)
+        batch = selectors.batch_get(tenant=tenant, batch_id=batch_id)
+        key = idempotency_key(request)
+
+        def respond() -> Response:
+            rerun = batch_rerun_failed(
+                batch=batch,
+                actor=f"api key {getattr(request.auth, 'id', '?')}",
+                error_codes=data.get("error_codes"),
+                completion_window=data.get("completion_window"),
+            )
+            return Response(batch_render(rerun))
+
+        fingerprint = json_fingerprint(request, data) if key is not None else ""
+        return idempotent(tenant_id=tenant.id, key=key, fingerprint=fingerprint, respond=respond)
