@@ -37,6 +37,7 @@ from controlplane.batches.packing import (
     tensor_body,
 )
 from controlplane.batches.parts import encode_entry
+from controlplane.batches.pinning import pinned_model
 from controlplane.batches.records import failed_response_record, output_record
 from controlplane.batches.requests import ModelResolver, ParsedLine, parse_line
 from controlplane.batches.shards import (
@@ -120,6 +121,8 @@ def shard_execute(*, shard: Shard, model: CatalogueModel, backend: InferenceBack
 
 
 def _produce_part(shard: Shard, model: CatalogueModel, backend: InferenceBackend, keeper: LeaseKeeper) -> PartSummary:
+    if shard.batch.model_snapshot:
+        model = pinned_model(shard.batch.model_snapshot)  # the entry the batch was validated against
     lines = _read_shard(shard)
     Shard.objects.filter(id=shard.id, attempt=shard.attempt).update(triton_server=backend.server[:200])
     try:
@@ -156,14 +159,17 @@ def _give_back(shard: Shard, exc: Exception) -> str:
 
 
 def _shard_model(shard_id: int) -> CatalogueModel | None:
-    name = Shard.objects.filter(id=shard_id).values_list("batch__model", flat=True).first()
-    return CatalogueModel.objects.filter(name=name).first() if name else None
+    row = Shard.objects.filter(id=shard_id).values_list("batch__model", "batch__model_snapshot").first()
+    if row is None or not row[0]:
+        return None
+    name, snapshot = row
+    return pinned_model(snapshot) if snapshot else CatalogueModel.objects.filter(name=name).first()
 
 
 def _read_shard(shard: Shard) -> dict[int, ParsedLine]:
     batch = shard.batch
     name = File.objects.only("storage_name").get(id=batch.input_file_id).storage_name
-    resolver = ModelResolver()
+    resolver = ModelResolver(pinned_model(batch.model_snapshot) if batch.model_snapshot else None)
     lines: dict[int, ParsedLine] = {}
     with blob_open(name) as stream:
         for line in iter_lines(
@@ -175,8 +181,7 @@ def _read_shard(shard: Shard) -> dict[int, ParsedLine]:
         ):
             if line.is_blank or line.data is None:
                 continue
-            # Validation accepted every line already; parsing again cannot fail unless the
-            # catalogue changed since, and then failing the shard loudly is right.
+            # Validation accepted every line already, against the same pinned entry.
             lines[line.number] = parse_line(line.data, endpoint=batch.endpoint, resolver=resolver)
     return lines
 

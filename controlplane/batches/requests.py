@@ -85,10 +85,12 @@ def work_units(parsed: ParsedLine) -> int:
 
 
 class ModelResolver:
-    """Looks catalogue models up once per name for the life of one validation or shard run."""
+    """Looks catalogue models up once per name for the life of one validation or shard run. A shard
+    run passes its batch's pinned entry (batches/pinning.py), which answers for its name whatever the
+    catalogue says now."""
 
-    def __init__(self) -> None:
-        self._cache: dict[str, CatalogueModel | None] = {}
+    def __init__(self, pinned: CatalogueModel | None = None) -> None:
+        self._cache: dict[str, CatalogueModel | None] = {} if pinned is None else {pinned.name: pinned}
 
     def get(self, name: str) -> CatalogueModel | None:
         if name not in self._cache:

@@ -187,6 +187,7 @@ def _batch_validate_input(batch: Batch) -> None:
             total_lines=result.total,
             work_units=result.work_units,
             model=result.model,
+            model_snapshot=result.model_snapshot,
         )
         if moved != 1:
             return  # cancelled while we validated: the cancel path finalizes it

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from controlplane.batches.lines import iter_lines
+from controlplane.batches.pinning import model_snapshot
 from controlplane.batches.requests import LineIssue, ModelResolver, parse_line, work_units
 from controlplane.core.errors import quote, storable_text
 
@@ -30,6 +31,8 @@ class ValidationResult:
     total: int = 0
     work_units: int = 0
     model: str = ""
+    # The catalogue entry's interface the lines were checked against (batches/pinning.py).
+    model_snapshot: dict[str, Any] | None = None
     shards: list[ShardPlan] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
     error_count: int = 0
@@ -108,6 +111,8 @@ def validate_input(
         if not result.model:
             result.model = parsed.model_name
             model = resolver.get(parsed.model_name)
+            if model is not None:
+                result.model_snapshot = model_snapshot(model)
             if shard_seconds > 0 and model is not None and model.seconds_per_work_unit > 0:
                 shard_budget = shard_seconds / model.seconds_per_work_unit
         elif parsed.model_name != result.model:

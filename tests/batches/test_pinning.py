@@ -1,0 +1,62 @@
+"""A batch keeps the catalogue entry it was validated against (controlplane/batches/pinning.py): editing,
+disabling or re-registering the model mid-batch does not fail its remaining lines."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.batches import services
+from controlplane.batches.execution import shard_run
+from controlplane.batches.models import Batch, BatchStatus, Shard
+from controlplane.fleet.models import CatalogueModel
+from tests.batches.helpers import tensor_line
+from tests.batches.test_lifecycle import _create, _read, eager
+from tests.fakes import FakeBackend
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _validated_tensor_batch(tenant) -> Batch:
+    lines = [tensor_line(f"t{i}", [[float(i), 1.0, 2.0, 3.0]]) for i in range(8)]
+    batch = _create(tenant, lines, endpoint="/v2/infer")
+    services.batch_validate(batch_id=batch.id)
+    return Batch.objects.get(id=batch.id)
+
+
+def test_validation_stores_the_entry_it_checked_against(tenant, eager):
+    batch = _validated_tensor_batch(tenant)
+    identity = CatalogueModel.objects.get(name="identity")
+    assert batch.model_snapshot == {
+        "name": "identity",
+        "triton_name": identity.triton_name,
+        "kind": identity.kind,
+        "max_batch_size": identity.max_batch_size,
+        "inputs": identity.inputs,
+        "outputs": identity.outputs,
+        "embedding_dimensions": identity.embedding_dimensions,
+    }
+
+
+def test_an_entry_edited_mid_batch_does_not_fail_the_remaining_lines(tenant, eager):
+    batch = _validated_tensor_batch(tenant)
+    first, *rest = Shard.objects.filter(batch=batch).order_by("index")
+    backend = FakeBackend()
+    assert shard_run(shard_id=first.id, owner="t", backend_factory=lambda name: backend) == "succeeded"
+    # An operator re-registers the model with another interface, then disables it.
+    renamed = [{**spec, "name": "RENAMED"} for spec in CatalogueModel.objects.get(name="identity").inputs]
+    CatalogueModel.objects.filter(name="identity").update(inputs=renamed, max_batch_size=1, is_enabled=False)
+    for shard in rest:
+        assert shard_run(shard_id=shard.id, owner="t", backend_factory=lambda name: backend) == "succeeded"
+    batch = Batch.objects.get(id=batch.id)
+    assert (batch.status, batch.completed_lines, batch.failed_lines) == (BatchStatus.COMPLETED, 8, 0)
+    assert [r["custom_id"] for r in _read(batch.output_file_id)] == [f"t{i}" for i in range(8)]
+    # Calls were still packed by the pinned max_batch_size (4 lines per shard in one call each).
+    assert all(call["INPUT0"].shape[0] == 4 for call in backend.calls)
+
+
+def test_new_batches_see_the_edited_entry(tenant, eager):
+    renamed = [{**spec, "name": "RENAMED"} for spec in CatalogueModel.objects.get(name="identity").inputs]
+    CatalogueModel.objects.filter(name="identity").update(inputs=renamed)
+    batch = _validated_tensor_batch(tenant)
+    assert batch.status == BatchStatus.FAILED
+    assert "is not an input of 'identity'" in batch.errors["data"][0]["message"]
