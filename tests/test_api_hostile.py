@@ -101,6 +101,18 @@ def test_multipart_uploads_keep_their_own_limit(api, settings):
     assert response.status_code == 200 and response.json()["bytes"] == len(content)
 
 
+@pytest.mark.parametrize("path", ["/v1/batches", "/v1/files"])
+def test_form_bodies_over_djangos_limits_are_4xx(api, path, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 10_000
+    form = "application/x-www-form-urlencoded"
+    error = _assert_error_shape(api.post(path, "a=" + "x" * 20_000, content_type=form), 413)
+    assert error["code"] == "request_too_large" and "10000 byte limit" in error["message"]
+    many_fields = "&".join(f"k{i}=v" for i in range(settings.DATA_UPLOAD_MAX_NUMBER_FIELDS + 1))
+    error = _assert_error_shape(api.post(path, many_fields, content_type=form), 400)
+    assert error["code"] == "too_many_fields"
+    assert api.get("/v1/batches").status_code == 200
+
+
 @pytest.mark.parametrize(
     "path",
     ["/v1/batches?after=a%00b", "/v1/files?purpose=x&purpose=%00", "/v1/files/file-%00x", "/v1/batches/batch_%00"],

@@ -12,6 +12,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.http import Http404
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
@@ -180,6 +182,23 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
         )
     if isinstance(exc, Http404):
         exc = drf_exceptions.NotFound()
+    # Django's own limits on form and multipart bodies (DATA_UPLOAD_MAX_MEMORY_SIZE, ..._NUMBER_FIELDS,
+    # ..._NUMBER_FILES) raise while DRF parses; they are the client's to fix, not a 500.
+    if isinstance(exc, RequestDataTooBig):
+        return Response(
+            error_body(
+                f"The form body is larger than the {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} byte limit "
+                "(send JSON, or upload files to POST /v1/files as multipart).",
+                error_type="invalid_request_error",
+                param=None,
+                code="request_too_large",
+            ),
+            status=413,
+        )
+    if isinstance(exc, (TooManyFieldsSent, TooManyFilesSent)):
+        return Response(
+            error_body(str(exc), error_type="invalid_request_error", param=None, code="too_many_fields"), status=400
+        )
     if isinstance(exc, drf_exceptions.APIException):
         response = drf_default_handler(exc, context)
         if response is None:
