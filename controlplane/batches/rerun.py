@@ -46,7 +46,13 @@ def failed_custom_ids(batch: Batch, *, codes: Iterable[str] | None = None) -> se
     if not batch.error_file_id:
         return set()
     wanted = set(codes) if codes else None
-    error_file = File.objects.get(id=batch.error_file_id)
+    error_file = File.objects.filter(id=batch.error_file_id).first()
+    if error_file is None:
+        raise Conflict(
+            f"The error file {batch.error_file_id} of batch {batch.id} was deleted (or expired); the failed "
+            "lines can no longer be found.",
+            param="batch_id",
+        )
     found: set[str] = set()
     with blob_open(error_file.storage_name) as stream:
         for raw in iter_lines(stream, max_line_bytes=settings.BATCH_MAX_LINE_BYTES):

@@ -97,6 +97,12 @@ def test_rerun_refusals_are_4xx_with_reasons(tenant, other_tenant, api, sent, ha
     response = api.post(f"/v1/batches/{clean.id}/rerun", {}, format="json")
     assert response.status_code == 409 and "no failed lines" in response.json()["error"]["message"]
 
+    error_file = File.objects.get(id=half_failed.error_file_id)
+    File.objects.filter(id=error_file.id).delete()
+    response = api.post(f"/v1/batches/{half_failed.id}/rerun", {}, format="json")
+    assert response.status_code == 409 and "error file" in response.json()["error"]["message"]
+    error_file.save()
+
     File.objects.filter(id=half_failed.input_file_id).delete()
     response = api.post(f"/v1/batches/{half_failed.id}/rerun", {}, format="json")
     assert response.status_code == 409 and "was deleted" in response.json()["error"]["message"]
