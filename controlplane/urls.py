@@ -7,6 +7,7 @@ from django.urls import path, re_path
 
 from controlplane.batches.views import BatchCancelView, BatchDetailView, BatchListCreateView, BatchRerunView
 from controlplane.files.views import FileContentView, FileDetailView, FileListCreateView
+from controlplane.fleet.views import ModelDetailView, ModelListView
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -23,6 +24,9 @@ urlpatterns = [
     path("v1/batches/<str:batch_id>", BatchDetailView.as_view()),
     path("v1/batches/<str:batch_id>/cancel", BatchCancelView.as_view()),
     path("v1/batches/<str:batch_id>/rerun", BatchRerunView.as_view()),
+    path("v1/models", ModelListView.as_view()),
+    # path: catalogue names may hold a slash ("org/model"), as Hugging Face ids do.
+    path("v1/models/<path:model_id>", ModelDetailView.as_view()),
 ]
 
 if settings.SERVE_STATIC:

@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from django.db import models
+from django.utils import timezone
 
 
 class ModelKind(models.TextChoices):
@@ -41,6 +42,8 @@ class CatalogueModel(models.Model):
     pin_server = models.ForeignKey("TritonServer", on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     pin_gpus = models.JSONField(default=list, blank=True)
     last_active_at = models.DateTimeField(null=True, blank=True)
+    # OpenAI's Model object has ``created``; rows older than this field get the migration's time.
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
 
     def __str__(self) -> str:
         return self.name

@@ -140,3 +140,22 @@ def test_invalid_file_fails_batch_with_line_numbers(e2e):
         (5, "invalid_request"),
     ]
     assert batch.output_file_id is None and read_jsonl(client, batch.error_file_id) == []
+
+
+def test_models_list_and_retrieve(e2e):
+    client = e2e.sdk()
+    listed = {m.id: m for m in client.models.list()}
+    assert {"all-MiniLM-L6-v2", "identity"} <= set(listed)
+    minilm = client.models.retrieve("all-MiniLM-L6-v2")
+    assert (minilm.object, minilm.owned_by, minilm.endpoint, minilm.embedding_dimensions) == (
+        "model",
+        "system",
+        "/v1/embeddings",
+        384,
+    )
+    assert minilm.created > 0
+    identity = listed["identity"]
+    assert identity.endpoint == "/v2/infer" and identity.inputs[0]["name"] == "INPUT0"
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("no-such-model")
+    assert info.value.body["code"] == "model_not_found"
