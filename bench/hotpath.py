@@ -1,0 +1,356 @@
+"""Hot-path benchmark: how close the control plane comes to the per-line work it has to do.
+
+Corpus: identity requests, one [1, 4] FP32 row per line on `/v2/infer` (the model itself costs nothing, so
+what is measured is the control plane). For each size (10k and 100k lines; 1M with `--full-scale`; 10k with
+`--quick`), on one stack (Postgres + Redis + tritonserver, the local runner as `make serve` runs it):
+
+  end to end   upload → batch create → completed → output downloaded, all through the openai SDK;
+               phases from the batch row (validating, in_progress, finalizing).
+  in-process   the frozen reference: the same per-line work in one Python thread (json.loads the line,
+               build the FP32 tensor with numpy, stack a call's rows, identity, json.dumps the output line).
+               It is frozen code on purpose: the ratio moves only when the product does.
+
+Peak RSS of the web and worker process trees (every process of each, summed) is sampled every 0.2 s while
+a batch runs. `--profile` records the shard worker with py-spy during the largest size (top entries printed
+and written to var/bench-hotpath/profile-*.txt).
+
+The last line is machine-readable:
+  HOTPATH lines_per_s=<e2e lines/s at the largest size> vs_inprocess=<e2e ÷ in-process>
+          in_progress_lines_per_s=<lines ÷ in_progress seconds> worker_rss_mb=<peak> web_rss_mb=<peak>
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+import numpy as np  # noqa: E402
+import psycopg  # noqa: E402
+import redis  # noqa: E402
+
+ADMIN_DB_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+BROKER_URL = "redis://127.0.0.1:6379/4"
+TERMINAL = ("completed", "failed", "cancelled", "expired")
+# The identity model's max_batch_size (triton_models/identity/config.pbtxt): the reference stacks as many
+# rows per call as a shard's call would.
+CALL_ROWS = 256
+
+
+def identity_line(i: int) -> bytes:
+    return json.dumps(
+        {
+            "custom_id": f"r-{i}",
+            "method": "POST",
+            "url": "/v2/infer",
+            "body": {
+                "model": "identity",
+                "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [float(i), 1.0, 2.0, 3.0]}],
+            },
+        }
+    ).encode()
+
+
+def corpus(n: int) -> bytes:
+    return b"\n".join(identity_line(i) for i in range(n)) + b"\n"
+
+
+# -- the frozen in-process reference (do not optimise: it is the yardstick) ----------------------------
+
+
+def inprocess_lines_per_s(content: bytes) -> float:
+    lines = content.splitlines()
+    started = time.perf_counter()
+    out: list[bytes] = []
+    for first in range(0, len(lines), CALL_ROWS):
+        parsed = [json.loads(raw) for raw in lines[first : first + CALL_ROWS]]
+        tensors = [
+            np.asarray(p["body"]["inputs"][0]["data"], dtype=np.float32).reshape(p["body"]["inputs"][0]["shape"])
+            for p in parsed
+        ]
+        batch = np.concatenate(tensors)
+        result = batch.copy()  # identity
+        for row, p in enumerate(parsed):
+            body = {"outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [1, 4], "data": result[row].tolist()}]}
+            out.append(
+                json.dumps(
+                    {"id": "batch_req_x", "custom_id": p["custom_id"], "response": {"status_code": 200, "body": body}}
+                ).encode()
+            )
+    return len(lines) / (time.perf_counter() - started)
+
+
+# -- resident memory of process trees ------------------------------------------------------------------
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
+def tree_rss_bytes(pid: int) -> int:
+    total, stack = 0, [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            for line in Path(f"/proc/{current}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+        stack += _children(current)
+    return total
+
+
+class RssSampler:
+    def __init__(self, pids: dict[str, int], interval_s: float = 0.2):
+        self.pids, self.interval_s = pids, interval_s
+        self.peak = dict.fromkeys(pids, 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for name, pid in self.pids.items():
+                self.peak[name] = max(self.peak[name], tree_rss_bytes(pid))
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+# -- the stack -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    lines: int
+    e2e_s: float
+    upload_s: float
+    validating_s: float
+    in_progress_s: float
+    finalizing_s: float
+    download_s: float
+    worker_rss: int
+    web_rss: int
+
+    @property
+    def lines_per_s(self) -> float:
+        return self.lines / self.e2e_s
+
+
+class Bench:
+    def __init__(self, var_dir: Path):
+        self.db_name = f"cp_bench_hot_{uuid.uuid4().hex[:6]}"
+        self.db_url = ADMIN_DB_URL.rsplit("/", 1)[0] + f"/{self.db_name}"
+        self.var_dir = var_dir
+        self.stack = None
+
+    def start(self) -> None:
+        from openai import OpenAI
+
+        from deploy.local.stack import Stack, find_free_port
+
+        with psycopg.connect(ADMIN_DB_URL, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{self.db_name}"')
+        redis.Redis.from_url(BROKER_URL).flushdb()
+        shutil.rmtree(self.var_dir / "stack", ignore_errors=True)
+        env = {
+            "DATABASE_URL": self.db_url,
+            "CELERY_BROKER_URL": BROKER_URL,
+            # A 1 GB-class upload must pass: the default limit is the service's, not this benchmark's.
+            "FILE_MAX_BYTES": str(2 * 1024**3),
+            "BATCH_MAX_LINES": str(10_000_000),
+        }
+        self.stack = Stack(
+            var_dir=self.var_dir / "stack", web_port=find_free_port(), env=env, warm_models=("identity",)
+        )
+        self.stack.start()
+        key = self.stack.manage("tenant_create", f"hot-{uuid.uuid4().hex[:6]}").stdout.strip().splitlines()[-1]
+        self.sdk = OpenAI(base_url=f"{self.stack.base_url}/v1", api_key=key, max_retries=0, timeout=3600)
+        self.conn = psycopg.connect(self.db_url, autocommit=True)
+
+    def pids(self) -> dict[str, int]:
+        return {"web": self.stack.procs["web"].pid, "worker": self.stack.procs["worker"].pid}
+
+    def batch_row(self, batch_id: str) -> dict:
+        row = self.conn.execute(
+            "SELECT status, created_at, in_progress_at, finalizing_at, completed_at, completed_lines, failed_lines, "
+            "output_file_id FROM batches_batch WHERE id=%s",
+            (batch_id,),
+        ).fetchone()
+        keys = ("status", "created", "in_progress", "finalizing", "completed", "ok", "failed", "output")
+        return dict(zip(keys, row, strict=True))
+
+    def run(self, content: bytes, lines: int) -> Run:
+        with RssSampler(self.pids()) as rss:
+            started = time.perf_counter()
+            file_id = self.sdk.files.create(file=("hot.jsonl", io.BytesIO(content)), purpose="batch").id
+            uploaded = time.perf_counter()
+            batch = self.sdk.batches.create(input_file_id=file_id, endpoint="/v2/infer", completion_window="24h")
+            while True:
+                row = self.batch_row(batch.id)
+                if row["status"] in TERMINAL:
+                    break
+                time.sleep(0.05)
+            if row["status"] != "completed" or row["failed"] or row["ok"] != lines:
+                raise RuntimeError(f"batch {batch.id} ended {row['status']}: {row['ok']} ok, {row['failed']} failed")
+            done = time.perf_counter()
+            received = 0
+            with self.sdk.files.with_streaming_response.content(row["output"]) as response:
+                for chunk in response.iter_bytes(1 << 20):
+                    received += chunk.count(b"\n")
+            ended = time.perf_counter()
+        if received != lines:
+            raise RuntimeError(f"downloaded {received} lines of {lines}")
+        return Run(
+            lines=lines,
+            e2e_s=ended - started,
+            upload_s=uploaded - started,
+            validating_s=(row["in_progress"] - row["created"]).total_seconds(),
+            in_progress_s=(row["finalizing"] - row["in_progress"]).total_seconds(),
+            finalizing_s=(row["completed"] - row["finalizing"]).total_seconds(),
+            download_s=ended - done,
+            worker_rss=rss.peak["worker"],
+            web_rss=rss.peak["web"],
+        )
+
+    def profile(self, content: bytes, lines: int, out: Path) -> str:
+        """py-spy over the worker's process tree while one batch runs; returns the top of the profile."""
+        py_spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+        if py_spy is None:
+            return "py-spy is not installed: no profile"
+        raw = out.with_suffix(".raw.txt")
+        recorder = subprocess.Popen(
+            [py_spy, "record", "--pid", str(self.pids()["worker"]), "--subprocesses", "--format", "raw",
+             "--rate", "50", "--output", str(raw), "--nonblocking"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        time.sleep(1.0)  # let it attach
+        try:
+            self.run(content, lines)
+        finally:
+            recorder.send_signal(2)
+            recorder.wait(timeout=60)
+        return summarise_profile(raw, out)
+
+    def stop(self) -> None:
+        if getattr(self, "conn", None) is not None:
+            self.conn.close()
+        if self.stack is not None:
+            self.stack.stop()
+        with psycopg.connect(ADMIN_DB_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
+
+
+def summarise_profile(raw: Path, out: Path, top: int = 25) -> str:
+    """Self time and inclusive time per function from py-spy's collapsed stacks, idle frames dropped."""
+    idle = ("wait (threading.py", "select (selectors.py", "_recv_into", "poll (", "sleep", "epoll", "acquire")
+    own: dict[str, int] = {}
+    inclusive: dict[str, int] = {}
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        # "func (path:line)" → "func (path)": a function's call sites count as one; process frames go.
+        frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";") if not f.startswith("process ")]
+        if not frames or any(marker in frames[-1] for marker in idle):
+            continue
+        samples = int(count)
+        total += samples
+        own[frames[-1]] = own.get(frames[-1], 0) + samples
+        for frame in set(frames):
+            inclusive[frame] = inclusive.get(frame, 0) + samples
+    lines = [f"busy samples: {total}", "", "self %   function"]
+    for frame, samples in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"{100 * samples / max(total, 1):5.1f}   {frame}")
+    lines += ["", "incl %   function (controlplane frames)"]
+    ours = [(f, s) for f, s in inclusive.items() if "controlplane" in f]
+    for frame, samples in sorted(ours, key=lambda kv: -kv[1])[:top]:
+        lines.append(f"{100 * samples / max(total, 1):5.1f}   {frame}")
+    text = "\n".join(lines)
+    out.write_text(text + "\n")
+    return text
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="10,000 lines only")
+    parser.add_argument("--full-scale", action="store_true", help="add a 1,000,000-line run (~1 GB-class memory check)")
+    parser.add_argument(
+        "--profile", action="store_true", help="record the shard worker with py-spy at the largest size"
+    )
+    args = parser.parse_args()
+    sizes = [10_000] if args.quick else [10_000, 100_000]
+    if args.full_scale:
+        sizes.append(1_000_000)
+    var_dir = REPO_ROOT / "var" / "bench-hotpath"
+    var_dir.mkdir(parents=True, exist_ok=True)
+    print(f"identity [1, 4] FP32; sizes {sizes}; cores {os.cpu_count()}; load {os.getloadavg()[0]:.2f}", flush=True)
+    corpora = {n: corpus(n) for n in sizes}
+    reference = max(inprocess_lines_per_s(corpora[sizes[0]]) for _ in range(3))
+    bench = Bench(var_dir)
+    runs: list[Run] = []
+    profile_text = ""
+    try:
+        bench.start()
+        bench.run(corpus(1000), 1000)  # warm-up: connections, Triton's stub, the model's measured speed
+        for n in sizes:
+            runs.append(bench.run(corpora[n], n))
+            r = runs[-1]
+            print(f"  {n:>9,} lines: {r.lines_per_s:,.0f} lines/s end to end", flush=True)
+        if args.profile:
+            largest = sizes[-1]
+            profile_text = bench.profile(corpora[largest], largest, var_dir / f"profile-{largest}.txt")
+    finally:
+        bench.stop()
+
+    print()
+    print(
+        f"{'lines':>10}{'e2e s':>9}{'lines/s':>10}{'vs in-proc':>11}{'upload':>8}{'validate':>9}{'run':>8}"
+        f"{'finalize':>9}{'download':>9}{'worker MB':>10}{'web MB':>8}"
+    )
+    for r in runs:
+        print(
+            f"{r.lines:>10,}{r.e2e_s:>9.1f}{r.lines_per_s:>10,.0f}{r.lines_per_s / reference:>11.3f}{r.upload_s:>8.1f}"
+            f"{r.validating_s:>9.1f}{r.in_progress_s:>8.1f}{r.finalizing_s:>9.1f}{r.download_s:>9.1f}"
+            f"{r.worker_rss / 2**20:>10.0f}{r.web_rss / 2**20:>8.0f}"
+        )
+    print(f"in-process reference (frozen, one thread): {reference:,.0f} lines/s")
+    if profile_text:
+        print()
+        print(profile_text)
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
+    last = runs[-1]
+    print(
+        f"HOTPATH lines_per_s={last.lines_per_s:.0f} vs_inprocess={last.lines_per_s / reference:.3f} "
+        f"in_progress_lines_per_s={last.lines / max(last.in_progress_s, 1e-9):.0f} "
+        f"worker_rss_mb={last.worker_rss / 2**20:.0f} web_rss_mb={last.web_rss / 2**20:.0f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
