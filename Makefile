@@ -8,9 +8,12 @@ TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
 
 .PHONY: install demo serve test test-unit lint bench bench-quick clean
 
+# requirements.txt, then the batchctl console script (pyproject.toml) as an editable install: setuptools is
+# pinned in requirements.txt, so the build needs no download.
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements.txt
+	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
 install: $(VENV)/.installed
@@ -23,18 +26,18 @@ serve: install
 
 test: install
 	bash scripts/ensure_services.sh
-	$(VENV)/bin/ruff check controlplane deploy scripts bench build_engines tests
-	$(VENV)/bin/ruff format --check controlplane deploy scripts bench build_engines tests
-	$(VENV)/bin/mypy controlplane
+	$(VENV)/bin/ruff check controlplane batchctl deploy scripts bench build_engines tests
+	$(VENV)/bin/ruff format --check controlplane batchctl deploy scripts bench build_engines tests
+	$(VENV)/bin/mypy controlplane batchctl
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m pytest -q
 
 test-unit: install
 	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) -m pytest -q -m "not e2e"
 
 lint: install
-	$(VENV)/bin/ruff check controlplane deploy scripts bench build_engines tests
-	$(VENV)/bin/ruff format --check controlplane deploy scripts bench build_engines tests
-	$(VENV)/bin/mypy controlplane
+	$(VENV)/bin/ruff check controlplane batchctl deploy scripts bench build_engines tests
+	$(VENV)/bin/ruff format --check controlplane batchctl deploy scripts bench build_engines tests
+	$(VENV)/bin/mypy controlplane batchctl
 
 bench: install
 	bash scripts/ensure_services.sh
