@@ -1,4 +1,4 @@
-"""Streaming over JSONL with byte offsets, so shards can later seek straight to their range, and
+"""Streaming over JSONL with byte offsets, so shards can later read just their byte range, and
 decoding one line's JSON so that no input can crash the reader."""
 
 from __future__ import annotations
@@ -76,9 +76,9 @@ def iter_lines(
     end_byte: int | None = None,
     first_line_number: int = 1,
 ) -> Iterator[RawLine]:
-    """Yield lines without ever holding more than ``max_line_bytes`` of one line in memory."""
-    if start_byte:
-        stream.seek(start_byte)
+    """Yield lines without ever holding more than ``max_line_bytes`` of one line in memory. ``stream``
+    starts at ``start_byte`` (files.storage.blob_read_range opens it there, fetching only the range);
+    the offsets only number the lines."""
     offset = start_byte
     number = first_line_number
     while end_byte is None or offset < end_byte:

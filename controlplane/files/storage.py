@@ -1,11 +1,26 @@
-"""Blob storage for tenant files, batch parts and results, through Django's storage API (local or S3)."""
+"""Blob storage for tenant files, batch parts and results, through Django's storage API (local or S3).
+
+Writes go through the storage's own ``save`` (on S3 a multipart upload in bounded chunks, see settings).
+Reads never go through ``Storage.open``: django-storages' S3File downloads the whole object into memory
+before it returns a byte, so every shard would fetch the entire input file. ``blob_read_range`` streams
+instead: an HTTP Range GET on S3, a seek on local files, then reads in ``READ_CHUNK_BYTES`` pieces, so
+a web or worker process holds one buffer per open blob whatever the file's size."""
 
 from __future__ import annotations
 
-from typing import IO
+import io
+from collections.abc import Callable
+from typing import IO, Any
 
+from botocore.exceptions import BotoCoreError, ClientError
 from django.core.files import File as DjangoFile
 from django.core.files.storage import Storage, storages
+from storages.backends.s3 import S3Storage
+from storages.utils import clean_name
+
+# One read from storage: large enough that a 1 GiB download is a few thousand reads, small enough that
+# memory stays flat (the web process holds one such buffer per download in flight).
+READ_CHUNK_BYTES = 256 * 1024
 
 
 def blob_storage() -> Storage:
@@ -22,9 +37,91 @@ def blob_save(name: str, content: IO[bytes]) -> str:
     return saved
 
 
-def blob_open(name: str) -> IO[bytes]:
-    return blob_storage().open(name, "rb")
-
-
 def blob_delete(name: str) -> None:
     blob_storage().delete(name)
+
+
+class _RangeSource(io.RawIOBase):
+    """The bytes of one blob's range, read forward once from an open source (file or HTTP body)."""
+
+    def __init__(self, read: Callable[[int], bytes], release: Callable[[], None], length: int):
+        super().__init__()
+        self._read = read
+        self._release = release
+        self.length = length
+        self._left = length
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        want = min(len(buffer), self._left)
+        if want <= 0:
+            return 0
+        try:
+            data = self._read(want)
+        except BotoCoreError as exc:  # a dropped or timed-out S3 stream: storage I/O, like a local OSError
+            raise OSError(f"reading from storage failed: {exc}") from exc
+        buffer[: len(data)] = data
+        self._left -= len(data)
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._release()
+        super().close()
+
+
+class BlobReader(io.BufferedReader):
+    """A forward-only binary stream over a blob's byte range (``read``, ``readline``, iteration by
+    line). ``length`` is the number of bytes it yields in all, for a Content-Length."""
+
+    def __init__(self, source: _RangeSource):
+        super().__init__(source, buffer_size=READ_CHUNK_BYTES)
+        self.length = source.length
+
+
+def blob_read_range(name: str, start: int = 0, end: int | None = None) -> BlobReader:
+    """Stream bytes ``[start, end)`` of a blob (``end=None``: to its end). Only that range is fetched.
+    Raises FileNotFoundError when the blob is gone and OSError for other storage failures, so callers
+    can tell a lost blob from an outage."""
+    if end is not None and end <= start:
+        return BlobReader(_RangeSource(lambda size: b"", lambda: None, 0))
+    storage = blob_storage()
+    if isinstance(storage, S3Storage):
+        return BlobReader(_s3_range(storage, name, start, end))
+    handle = storage.open(name, "rb")
+    try:
+        size = handle.size
+        handle.seek(start)
+    except BaseException:
+        handle.close()
+        raise
+    length = max(0, (size if end is None else min(end, size)) - start)
+    return BlobReader(_RangeSource(handle.read, handle.close, length))
+
+
+def blob_open(name: str) -> BlobReader:
+    """The whole blob, streamed."""
+    return blob_read_range(name)
+
+
+def _s3_range(storage: S3Storage, name: str, start: int, end: int | None) -> _RangeSource:
+    key = storage._normalize_name(clean_name(name))
+    ranged = start > 0 or end is not None
+    params = {"Range": f"bytes={start}-{'' if end is None else end - 1}"} if ranged else {}
+    try:
+        # The low-level client of the storage's own (thread-local) connection: same credentials and
+        # endpoint as its writes, and a streaming body instead of S3File's download into memory.
+        response = storage.connection.meta.client.get_object(Bucket=storage.bucket_name, Key=key, **params)
+    except ClientError as exc:
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if status == 404:
+            raise FileNotFoundError(f"blob {name!r} does not exist in bucket {storage.bucket_name!r}") from exc
+        if status == 416:  # the range starts at or past the end of the object: nothing to read
+            return _RangeSource(lambda size: b"", lambda: None, 0)
+        raise OSError(f"storage GET {name!r} failed: {exc}") from exc
+    except BotoCoreError as exc:  # endpoint unreachable, connection reset, timeout
+        raise OSError(f"storage GET {name!r} failed: {exc}") from exc
+    body = response["Body"]
+    return _RangeSource(body.read, body.close, int(response["ContentLength"]))
