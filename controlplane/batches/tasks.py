@@ -7,8 +7,9 @@ conditional updates make the second run a no-op. Shards are not tasks: the sched
 from __future__ import annotations
 
 from celery import shared_task
+from django.utils import timezone
 
-from controlplane.batches import finalize, services, shards
+from controlplane.batches import finalize, retention, services, shards, storage_gc
 
 
 @shared_task(name="batches.batch_validate")
@@ -35,3 +36,20 @@ def shards_rescue_task() -> int:
 @shared_task(name="batches.batches_expire")
 def batches_expire_task() -> int:
     return len(services.batches_expire())
+
+
+# Data lifecycle (batches/retention.py, batches/storage_gc.py): each run is bounded; the next goes on.
+@shared_task(name="batches.files_expire")
+def files_expire_task() -> int:
+    return len(retention.files_expire(now=timezone.now()))
+
+
+@shared_task(name="batches.history_prune")
+def history_prune_task() -> dict[str, int]:
+    return retention.history_prune(now=timezone.now())
+
+
+@shared_task(name="batches.storage_collect")
+def storage_collect_task() -> int:
+    now = timezone.now()
+    return storage_gc.parts_collect(now=now) + len(storage_gc.orphans_collect(now=now))

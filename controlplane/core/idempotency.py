@@ -102,6 +102,13 @@ def idempotent(*, tenant_id: int, key: str | None, fingerprint: str, respond: Ca
     return _replay(tenant_id=tenant_id, key=key, fingerprint=fingerprint, now=now)
 
 
+def idempotency_key_seen(*, tenant_id: int, key: str) -> bool:
+    """Whether the tenant holds a live record of ``key``: the request is then a replay (or a reuse, a 409),
+    whose answer must not depend on what changed since the first (an upload's storage-quota pre-check)."""
+    cutoff = _cutoff(timezone.now())
+    return IdempotencyRecord.objects.filter(tenant_id=tenant_id, key=key, created_at__gte=cutoff).exists()
+
+
 def idempotency_records_prune(*, now: datetime) -> int:
     """Delete the keys older than the TTL; returns how many. Expired rows are already ignored by claims,
     so this only keeps the table small."""

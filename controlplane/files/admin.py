@@ -7,7 +7,7 @@ from controlplane.files.models import File
 
 @admin.register(File)
 class FileAdmin(admin.ModelAdmin):
-    list_display = ("id", "tenant", "filename", "purpose", "bytes", "created_at")
+    list_display = ("id", "tenant", "filename", "purpose", "bytes", "created_at", "expires_at")
     list_filter = ("purpose", "tenant")
     search_fields = ("id", "filename", "tenant__name")
-    readonly_fields = ("id", "tenant", "filename", "purpose", "bytes", "storage_name", "created_at")
+    readonly_fields = ("id", "tenant", "filename", "purpose", "bytes", "storage_name", "created_at", "expires_at")

@@ -25,9 +25,16 @@ class File(models.Model):
     # batch create from it, before validation reads the file. Null for files stored before counting.
     line_count = models.PositiveBigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    # OpenAI's expires_after / a batch's output_expires_after (anchor: created_at). Past it the file is
+    # gone for the tenant and beat deletes it (batches/retention.files_expire); null keeps it until deleted.
+    expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
 
     class Meta:
-        indexes = (models.Index(fields=["tenant", "created_at"]),)
+        indexes = (
+            models.Index(fields=["tenant", "created_at"]),
+            # The storage garbage collector asks which listed blobs a row still refers to.
+            models.Index(fields=["storage_name"], name="files_file_storage_name_idx"),
+        )
 
     def __str__(self) -> str:
         return f"{self.id} {self.filename}"

@@ -11,7 +11,7 @@ def file_render(file: File) -> dict[str, Any]:
         "object": "file",
         "bytes": file.bytes,
         "created_at": int(file.created_at.timestamp()),
-        "expires_at": None,
+        "expires_at": int(file.expires_at.timestamp()) if file.expires_at else None,
         "filename": file.filename,
         "purpose": file.purpose,
         "status": "processed",

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.db.models import QuerySet
+from django.db.models import QuerySet, Sum
 from django.http import HttpRequest
 
 from controlplane.tenants.models import ApiKey, Tenant, TenantEvent
@@ -48,7 +48,7 @@ class TenantAdmin(admin.ModelAdmin):
     list_editable = ("weight", "max_priority", "default_priority")
     list_filter = ("is_active", "paused", "max_priority")
     search_fields = ("name",)
-    readonly_fields = ("paused", "created_at", "updated_at")
+    readonly_fields = ("paused", "created_at", "updated_at", "storage_used_bytes")
     fieldsets = (
         (None, {"fields": ("name", "is_active", "created_at", "updated_at")}),
         (
@@ -59,6 +59,8 @@ class TenantAdmin(admin.ModelAdmin):
                     "max_enqueued_lines",
                     "max_enqueued_tokens",
                     "max_requests_per_minute",
+                    "storage_quota_bytes",
+                    "storage_used_bytes",
                 )
             },
         ),
@@ -76,6 +78,11 @@ class TenantAdmin(admin.ModelAdmin):
     )
     inlines = (ApiKeyInline, TenantEventInline)
     actions = ("pause", "resume")
+
+    @admin.display(description="Storage used (bytes)")
+    def storage_used_bytes(self, obj: Tenant) -> int:
+        # Through the reverse relation: the tenants app does not import the files app above it.
+        return int(obj.files.aggregate(total=Sum("bytes"))["total"] or 0) if obj.pk else 0
 
     def _set_paused(self, request: HttpRequest, queryset: QuerySet[Tenant], *, paused: bool) -> None:
         actor = request.user.get_username()

@@ -3,6 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import ClassVar
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 
@@ -37,6 +38,11 @@ def priority_rank(value: object) -> int | None:
     return None if priority is None else PRIORITY_RANK[priority]
 
 
+def default_storage_quota_bytes() -> int | None:
+    """A new tenant's storage quota: TENANT_STORAGE_QUOTA_BYTES, where 0 means unlimited (None)."""
+    return settings.TENANT_STORAGE_QUOTA_BYTES or None
+
+
 class Tenant(TimestampedModel):
     name = models.CharField(max_length=200, unique=True)
     is_active = models.BooleanField(default=True)
@@ -47,6 +53,13 @@ class Tenant(TimestampedModel):
     max_enqueued_tokens = models.PositiveBigIntegerField(default=5_000_000_000)
     # API requests per minute, counted per key.
     max_requests_per_minute = models.PositiveIntegerField(default=3000)
+    # Bytes of stored files (uploads and batch results); an upload over it is a 413 (the file alone) or 429.
+    storage_quota_bytes = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        default=default_storage_quota_bytes,
+        help_text="Bytes of stored files (uploads and results). Empty: unlimited.",
+    )
     # Scheduling: share of the fleet relative to other tenants, and the priority classes allowed.
     weight = models.FloatField(default=1.0, help_text="Fair-share weight: 2.0 gets twice the work of 1.0")
     max_priority = models.CharField(
