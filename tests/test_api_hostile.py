@@ -121,6 +121,47 @@ def test_a_nul_in_the_url_is_a_400(api, path):
     _assert_error_shape(api.get(path), 400)
 
 
+@pytest.mark.parametrize("declared", ["abc", "-5", "1e3"])
+def test_a_malformed_content_length_is_a_4xx_not_a_500(api, file_id, declared):
+    # Found probing the fuzzer's blind spots: POST /v1/files did int(CONTENT_LENGTH) and answered 500.
+    upload = api.generic(
+        "POST", "/v1/files", b"--x\r\n", content_type="multipart/form-data; boundary=x", CONTENT_LENGTH=declared
+    )
+    _assert_error_shape(upload, 400)  # no file read (Django takes the length as 0), or a multipart parse error
+    created = api.generic(
+        "POST", "/v1/batches", _body(file_id), content_type="application/json", CONTENT_LENGTH=declared
+    )
+    assert 400 <= created.status_code < 500 and "error" in created.json()
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/v1/files/a%2Fb", "/v1/files/", "/v1/batches/batch_x/", "/v1/nope", "/v1/files/x/content/more", "/v1/"],
+)
+def test_a_v1_url_that_matches_no_route_is_an_openai_404(api, path):
+    # The id's slash (%2F decodes to /) or a trailing slash matches no route: Django's HTML page before.
+    response = api.get(path)
+    assert response.status_code == 404 and response["Content-Type"] == "application/json"
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "unknown_url"
+
+
+def test_a_format_query_parameter_is_ignored(api):
+    # DRF's URL_FORMAT_OVERRIDE turned ?format=csv into a 404 "Not found." on every endpoint.
+    assert api.get("/v1/files", {"format": "csv"}).status_code == 200
+    assert api.get("/v1/batches", {"format": "api"}).status_code == 200
+
+
+def test_errors_outside_drf_keep_the_shape_only_under_v1(rf):
+    from controlplane.core import http_errors
+
+    api_error = http_errors.server_error(rf.get("/v1/files"))
+    assert api_error.status_code == 500 and json.loads(api_error.content)["error"]["type"] == "server_error"
+    assert json.loads(http_errors.bad_request(rf.get("/v1/files"), ValueError()).content)["error"]["code"]
+    admin_page = http_errors.not_found(rf.get("/admin/nope"), ValueError())
+    assert admin_page.status_code == 404 and admin_page["Content-Type"].startswith("text/html")
+
+
 @pytest.mark.parametrize(
     "metadata",
     [{"k": "\ud800"}, {"\ud800": "v"}, {"k": "a\x00b"}, {1: "v"}, {"k": None}],

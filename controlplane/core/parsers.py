@@ -18,6 +18,15 @@ from controlplane.core.errors import PayloadTooLarge
 from controlplane.core.jsontext import MAX_JSON_DEPTH, bad_text, json_error_text, reject_constant, too_deep
 
 
+def declared_length(meta: Mapping[str, Any]) -> int:
+    """The request's declared ``Content-Length``; 0 when it is absent or malformed (``abc``, ``-5``), as
+    Django's own request stream takes it: reads stop at the body limits whatever it says."""
+    try:
+        return max(0, int(meta.get("CONTENT_LENGTH") or 0))
+    except ValueError:
+        return 0
+
+
 class LimitedJSONParser(JSONParser):
     """JSON bodies up to ``API_MAX_JSON_BYTES``; anything that is not storable JSON is a 400 parse error."""
 
@@ -27,10 +36,7 @@ class LimitedJSONParser(JSONParser):
         limit: int = settings.API_MAX_JSON_BYTES
         context = parser_context or {}
         request = context.get("request")
-        try:
-            declared = int(request.META.get("CONTENT_LENGTH") or 0) if request is not None else 0
-        except ValueError:
-            declared = 0  # a malformed header: the read below still stops at the limit
+        declared = declared_length(request.META) if request is not None else 0
         # A declared length over the limit is refused unread; a chunked body is read one byte past it.
         raw = b"" if declared > limit else stream.read(limit + 1)
         if declared > limit or len(raw) > limit:

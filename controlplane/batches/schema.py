@@ -1,0 +1,272 @@
+"""OpenAPI description of ``/v1/batches`` (core/openapi.py says why these serializers only document).
+
+``BatchSerializer`` mirrors ``serializers.batch_render``; the fuzz test checks real responses against it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from drf_spectacular.utils import extend_schema, extend_schema_field, extend_schema_view
+from rest_framework import serializers
+
+from controlplane.batches.models import BatchStatus, Endpoint
+from controlplane.core.idempotency import HEADER as IDEMPOTENCY_HEADER
+from controlplane.core.openapi import (
+    IDEMPOTENCY_KEY,
+    REPLAYED,
+    RESPONSE_HEADERS,
+    cursor_page_of,
+    cursor_parameters,
+    error_responses,
+    link,
+    path_id,
+    response_links_add,
+)
+from controlplane.core.pagination import MAX_LIMIT
+from controlplane.files.lifecycle import EXPIRES_AFTER_MAX_SECONDS, EXPIRES_AFTER_MIN_SECONDS
+from controlplane.tenants.models import Priority
+
+TAGS = ["Batches"]
+_BATCH_ID = path_id("batch_id", "batch_abc123")
+_PRIORITY_HELP = (
+    "Extension: the scheduling class, up to the tenant's `max_priority` (a higher one is a 400); absent: the "
+    "tenant's default. The openai SDK sends it with `extra_body={'priority': 'high'}`."
+)
+
+
+@extend_schema_field(
+    {
+        "type": "object",
+        "additionalProperties": {"type": "string", "maxLength": 512},
+        "maxProperties": 16,
+        "description": "Up to 16 key-value pairs; keys at most 64 characters, values strings of at most 512.",
+    }
+)
+class MetadataField(serializers.DictField):
+    """OpenAI's metadata (checked by ``services._validate_metadata``)."""
+
+
+class OutputExpiresAfterSerializer(serializers.Serializer[Any]):
+    anchor = serializers.ChoiceField(choices=["created_at"], help_text="The output files' creation time.")
+    seconds = serializers.IntegerField(
+        min_value=EXPIRES_AFTER_MIN_SECONDS,
+        max_value=EXPIRES_AFTER_MAX_SECONDS,
+        help_text="1 hour to 30 days after the anchor.",
+    )
+
+
+class BatchCreateSerializer(serializers.Serializer[Any]):
+    input_file_id = serializers.CharField(help_text="A file uploaded with purpose `batch`.")
+    endpoint = serializers.ChoiceField(
+        choices=Endpoint.values,
+        help_text="`/v1/embeddings`, or `/v2/infer` for any catalogue model (a KServe v2 request per line).",
+    )
+    completion_window = serializers.ChoiceField(
+        choices=list(settings.BATCH_COMPLETION_WINDOWS), help_text="The windows in `BATCH_COMPLETION_WINDOWS`."
+    )
+    metadata = MetadataField(required=False, allow_null=True)
+    priority = serializers.ChoiceField(choices=Priority.values, required=False, help_text=_PRIORITY_HELP)
+    output_expires_after = OutputExpiresAfterSerializer(
+        required=False, help_text="When the output and error files expire; absent: kept until deleted."
+    )
+
+
+class BatchErrorSerializer(serializers.Serializer[Any]):
+    code = serializers.CharField()
+    message = serializers.CharField()
+    param = serializers.CharField(allow_null=True)
+    line = serializers.IntegerField(allow_null=True, help_text="1-based line of the input file.")
+
+
+class BatchErrorsSerializer(serializers.Serializer[Any]):
+    object = serializers.ChoiceField(choices=["list"])
+    data = BatchErrorSerializer(many=True)  # type: ignore[assignment]  # a field: DRF's metaclass pops it
+
+
+class BatchRequestCountsSerializer(serializers.Serializer[Any]):
+    total = serializers.IntegerField()
+    completed = serializers.IntegerField()
+    failed = serializers.IntegerField()
+
+
+class InputTokensDetailsSerializer(serializers.Serializer[Any]):
+    cached_tokens = serializers.IntegerField()
+
+
+class OutputTokensDetailsSerializer(serializers.Serializer[Any]):
+    reasoning_tokens = serializers.IntegerField()
+
+
+class BatchUsageSerializer(serializers.Serializer[Any]):
+    input_tokens = serializers.IntegerField()
+    output_tokens = serializers.IntegerField()
+    total_tokens = serializers.IntegerField()
+    input_tokens_details = InputTokensDetailsSerializer()
+    output_tokens_details = OutputTokensDetailsSerializer()
+
+
+class BatchQueueSerializer(serializers.Serializer[Any]):
+    position = serializers.IntegerField(help_text="1: the model's next free slot serves this batch.")
+    runnable_batches = serializers.IntegerField()
+    estimated_start_at = serializers.IntegerField(allow_null=True, help_text="Unix time of the next shard.")
+    deadline_at_risk = serializers.BooleanField()
+
+
+def _timestamp(help_text: str = "Unix time (seconds); null until then.") -> serializers.IntegerField:
+    return serializers.IntegerField(allow_null=True, help_text=help_text)
+
+
+class BatchSerializer(serializers.Serializer[Any]):
+    id = serializers.CharField()
+    object = serializers.ChoiceField(choices=["batch"])
+    endpoint = serializers.CharField()
+    model = serializers.CharField(allow_null=True, help_text="The input's model, once validated.")
+    errors = BatchErrorsSerializer(  # type: ignore[assignment]  # a field: DRF's metaclass pops it
+        allow_null=True, help_text="Validation errors of a failed batch."
+    )
+    input_file_id = serializers.CharField()
+    completion_window = serializers.CharField()
+    status = serializers.ChoiceField(choices=BatchStatus.values)
+    output_file_id = serializers.CharField(allow_null=True)
+    error_file_id = serializers.CharField(allow_null=True)
+    created_at = serializers.IntegerField(help_text="Unix time (seconds).")
+    in_progress_at = _timestamp()
+    expires_at = _timestamp("Unix time: created_at plus the completion window.")
+    finalizing_at = _timestamp()
+    completed_at = _timestamp()
+    failed_at = _timestamp()
+    expired_at = _timestamp()
+    cancelling_at = _timestamp()
+    cancelled_at = _timestamp()
+    request_counts = BatchRequestCountsSerializer()
+    usage = BatchUsageSerializer()
+    metadata = MetadataField(allow_null=True)
+    priority = serializers.ChoiceField(choices=Priority.values, help_text="Extension: the scheduling class.")
+    queue = BatchQueueSerializer(
+        allow_null=True,
+        help_text="Extension: the batch's place in its model's queue; null when none of its work is waiting.",
+    )
+
+
+BatchListSerializer = cursor_page_of(BatchSerializer, name="BatchList")
+
+
+batch_list_create = extend_schema_view(
+    get=extend_schema(
+        operation_id="listBatches",
+        summary="List the tenant's batches",
+        tags=TAGS,
+        parameters=[*cursor_parameters(maximum=MAX_LIMIT), *RESPONSE_HEADERS],
+        responses={200: BatchListSerializer, **error_responses()},
+    ),
+    post=extend_schema(
+        operation_id="createBatch",
+        summary="Create a batch from an uploaded file",
+        description="The batch starts in `validating`; a malformed input fails it later with line-numbered "
+        "`errors`. Over a tenant quota (concurrent batches, enqueued lines) it is a 429 that names the limit.",
+        tags=TAGS,
+        request={"application/json": BatchCreateSerializer},
+        parameters=[IDEMPOTENCY_KEY, REPLAYED, *RESPONSE_HEADERS],
+        responses={200: BatchSerializer, **error_responses(404, 409, 413, 415)},
+    ),
+)
+
+
+class BatchRerunSerializer(serializers.Serializer[Any]):
+    error_codes = serializers.ListField(
+        child=serializers.CharField(),
+        min_length=1,
+        required=False,
+        help_text="Only the lines that failed with one of these codes; absent: every failed line.",
+    )
+    completion_window = serializers.ChoiceField(
+        choices=list(settings.BATCH_COMPLETION_WINDOWS), required=False, help_text="Absent: the source's window."
+    )
+
+
+batch_detail = extend_schema_view(
+    get=extend_schema(
+        operation_id="retrieveBatch",
+        summary="Retrieve a batch",
+        tags=TAGS,
+        parameters=[_BATCH_ID, *RESPONSE_HEADERS],
+        responses={200: BatchSerializer, **error_responses(404)},
+    ),
+)
+
+batch_cancel = extend_schema_view(
+    post=extend_schema(
+        operation_id="cancelBatch",
+        summary="Cancel a batch",
+        description="A validating batch is cancelled at once; an in-progress one moves to `cancelling`, keeps "
+        "the lines already finished, and ends `cancelled` with its output and error files.",
+        tags=TAGS,
+        request=None,
+        parameters=[_BATCH_ID, *RESPONSE_HEADERS],
+        responses={
+            200: BatchSerializer,
+            **error_responses(404, described={409: "The batch has already ended (completed, failed or expired)."}),
+        },
+    ),
+)
+
+batch_rerun = extend_schema_view(
+    post=extend_schema(
+        operation_id="rerunBatch",
+        summary="Re-run a finished batch's failed lines",
+        description="Extension: a new batch over the failed lines of a completed, expired or cancelled batch "
+        "(all of them, or those with the given error codes), with the source's endpoint, metadata, priority and "
+        "output expiry. With the openai SDK: `client.post(f'/batches/{id}/rerun', body={}, cast_to=Batch)`.",
+        tags=TAGS,
+        request={"application/json": BatchRerunSerializer},
+        parameters=[_BATCH_ID, IDEMPOTENCY_KEY, REPLAYED, *RESPONSE_HEADERS],
+        responses={
+            200: BatchSerializer,
+            **error_responses(
+                404,
+                413,
+                415,
+                described={
+                    409: "The batch is still open, has no failed lines (with those codes), or its input file was "
+                    f"deleted; or the `{IDEMPOTENCY_HEADER}` was used with a different request."
+                },
+            ),
+        },
+    ),
+)
+
+
+def openapi_links(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    """drf-spectacular post-processing hook (SPECTACULAR_SETTINGS): from an upload to its batch, and from a
+    batch to its files and further calls."""
+    response_links_add(
+        result,
+        operation_id="createFile",
+        links={
+            "CreateBatch": {
+                "operationId": "createBatch",
+                "requestBody": {
+                    "input_file_id": "$response.body#/id",
+                    "endpoint": Endpoint.EMBEDDINGS.value,
+                    "completion_window": settings.BATCH_COMPLETION_WINDOWS[0],
+                },
+                "description": "A batch over the uploaded file.",
+            }
+        },
+    )
+    batch_id = "$response.body#/id"
+    input_file_id = "$response.body#/input_file_id"
+    batch_links = {
+        "RetrieveBatch": link("retrieveBatch", batch_id=batch_id, description="The batch's current state."),
+        "CancelBatch": link("cancelBatch", batch_id=batch_id, description="Cancel it."),
+        "RerunBatch": link("rerunBatch", batch_id=batch_id, description="Re-run its failed lines once it ended."),
+        "ListBatchesAfter": link("listBatches", after=batch_id, description="The batches created before it."),
+        "RetrieveInputFile": link("retrieveFile", file_id=input_file_id, description="Its input file."),
+        "DeleteInputFile": link(
+            "deleteFile", file_id=input_file_id, description="Refused (409) while the batch still runs."
+        ),
+    }
+    response_links_add(result, operation_id="createBatch", links=batch_links)
+    response_links_add(result, operation_id="cancelBatch", links=batch_links)
+    return result
