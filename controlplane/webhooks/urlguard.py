@@ -1,0 +1,106 @@
+"""Where a webhook may go: public addresses only (no server-side request forgery into our network).
+
+A URL is checked when an endpoint is registered and again before every attempt, and the attempt connects
+to the address checked then (delivery.py): a host whose DNS answer changes to a private address after
+registration (DNS rebinding) is refused at that attempt, not connected to. ``WEBHOOK_ALLOW_LOOPBACK``
+admits 127.0.0.0/8 and ::1, and nothing else, for tests and the local runner."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from controlplane.core.errors import ValidationFailed, quote
+
+# The longest URL accepted, as most browsers and proxies do.
+MAX_URL_LENGTH = 2048
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+# Checked in this order, so an address gets its most specific name (127.0.0.1 is also "private").
+_REFUSED = (
+    ("is_loopback", "loopback"),
+    ("is_unspecified", "unspecified"),
+    ("is_link_local", "link-local"),
+    ("is_multicast", "multicast"),
+    ("is_private", "private"),
+    ("is_reserved", "reserved"),
+)
+
+
+class UnsafeUrl(ValidationFailed):
+    code = "invalid_url"
+
+    def __init__(self, message: str):
+        super().__init__(message, param="url")
+
+
+@dataclass(frozen=True)
+class Target:
+    scheme: str
+    host: str
+    port: int
+    path: str  # path and query, as sent in the request line
+    addresses: tuple[str, ...]  # the checked addresses, the only ones to connect to, in resolver order
+
+
+def address_refusal(address: str, *, allow_loopback: bool) -> str | None:
+    """Why ``address`` is no place for a webhook (``"private"``, ``"link-local"``, …), or None."""
+    try:
+        ip: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(address)
+    except ValueError:
+        return "unparseable"
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped  # ::ffff:10.0.0.1 is 10.0.0.1
+    if ip.is_loopback and allow_loopback:
+        return None
+    for attribute, reason in _REFUSED:
+        if getattr(ip, attribute):
+            return reason
+    # Shared address space (100.64.0.0/10) and the like: neither private nor public.
+    return None if ip.is_global else "non-global"
+
+
+def url_check(url: object) -> tuple[str, str, int, str]:
+    """(scheme, host, port, path) of a well-formed http(s) URL, or UnsafeUrl saying what is wrong."""
+    if not isinstance(url, str) or not url:
+        raise UnsafeUrl("url must be a non-empty string.")
+    if len(url) > MAX_URL_LENGTH:
+        raise UnsafeUrl(f"url must be at most {MAX_URL_LENGTH} characters.")
+    if any(ord(c) < 33 or ord(c) == 127 for c in url):
+        raise UnsafeUrl("url must not contain spaces or control characters.")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise UnsafeUrl(f"url is not a valid URL ({exc}): {quote(url)}.") from exc
+    if parts.scheme not in _DEFAULT_PORTS:
+        raise UnsafeUrl(f"url must start with https:// or http://, got {quote(url)}.")
+    if not parts.hostname:
+        raise UnsafeUrl(f"url has no host: {quote(url)}.")
+    if parts.username is not None or parts.password is not None:
+        raise UnsafeUrl("url must not carry credentials; authenticate the webhook by its signature.")
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return parts.scheme, parts.hostname, port or _DEFAULT_PORTS[parts.scheme], path
+
+
+def target_resolve(url: object, *, allow_loopback: bool) -> Target:
+    """Check ``url`` and resolve its host; every address it resolves to must be public (a host with one
+    private address among public ones could be steered to it). Raises UnsafeUrl naming the reason."""
+    scheme, host, port, path = url_check(url)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError, ValueError) as exc:  # gaierror is an OSError; an over-long label a UnicodeError
+        raise UnsafeUrl(f"url: the host {quote(host)} could not be resolved ({exc}).") from exc
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+    if not addresses:
+        raise UnsafeUrl(f"url: the host {quote(host)} has no address.")
+    for address in addresses:
+        reason = address_refusal(address, allow_loopback=allow_loopback)
+        if reason is not None:
+            article = "an" if reason[0] in "aeiou" else "a"
+            raise UnsafeUrl(
+                f"url: the host {quote(host)} resolves to {address}, {article} {reason} address; webhooks are "
+                "sent to public addresses only."
+            )
+    return Target(scheme=scheme, host=host, port=port, path=path, addresses=tuple(addresses))
