@@ -2,12 +2,44 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 from celery import Celery
+from celery.worker.consumer import Consumer
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
+logger = logging.getLogger(__name__)
+
+
+class BrokerRestartTolerantConsumer(Consumer):
+    """Celery's consumer, surviving a Redis restart while it holds unacknowledged (late-ack) messages.
+
+    On a lost connection the consumer collects and closes the connection, which detaches the kombu
+    transport from its connection (``transport.client = None``). Channels of that transport are still in
+    use: closing them restores their unacked messages, and every task that was running acknowledges its
+    message through them when it ends. Both build a Redis connection from ``transport.client`` and raise
+    AttributeError ('NoneType' object has no attribute 'hostname'), which Celery treats as unrecoverable:
+    the worker shuts down (kombu/celery 5.7.0; every time a busy shard worker sees Redis restart, found by
+    tests/chaos). So the failed close is logged, and the transport keeps its client: the late acks then
+    reach the restarted broker (acking a message it no longer has is a no-op) or fail as the connection
+    errors kombu already tolerates. Lost messages cost nothing here: the work they carried lives in
+    Postgres (slots expire and are topped up again, shards keep their leases)."""
+
+    def on_connection_error_after_connected(self, exc: Exception) -> None:
+        transport = self.connection.transport if self.connection else None
+        client = transport.client if transport is not None else None
+        try:
+            super().on_connection_error_after_connected(exc)
+        except AttributeError:
+            logger.warning("closing the lost broker connection failed inside kombu; reconnecting", exc_info=True)
+        finally:
+            if transport is not None and transport.client is None:
+                transport.client = client
+
+
 app = Celery("controlplane")
 app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.worker_consumer = f"{__name__}:{BrokerRestartTolerantConsumer.__name__}"
 app.autodiscover_tasks()

@@ -97,7 +97,14 @@ def fleet_heartbeat() -> dict[str, str]:
                 except OSError as exc:
                     logger.warning("gpu metrics of %s unavailable: %s", server.name, exc)
             state = server.operator_state or ServerState.HEALTHY
-            TritonServer.objects.filter(id=server.id).update(state=state, consecutive_failures=0, last_heartbeat_at=now)
+            update: dict[str, object] = {"state": state, "consecutive_failures": 0, "last_heartbeat_at": now}
+            if server.state == ServerState.UNHEALTHY:
+                # Back from an outage (restarted, or resumed after a hang): the breaker's failures were that
+                # outage's, and it has just ended. Left open, the breaker would idle the server for up to
+                # FLEET_BREAKER_OPEN_SECONDS after the reconciler has loaded its models again (the chaos
+                # suite measured work resuming 11 s after the model was ready instead of ~1 s).
+                update["breaker_open_until"] = None
+            TritonServer.objects.filter(id=server.id).update(**update)
         else:
             failures = server.consecutive_failures + 1
             state = server.state

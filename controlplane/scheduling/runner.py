@@ -14,6 +14,7 @@ from django.conf import settings
 from controlplane.batches.backend import InferenceBackend
 from controlplane.batches.execution import shard_execute
 from controlplane.batches.shards import LeaseKeeper
+from controlplane.core.database import when_database_answers
 from controlplane.fleet.models import CatalogueModel
 from controlplane.scheduling.claims import shard_claim_next, shard_settle
 from controlplane.scheduling.slots import slot_finish, slot_renew, slot_start, slots_topup
@@ -35,12 +36,21 @@ def slot_run(*, slot_id: int, owner: str, backend_factory: Callable[[str], Infer
         with LeaseKeeper(partial(slot_renew, slot_id=slot_id), name=f"slot-{slot_id}-lease") as keeper:
             ran, triton_away = _run_shards(model=model, owner=owner, backend_factory=backend_factory, keeper=keeper)
     finally:
-        slot_finish(slot_id=slot_id)
+        _slot_finish_through_database_errors(slot_id)
         # With Triton away an immediate top-up would start the next slot only to fail the same way, in a
         # tight loop; beat's top-up (SCHEDULER_TOPUP_INTERVAL_SECONDS) tries again soon enough.
         if not triton_away:
             slots_topup(model_name=model.name)
     return ran
+
+
+def _slot_finish_through_database_errors(slot_id: int) -> None:
+    """Hand the slot's place back even if the database was restarting under the slot (its shard then
+    failed with a DatabaseError, which propagates). Left behind, the slot row would count against the
+    model's cap until its lease ran out, so every other runnable shard would wait that long too (tests/chaos:
+    a Postgres restart held the batch 10 s). Tries for a shard lease at most: the slot's own lease has long
+    expired by then, and the next top-up drops the row anyway."""
+    when_database_answers(partial(slot_finish, slot_id=slot_id), within_s=settings.SHARD_LEASE_SECONDS)
 
 
 def _run_shards(

@@ -1,0 +1,66 @@
+"""The heartbeat and the circuit breaker: a server back from an outage gets its breaker closed, a live
+server whose calls keep failing keeps it open."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from controlplane.fleet import inventory
+from controlplane.fleet.inventory import fleet_heartbeat, server_register
+from controlplane.fleet.models import ServerState, TritonServer
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def live(monkeypatch):
+    answers = {"live": True}
+    monkeypatch.setattr(inventory.TritonClient, "is_live", lambda self: answers["live"])
+    return answers
+
+
+def _server(state: str) -> TritonServer:
+    server = server_register(name="t0", grpc_url="127.0.0.1:1", gpu_memory_bytes=[1024**3])
+    TritonServer.objects.filter(id=server.id).update(
+        state=state, consecutive_failures=3, breaker_open_until=timezone.now() + timedelta(seconds=30)
+    )
+    return server
+
+
+def test_a_server_back_from_an_outage_gets_its_breaker_closed(live):
+    server = _server(ServerState.UNHEALTHY)
+    assert fleet_heartbeat() == {"t0": ServerState.HEALTHY}
+    server.refresh_from_db()
+    assert server.breaker_open_until is None and server.consecutive_failures == 0
+
+
+def test_a_live_server_with_failing_calls_keeps_its_breaker_open(live):
+    server = _server(ServerState.HEALTHY)
+    fleet_heartbeat()
+    server.refresh_from_db()
+    assert server.breaker_open_until is not None  # liveness alone is no answer to failing calls
+
+
+def test_two_missed_heartbeats_mark_a_server_unhealthy(live):
+    server = server_register(name="t0", grpc_url="127.0.0.1:1", gpu_memory_bytes=[1024**3])
+    live["live"] = False
+    assert fleet_heartbeat() == {"t0": ServerState.HEALTHY}
+    assert fleet_heartbeat() == {"t0": ServerState.UNHEALTHY}
+    server.refresh_from_db()
+    assert server.consecutive_failures == 2
+
+
+def test_a_server_back_from_an_outage_is_reconciled_at_once(live, monkeypatch):
+    from controlplane.fleet import tasks
+
+    reconciles: list[str] = []
+    monkeypatch.setattr(tasks, "fleet_reconcile", lambda actor: reconciles.append(actor))
+    _server(ServerState.HEALTHY)
+    tasks.fleet_heartbeat_task()
+    assert reconciles == []  # nothing came back: the beat's reconcile is soon enough
+    TritonServer.objects.update(state=ServerState.UNHEALTHY)
+    tasks.fleet_heartbeat_task()
+    assert reconciles == ["heartbeat"]
