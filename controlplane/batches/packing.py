@@ -130,11 +130,13 @@ def pack_tensors(lines: dict[int, ParsedLine], max_batch_size: int) -> list[Call
     calls: list[Call] = []
     for signature in sorted(groups, key=repr):
         pending: list[tuple[int, TensorRequest]] = []
+        rows = 0  # of pending, kept as it grows (summing pending per line was quadratic in the call size)
         for number, request in groups[signature]:
-            if pending and sum(r.rows for _, r in pending) + request.rows > max_batch_size:
+            if pending and rows + request.rows > max_batch_size:
                 calls.append(_stack(pending))
-                pending = []
+                pending, rows = [], 0
             pending.append((number, request))
+            rows += request.rows
         if pending:
             calls.append(_stack(pending))
     return calls
