@@ -41,12 +41,15 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",  # the tenant API's OpenAPI schema (/v1/openapi.json) and Swagger UI (/v1/docs)
+    "drf_spectacular_sidecar",  # Swagger UI's JS/CSS as static files: the docs page needs no CDN
     "controlplane.core",
     "controlplane.tenants",
     "controlplane.files",
     "controlplane.fleet",
     "controlplane.batches",
     "controlplane.scheduling",
+    "controlplane.webhooks",
 ]
 
 MIDDLEWARE = [
@@ -99,7 +102,11 @@ TEMPLATES = [
 ]
 
 _SQLITE_URL = f"sqlite:///{VAR_DIR / 'db.sqlite3'}"
-DATABASES = {"default": dj_database_url.parse(env_str("DATABASE_URL", _SQLITE_URL), conn_max_age=60)}
+# Health checks: a persistent connection is verified before its first use in each request or task, so
+# a restarted Postgres costs no 500 and no failed task (tests/chaos: one 500 per stale connection without).
+DATABASES = {
+    "default": dj_database_url.parse(env_str("DATABASE_URL", _SQLITE_URL), conn_max_age=60, conn_health_checks=True)
+}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Web, worker and beat share one SQLite file: WAL lets readers run beside the one writer, and
     # IMMEDIATE transactions take the write lock up front instead of failing on lock upgrade.
@@ -119,14 +126,22 @@ STATIC_URL = "static/"
 SERVE_STATIC = env_bool("SERVE_STATIC", True)
 STATIC_ROOT = VAR_DIR / "static"
 
-# Storage: local directory by default; STORAGE_BACKEND=s3 switches to django-storages' S3 backend,
-# configured by its own AWS_* variables (bucket, endpoint) so any S3-compatible store works.
+# Storage: local directory by default; STORAGE_BACKEND=s3 switches to django-storages' S3 backend on any
+# S3-compatible store (S3_ENDPOINT_URL for MinIO/Ceph/...). Credentials come from boto3's own chain
+# (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile, an instance or pod role), never from settings.
 MEDIA_ROOT = Path(env_str("STORAGE_ROOT", str(VAR_DIR / "storage")))
-if env_str("STORAGE_BACKEND", "local") == "s3":
-    _default_storage = {
-        "BACKEND": "storages.backends.s3.S3Storage",
-        "OPTIONS": {"bucket_name": env_str("AWS_STORAGE_BUCKET_NAME", "controlplane")},
-    }
+if env_choice("STORAGE_BACKEND", "local", ("local", "s3")) == "s3":
+    from controlplane.files.storage_settings import s3_storage_entry
+
+    _default_storage = s3_storage_entry(
+        bucket=env_str("S3_BUCKET", env_str("AWS_STORAGE_BUCKET_NAME", "controlplane")),
+        endpoint_url=env_str("S3_ENDPOINT_URL", "") or None,
+        region=env_str("S3_REGION", env_str("AWS_DEFAULT_REGION", "")) or None,
+        prefix=env_str("S3_PREFIX", ""),
+        # S3 parts must be ≥ 5 MiB; with 4 in flight an upload holds ~40 MiB of RAM at most.
+        chunk_bytes=env_int("S3_TRANSFER_CHUNK_BYTES", 8 * 1024 * 1024, minimum=5 * 1024 * 1024),
+        concurrency=env_int("S3_TRANSFER_CONCURRENCY", 4, minimum=1),
+    )
 else:
     _default_storage = {"BACKEND": "django.core.files.storage.FileSystemStorage"}
 STORAGES = {
@@ -149,6 +164,31 @@ REST_FRAMEWORK = {
     ],
     "EXCEPTION_HANDLER": "controlplane.core.errors.api_exception_handler",
     "UNAUTHENTICATED_USER": None,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # `?format=` is no API parameter: DRF would answer `?format=csv` on any endpoint with a 404.
+    "URL_FORMAT_OVERRIDE": None,
+}
+# The OpenAPI description of the tenant API (each app's schema.py). Public, like OpenAI's published spec:
+# it describes the API, not a tenant's data, so the schema and the docs page need no key.
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Batch inference API",
+    "DESCRIPTION": "OpenAI Batch API compatible: upload a JSONL file, create a batch, download its output "
+    "and error files. Authenticate with `Authorization: Bearer <api key>`.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_AUTHENTICATION": [],
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SCHEMA_PATH_PREFIX": "/v1",
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "SWAGGER_UI_SETTINGS": {"persistAuthorization": True},
+    # Enums stay inline, as in OpenAI's own spec (drf-spectacular's enum hook is left out: one-value sets like
+    # `object: "file"` would become colliding components). The apps' hooks add the OpenAPI links.
+    "POSTPROCESSING_HOOKS": ["controlplane.files.schema.openapi_links", "controlplane.batches.schema.openapi_links"],
+    "ENUM_GENERATE_CHOICE_DESCRIPTION": False,
+    # Request bodies get their own components, so the upload's `file` is described as binary.
+    "COMPONENT_SPLIT_REQUEST": True,
 }
 
 # --- Product limits -------------------------------------------------------------------------------
@@ -195,6 +235,23 @@ DISPATCH_INFLIGHT_CALLS = env_int("DISPATCH_INFLIGHT_CALLS", 3, minimum=1)
 # Shortest completion window accepted; OpenAI accepts only 24h, shorter ones exist for tests and demos.
 BATCH_COMPLETION_WINDOWS = env_list("BATCH_COMPLETION_WINDOWS", ["24h"])
 
+# --- Data lifecycle (docs/ARCHITECTURE.md, "Data lifecycle") ---------------------------------------
+# A new tenant's storage quota in bytes of stored files, uploads and results (0: unlimited); the admin
+# edits it per tenant. Over it an upload is a 413 (the file alone is larger) or a 429.
+TENANT_STORAGE_QUOTA_BYTES = env_int("TENANT_STORAGE_QUOTA_BYTES", 0, minimum=0)
+# How often beat deletes files past their expires_at (expires_after, output_expires_after).
+FILE_EXPIRY_INTERVAL_SECONDS = env_float("FILE_EXPIRY_INTERVAL_SECONDS", 300.0)
+# Events and shard rows of batches that ended this many days ago are pruned (the Batch row stays).
+BATCH_RETENTION_DAYS = env_int("BATCH_RETENTION_DAYS", 30, minimum=1)
+BATCH_RETENTION_INTERVAL_SECONDS = env_float("BATCH_RETENTION_INTERVAL_SECONDS", 3600.0)
+# The storage collector deletes part blobs of batches that ended this long ago, and blobs no row refers to
+# once they are this old. It must outlast the longest gap between a blob's write and its row's commit (an
+# upload's row, a finalizer storing its error file after its output file): an hour is far above both.
+STORAGE_GC_GRACE_SECONDS = env_int("STORAGE_GC_GRACE_SECONDS", 3600, minimum=60)
+STORAGE_GC_INTERVAL_SECONDS = env_float("STORAGE_GC_INTERVAL_SECONDS", 600.0)
+# Blobs one collector run looks at (a listing and a row lookup each); the next run starts elsewhere.
+STORAGE_GC_SCAN_LIMIT = env_int("STORAGE_GC_SCAN_LIMIT", 10_000, minimum=1)
+
 # --- Scheduling (docs/ARCHITECTURE.md, "Scheduling") -------------------------------------------
 # "fair": priority classes, weighted fair share, deadlines. "fifo": oldest batch first (the baseline
 # the fairness benchmark compares against).
@@ -223,6 +280,18 @@ SCHEDULER_SLOT_QUEUED_SECONDS = env_float("SCHEDULER_SLOT_QUEUED_SECONDS", 20.0)
 SCHEDULER_SLOT_BUDGET_SECONDS = env_float("SCHEDULER_SLOT_BUDGET_SECONDS", 10.0)
 # How often beat tops up every model's slots (the other top-ups are event-driven).
 SCHEDULER_TOPUP_INTERVAL_SECONDS = env_float("SCHEDULER_TOPUP_INTERVAL_SECONDS", 2.0)
+
+# --- Webhooks (docs/ARCHITECTURE.md, "Webhooks") ----------------------------------------------------
+# Endpoints on 127.0.0.0/8 and ::1 (only those; private and link-local stay refused): tests, the local runner.
+WEBHOOK_ALLOW_LOOPBACK = env_bool("WEBHOOK_ALLOW_LOOPBACK", False)
+# Connect and each read of one delivery attempt; a receiver should answer at once and work afterwards.
+WEBHOOK_TIMEOUT_SECONDS = env_float("WEBHOOK_TIMEOUT_SECONDS", 10.0)
+# A delivery is retried this long after its event (then `exhausted`): 5 s doubling, at most an hour apart.
+WEBHOOK_RETRY_WINDOW_SECONDS = env_int("WEBHOOK_RETRY_WINDOW_SECONDS", 24 * 3600, minimum=1)
+WEBHOOK_BACKOFF_BASE_SECONDS = env_float("WEBHOOK_BACKOFF_BASE_SECONDS", 5.0)
+WEBHOOK_BACKOFF_MAX_SECONDS = env_float("WEBHOOK_BACKOFF_MAX_SECONDS", 3600.0)
+# How often beat sends the deliveries that are due (retries, lost messages): one indexed query.
+WEBHOOK_SWEEP_INTERVAL_SECONDS = env_float("WEBHOOK_SWEEP_INTERVAL_SECONDS", 2.0)
 
 # --- Triton ---------------------------------------------------------------------------------------
 TRITON_GRPC_URLS = env_list("TRITON_GRPC_URLS", ["127.0.0.1:8011"])
@@ -274,7 +343,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 900)
 CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 960)
 CELERY_TASK_DEFAULT_QUEUE = "control"
-CELERY_TASK_ROUTES = {"scheduling.slot_run": {"queue": "shards"}}
+CELERY_TASK_ROUTES = {"scheduling.slot_run": {"queue": "shards"}, "webhooks.deliver": {"queue": "webhooks"}}
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
@@ -305,6 +374,22 @@ CELERY_BEAT_SCHEDULE = {
     "prune-idempotency-keys": {
         "task": "core.idempotency_records_prune",
         "schedule": timedelta(seconds=IDEMPOTENCY_PRUNE_INTERVAL_SECONDS),
+    },
+    "expire-files": {
+        "task": "batches.files_expire",
+        "schedule": timedelta(seconds=FILE_EXPIRY_INTERVAL_SECONDS),
+    },
+    "prune-batch-history": {
+        "task": "batches.history_prune",
+        "schedule": timedelta(seconds=BATCH_RETENTION_INTERVAL_SECONDS),
+    },
+    "collect-storage": {
+        "task": "batches.storage_collect",
+        "schedule": timedelta(seconds=STORAGE_GC_INTERVAL_SECONDS),
+    },
+    "webhooks-due": {
+        "task": "webhooks.deliveries_due",
+        "schedule": timedelta(seconds=WEBHOOK_SWEEP_INTERVAL_SECONDS),
     },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")

@@ -4,10 +4,19 @@ from django.conf import settings
 from django.contrib import admin
 from django.http import HttpRequest, JsonResponse
 from django.urls import path, re_path
+from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
 from controlplane.batches.views import BatchCancelView, BatchDetailView, BatchListCreateView, BatchRerunView
 from controlplane.files.views import FileContentView, FileDetailView, FileListCreateView
 from controlplane.fleet.views import ModelDetailView, ModelListView
+from controlplane.webhooks.views import (
+    WebhookDeliveryListView,
+    WebhookEndpointDetailView,
+    WebhookEndpointListCreateView,
+    WebhookEndpointRotateSecretView,
+    WebhookEndpointTestView,
+    WebhookEventTypesView,
+)
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -24,10 +33,25 @@ urlpatterns = [
     path("v1/batches/<str:batch_id>", BatchDetailView.as_view()),
     path("v1/batches/<str:batch_id>/cancel", BatchCancelView.as_view()),
     path("v1/batches/<str:batch_id>/rerun", BatchRerunView.as_view()),
+    # OpenAI's webhook endpoint API (client.webhooks.* in the openai SDK); deliveries is our extension.
+    path("v1/webhook_endpoints", WebhookEndpointListCreateView.as_view()),
+    path("v1/webhook_endpoints/<str:endpoint_id>", WebhookEndpointDetailView.as_view()),
+    path("v1/webhook_endpoints/<str:endpoint_id>/rotate_secret", WebhookEndpointRotateSecretView.as_view()),
+    path("v1/webhook_endpoints/<str:endpoint_id>/test", WebhookEndpointTestView.as_view()),
+    path("v1/webhook_endpoints/<str:endpoint_id>/deliveries", WebhookDeliveryListView.as_view()),
+    path("v1/webhook_event_types", WebhookEventTypesView.as_view()),
     path("v1/models", ModelListView.as_view()),
     # path: catalogue names may hold a slash ("org/model"), as Hugging Face ids do.
     path("v1/models/<path:model_id>", ModelDetailView.as_view()),
+    # Public: the OpenAPI description of the API above and a Swagger UI for it (assets: drf_spectacular_sidecar).
+    path("v1/openapi.json", SpectacularJSONAPIView.as_view(), name="openapi-schema"),
+    path("v1/docs", SpectacularSwaggerView.as_view(url_name="openapi-schema"), name="openapi-docs"),
 ]
+
+# Errors outside DRF's views (no route matched, a crash in middleware) in OpenAI's shape under /v1/.
+handler400 = "controlplane.core.http_errors.bad_request"
+handler404 = "controlplane.core.http_errors.not_found"
+handler500 = "controlplane.core.http_errors.server_error"
 
 if settings.SERVE_STATIC:
     # The local stack has no web server in front of gunicorn; serve the admin's CSS/JS from the apps.

@@ -22,9 +22,10 @@ from controlplane.batches.lines import iter_lines
 from controlplane.batches.models import SHARD_OPEN_STATUSES, Batch, BatchStatus, Shard, ShardStatus, StopReason
 from controlplane.batches.parts import decode_entry, dumps
 from controlplane.batches.records import error_record
-from controlplane.batches.services import event_record
+from controlplane.batches.services import batch_terminal_notify, event_record
+from controlplane.files.lifecycle import file_expiry_set
 from controlplane.files.models import File
-from controlplane.files.storage import blob_delete, blob_open, blob_save
+from controlplane.files.storage import blob_delete, blob_open, blob_read_range, blob_save
 
 logger = logging.getLogger(__name__)
 
@@ -78,27 +79,40 @@ def batches_finalize_stuck() -> list[str]:
     return done
 
 
-def _part_entries(part_name: str) -> list[tuple[int, str, bytes]] | None:
-    """The part's entries, or None when storage no longer has it. Other storage errors propagate: a
+def _open_part(part_name: str) -> IO[bytes] | None:
+    """The part, streamed, or None when storage no longer has it. Other storage errors propagate: a
     passing outage must not fail lines for good, and the stale-finalizer rescue runs finalization again."""
     try:
-        with blob_open(part_name) as part:
-            return [decode_entry(raw) for raw in part if raw.strip()]
+        return blob_open(part_name)
     except FileNotFoundError:  # deleted, or never reached storage
         logger.warning("part %s is lost; its lines become part_lost errors", part_name, exc_info=True)
         return None
 
 
-def _missing_lines(
-    batch: Batch, shard: Shard, done: set[int], *, part_lost: bool = False
+def _part_entries(part: IO[bytes]) -> Iterator[tuple[int, str, bytes]]:
+    last = 0
+    for raw in part:
+        if raw.strip():
+            entry = decode_entry(raw)
+            if entry[0] <= last:  # execution writes parts sorted; the merge below relies on it
+                raise RuntimeError(f"part entries out of line order: {entry[0]} after {last}")
+            last = entry[0]
+            yield entry
+
+
+def _with_missing_lines(
+    batch: Batch, shard: Shard, entries: Iterator[tuple[int, str, bytes]], *, part_lost: bool = False
 ) -> Iterator[tuple[int, str, bytes]]:
+    """The part's entries with an error line for every line of the shard that they lack, in input order.
+    Both are in ascending line order, so one pass over each merges them, holding one line of each."""
     if part_lost:
         code, message = _PART_LOST_ERROR
     else:
         code, message = _MISSING_LINE_ERRORS[
             StopReason(batch.stop_reason) if batch.stop_reason and shard.status != ShardStatus.DEAD else None
         ]
-    with blob_open(_input_name(batch)) as stream:
+    pending = next(entries, None)
+    with blob_read_range(_input_name(batch), shard.start_byte, shard.end_byte) as stream:
         for line in iter_lines(
             stream,
             max_line_bytes=settings.BATCH_MAX_LINE_BYTES,
@@ -106,11 +120,39 @@ def _missing_lines(
             end_byte=shard.end_byte,
             first_line_number=shard.start_line,
         ):
-            if line.is_blank or line.number in done or line.data is None:
+            has_result = False
+            while pending is not None and pending[0] <= line.number:
+                has_result = has_result or pending[0] == line.number
+                yield pending
+                pending = next(entries, None)
+            if has_result or line.is_blank or line.data is None:
                 continue
             custom_id = json.loads(line.data)["custom_id"]
             record = error_record(batch.id, line.number, custom_id, code=code, message=message)
             yield line.number, "err", dumps(record) + b"\n"
+    while pending is not None:
+        yield pending
+        pending = next(entries, None)
+
+
+def _shard_entries(batch: Batch, shard: Shard, lost_parts: list[int]) -> Iterator[tuple[int, str, bytes]]:
+    """The shard's output and error lines in input order, streamed from its part and, for lines the part
+    lacks, its byte range of the input."""
+    if not shard.part_name:
+        if shard.status != ShardStatus.SUCCEEDED:
+            yield from _with_missing_lines(batch, shard, iter(()))
+        return
+    part = _open_part(shard.part_name)
+    if part is None:
+        # Its results cannot come back: every line of the shard is reported as lost, once.
+        lost_parts.append(shard.index)
+        yield from _with_missing_lines(batch, shard, iter(()), part_lost=True)
+        return
+    with part:
+        if shard.status == ShardStatus.SUCCEEDED:
+            yield from _part_entries(part)
+        else:
+            yield from _with_missing_lines(batch, shard, _part_entries(part))
 
 
 def _input_name(batch: Batch) -> str:
@@ -125,15 +167,9 @@ def batch_finalize(*, batch_id: str) -> None:
     lost_parts: list[int] = []
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         for shard in Shard.objects.filter(batch_id=batch_id).order_by("index"):
-            entries = _part_entries(shard.part_name) if shard.part_name else []
-            if entries is None:
-                # Its results cannot come back: every line of the shard is reported as lost, once.
-                lost_parts.append(shard.index)
-                entries = list(_missing_lines(batch, shard, set(), part_lost=True))
-            elif shard.status != ShardStatus.SUCCEEDED:
-                entries += list(_missing_lines(batch, shard, {number for number, _, _ in entries}))
-                entries.sort(key=lambda entry: entry[0])
-            for _, kind, payload in entries:
+            # Streamed line by line from storage into local temporary files: memory stays flat in the
+            # size of parts and results, and the uploads below read those files in bounded chunks.
+            for _, kind, payload in _shard_entries(batch, shard, lost_parts):
                 if kind == "out":
                     out.write(payload)
                     completed += 1
@@ -153,6 +189,7 @@ def batch_finalize(*, batch_id: str) -> None:
         for file in files:
             if file is not None:
                 file.save(force_insert=True)
+                file_expiry_set(file=file, seconds=batch.output_expires_after)
         won = Batch.objects.filter(id=batch_id, status=BatchStatus.FINALIZING).update(
             status=terminal,
             completed_lines=completed,
@@ -173,6 +210,7 @@ def batch_finalize(*, batch_id: str) -> None:
                     message="part missing from storage; its lines are part_lost errors",
                 )
             event_record(batch_id=batch_id, kind=terminal, message=f"{completed} ok, {failed} errors")
+            batch_terminal_notify(batch_id=batch_id, status=terminal, at=now)
     if won != 1:
         for file in files:
             if file is not None:

@@ -4,7 +4,7 @@ and every change writes a BatchEvent."""
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -28,10 +28,12 @@ from controlplane.batches.windows import parse_completion_window
 from controlplane.core import dispatch
 from controlplane.core.errors import Conflict, ValidationFailed
 from controlplane.core.jsontext import bad_text
+from controlplane.files.lifecycle import expires_after_parse
 from controlplane.files.models import File
 from controlplane.files.selectors import file_get
 from controlplane.files.storage import blob_open
 from controlplane.tenants.models import Tenant
+from controlplane.webhooks.services import batch_event_emit
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +41,13 @@ logger = logging.getLogger(__name__)
 def event_record(*, batch_id: str, kind: str, message: str = "", shard_index: int | None = None) -> None:
     BatchEvent.objects.create(batch_id=batch_id, kind=kind, message=message, shard_index=shard_index)
     logger.info("batch=%s shard=%s %s %s", batch_id, shard_index, kind, message)
+
+
+def batch_terminal_notify(*, batch_id: str, status: str, at: datetime) -> None:
+    """The tenant's webhooks for a batch that just reached a terminal status (``batch.completed``, …). Call it
+    in the transaction that sets the status: the deliveries commit with it, and are only rows until then."""
+    tenant_id = Batch.objects.values_list("tenant_id", flat=True).get(id=batch_id)
+    batch_event_emit(tenant_id=tenant_id, batch_id=batch_id, event_type=f"batch.{status}", created_at=at)
 
 
 def _validate_metadata(metadata: Any) -> dict[str, str] | None:
@@ -70,11 +79,13 @@ def batch_create(
     completion_window: Any,
     metadata: Any = None,
     priority: Any = None,
+    output_expires_after: Any = None,
 ) -> Batch:
     if endpoint not in Endpoint.values:
         raise ValidationFailed(f"endpoint must be one of {Endpoint.values}, got {endpoint!r}.", param="endpoint")
     window = parse_completion_window(completion_window)
     metadata = _validate_metadata(metadata)
+    results_expire_after = expires_after_parse(output_expires_after, param="output_expires_after")
     if not isinstance(input_file_id, str):
         raise ValidationFailed("input_file_id must be a file id string.", param="input_file_id")
     input_file = file_get(tenant=tenant, file_id=input_file_id)
@@ -95,6 +106,7 @@ def batch_create(
             metadata=metadata,
             priority=chosen_priority,
             expires_at=timezone.now() + window,
+            output_expires_after=results_expire_after,
         )
         event_record(batch_id=batch.id, kind="created", message=f"input {input_file.id}, priority {chosen_priority}")
         dispatch.batch_validate_enqueue(batch.id)
@@ -251,12 +263,14 @@ def _enqueued_quota_error(batch: Batch, lines: int, work: int) -> dict[str, Any]
 
 
 def _batch_fail(batch: Batch, errors: list[dict[str, Any]]) -> None:
+    now = timezone.now()
     with transaction.atomic():
         moved = Batch.objects.filter(id=batch.id, status=BatchStatus.VALIDATING).update(
-            status=BatchStatus.FAILED, failed_at=timezone.now(), errors={"object": "list", "data": errors}
+            status=BatchStatus.FAILED, failed_at=now, errors={"object": "list", "data": errors}
         )
         if moved == 1:
             event_record(batch_id=batch.id, kind="failed", message=f"{len(errors)} validation errors")
+            batch_terminal_notify(batch_id=batch.id, status=BatchStatus.FAILED, at=now)
 
 
 # Tries of a batch's validation (the first enqueue at create included) before the rescuer fails it.
@@ -328,6 +342,7 @@ def batch_cancel(*, batch: Batch) -> Batch:
             status=BatchStatus.CANCELLED, stop_reason=StopReason.CANCEL, cancelling_at=now, cancelled_at=now
         ):
             event_record(batch_id=batch.id, kind="cancelled", message="cancelled before validation finished")
+            batch_terminal_notify(batch_id=batch.id, status=BatchStatus.CANCELLED, at=now)
         elif Batch.objects.filter(id=batch.id, status=BatchStatus.IN_PROGRESS).update(
             status=BatchStatus.CANCELLING, stop_reason=StopReason.CANCEL, cancelling_at=now
         ):
@@ -362,6 +377,7 @@ def batches_expire() -> list[str]:
                 status=BatchStatus.EXPIRED, stop_reason=StopReason.EXPIRE, expired_at=now
             ):
                 event_record(batch_id=batch_id, kind="expired", message="expired before validation finished")
+                batch_terminal_notify(batch_id=batch_id, status=BatchStatus.EXPIRED, at=now)
             elif Batch.objects.filter(id=batch_id, status=BatchStatus.IN_PROGRESS, stop_reason__isnull=True).update(
                 stop_reason=StopReason.EXPIRE
             ):

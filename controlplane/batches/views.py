@@ -6,7 +6,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.batches import selectors, services
+from controlplane.batches import schema, selectors, services
 from controlplane.batches.models import Batch
 from controlplane.batches.rerun import batch_rerun_failed
 from controlplane.batches.serializers import batch_render
@@ -23,6 +23,7 @@ def _render_with_queue(batches: list[Batch]) -> list[dict[str, Any]]:
     return [batch_render(batch, queue=queues.get(batch.id)) for batch in batches]
 
 
+@schema.batch_list_create
 class BatchListCreateView(APIView):
     def get(self, request: Request) -> Response:
         page = cursor_page(
@@ -52,6 +53,7 @@ class BatchListCreateView(APIView):
                 metadata=data.get("metadata"),
                 # An extra body field (the openai SDK sends it with extra_body={"priority": "high"}).
                 priority=data.get("priority"),
+                output_expires_after=data.get("output_expires_after"),
             )
             return Response(batch_render(batch))
 
@@ -59,18 +61,21 @@ class BatchListCreateView(APIView):
         return idempotent(tenant_id=tenant.id, key=key, fingerprint=fingerprint, respond=respond)
 
 
+@schema.batch_detail
 class BatchDetailView(APIView):
     def get(self, request: Request, batch_id: str) -> Response:
         [body] = _render_with_queue([selectors.batch_get(tenant=request_tenant(request), batch_id=batch_id)])
         return Response(body)
 
 
+@schema.batch_cancel
 class BatchCancelView(APIView):
     def post(self, request: Request, batch_id: str) -> Response:
         batch = selectors.batch_get(tenant=request_tenant(request), batch_id=batch_id)
         return Response(batch_render(services.batch_cancel(batch=batch)))
 
 
+@schema.batch_rerun
 class BatchRerunView(APIView):
     """``POST /v1/batches/{id}/rerun``: the failed lines of a finished batch as a new batch (an extension
     of the OpenAI API; with the openai SDK: ``client.post(f"/batches/{id}/rerun", body={}, cast_to=Batch)``).

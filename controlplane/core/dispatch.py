@@ -10,8 +10,9 @@ Two kinds of delivery:
   row; if the broker is down the row stays and ``outbox_relay`` (a beat task) sends it once the broker is
   back. A broker outage at batch create therefore delays validation, never loses it, and never turns a
   committed create into a 500.
-- *regenerable* (slot top-ups, slots): their state is already in Postgres (Slot rows, runnable shards)
-  and beat re-derives them every few seconds, so a failed send is logged and dropped.
+- *regenerable* (slot top-ups, slots, webhook deliveries): their state is already in Postgres (Slot rows,
+  runnable shards, WebhookDelivery rows with their next_attempt_at) and beat re-derives them every few
+  seconds, so a failed send is logged and dropped.
 """
 
 from __future__ import annotations
@@ -32,10 +33,13 @@ VALIDATE = "batches.batch_validate"
 FINALIZE = "batches.batch_finalize"
 TOPUP = "scheduling.slots_topup"
 SLOT = "scheduling.slot_run"
+WEBHOOK_DELIVER = "webhooks.deliver"
 
 # Slots go to their own queue so control work (validation, finalization, beat jobs) never waits
 # behind a backlog of model work.
-_QUEUES = {SLOT: "shards"}
+# Webhook attempts wait on tenants' receivers (up to WEBHOOK_TIMEOUT_SECONDS each): they get a queue and a
+# worker of their own, so a slow receiver never holds a control or shard thread.
+_QUEUES = {SLOT: "shards", WEBHOOK_DELIVER: "webhooks"}
 # A short publish retry: a broker blip is absorbed here, a real outage falls through to the outbox
 # (or to beat's regeneration) within a second instead of blocking the request that committed.
 _PUBLISH_RETRY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2}
@@ -119,3 +123,10 @@ def slots_topup_enqueue(model_name: str | None = None) -> None:
 
 def slot_enqueue(slot_id: int) -> None:
     _regenerable(SLOT, [slot_id])
+
+
+def webhook_deliver_enqueue(delivery_id: str) -> None:
+    """Attempt a webhook delivery now. Regenerable, not durable: the WebhookDelivery row, written in the
+    same transaction, is the durable record, and beat's webhooks.deliveries_due sends any due delivery
+    whose message went missing (webhooks/attempts.py); an outbox row would only duplicate it."""
+    _regenerable(WEBHOOK_DELIVER, [delivery_id])

@@ -176,9 +176,13 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
             body["error"]["limit"] = limit
         return Response(body, status=exc.status_code, headers=exc.response_headers())
     if isinstance(exc, DomainError):
+        # The openai SDK retries every 409; ours are states (a batch already ended, a file in use) that a
+        # retry a second later cannot change, so tell it not to.
+        headers = {"x-should-retry": "false"} if exc.status_code == 409 else None
         return Response(
             error_body(exc.message, error_type=exc.error_type, param=exc.param, code=exc.code),
             status=exc.status_code,
+            headers=headers,
         )
     if isinstance(exc, Http404):
         exc = drf_exceptions.NotFound()

@@ -13,13 +13,19 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.core.errors import PayloadTooLarge, ValidationFailed
-from controlplane.core.idempotency import idempotency_key, idempotent, request_fingerprint
+from controlplane.core.idempotency import idempotency_key, idempotency_key_seen, idempotent, request_fingerprint
 from controlplane.core.pagination import cursor_page, parse_limit
-from controlplane.files import selectors, services
+from controlplane.core.parsers import declared_length
+from controlplane.files import schema, selectors, services
+from controlplane.files.lifecycle import expires_after_from_form
+from controlplane.files.quota import StorageRoom, storage_room
 from controlplane.files.serializers import file_render
-from controlplane.files.storage import blob_open
+from controlplane.files.storage import READ_CHUNK_BYTES, blob_open
 from controlplane.files.uploads import ContentHashUploadHandler, SizeLimitUploadHandler
 from controlplane.tenants.auth import request_tenant
+
+# Room for the multipart framing and the small form fields around the file in a declared Content-Length.
+_MULTIPART_SLACK = 64 * 1024
 
 
 def _too_large() -> PayloadTooLarge:
@@ -27,6 +33,7 @@ def _too_large() -> PayloadTooLarge:
     return PayloadTooLarge(f"File is larger than the {limit} byte limit; split it into several batches.", param="file")
 
 
+@schema.file_list_create
 class FileListCreateView(APIView):
     def get(self, request: Request) -> Response:
         qs = selectors.file_list(tenant=request_tenant(request), purpose=request.query_params.get("purpose"))
@@ -41,11 +48,17 @@ class FileListCreateView(APIView):
     def post(self, request: Request) -> Response:
         limit = settings.FILE_MAX_BYTES
         # Multipart framing adds a little; a declared length far above the limit is refused unread.
-        declared = int(request.META.get("CONTENT_LENGTH") or 0)
-        if declared > limit + 64 * 1024:
+        declared = declared_length(request.META)
+        if declared > limit + _MULTIPART_SLACK:
             raise _too_large()
+        tenant = request_tenant(request)
         key = idempotency_key(request)
-        guard = SizeLimitUploadHandler(request._request, max_bytes=limit)
+        # The storage quota (files/quota.py), checked unread from the declared length, then while the body
+        # streams in; a replayed key skips both (its answer is the first one's, whatever is stored now).
+        replay = key is not None and idempotency_key_seen(tenant_id=tenant.id, key=key)
+        room = StorageRoom(quota=None, used=0) if replay else storage_room(tenant=tenant)
+        room.check(max(0, declared - _MULTIPART_SLACK))
+        guard = SizeLimitUploadHandler(request._request, max_bytes=room.read_limit(limit))
         handlers = request._request.upload_handlers
         # A list until the body is parsed (then Django freezes it); request.FILES below is the first read.
         assert isinstance(handlers, list)
@@ -56,27 +69,40 @@ class FileListCreateView(APIView):
             handlers.insert(1, hasher)
         upload = request.FILES.get("file")
         if guard.exceeded:
+            if guard.received <= limit:
+                room.check(guard.received)  # stopped at the quota: the file alone is over it (413)
             raise _too_large()
         purpose = request.data.get("purpose")
         if upload is None:
             raise ValidationFailed("Attach the JSONL file as multipart field 'file'.", param="file")
         if purpose != "batch":
             raise ValidationFailed(f"purpose must be 'batch', got {purpose!r}.", param="purpose")
-        tenant = request_tenant(request)
+        expires_after = expires_after_from_form(request.data)
+        room.check(upload.size)  # before it reaches storage; file_create checks again under a lock
         filename = upload.name or "upload.jsonl"
 
         def respond() -> Response:
             file = services.file_create(
-                tenant=tenant, content=upload, filename=filename, purpose=purpose, size=upload.size
+                tenant=tenant,
+                content=upload,
+                filename=filename,
+                purpose=purpose,
+                size=upload.size,
+                expires_after=expires_after,
             )
             return Response(file_render(file), status=200)
 
         fingerprint = ""
         if hasher is not None:
-            fingerprint = request_fingerprint("POST", request.path, purpose, filename, hasher.hexdigest("file"))
+            # expires_after only when given, so keys stored before it existed still replay.
+            expiry = () if expires_after is None else (f"expires_after={expires_after}",)
+            fingerprint = request_fingerprint(
+                "POST", request.path, purpose, filename, *expiry, hasher.hexdigest("file")
+            )
         return idempotent(tenant_id=tenant.id, key=key, fingerprint=fingerprint, respond=respond)
 
 
+@schema.file_detail
 class FileDetailView(APIView):
     def get(self, request: Request, file_id: str) -> Response:
         return Response(file_render(selectors.file_get(tenant=request_tenant(request), file_id=file_id)))
@@ -100,10 +126,20 @@ class _AnyAccept(BaseContentNegotiation):
         return renderer, renderer.media_type
 
 
+class _BlobResponse(FileResponse):
+    block_size = READ_CHUNK_BYTES  # the storage reader's own buffer size: one storage read per chunk sent
+
+
+@schema.file_content
 class FileContentView(APIView):
     content_negotiation_class = _AnyAccept
 
     def get(self, request: Request, file_id: str) -> Any:
         file = selectors.file_get(tenant=request_tenant(request), file_id=file_id)
-        # FileResponse streams in chunks: a 1 GiB result never sits in the web process's memory.
-        return FileResponse(blob_open(file.storage_name), content_type="application/jsonl", filename=file.filename)
+        # Streamed from storage chunk by chunk (S3: one GET whose body is read as it is sent on): a 1 GiB
+        # result never sits in the web process's memory. The reader is not seekable, so FileResponse
+        # cannot measure it; the length comes from storage.
+        blob = blob_open(file.storage_name)
+        response = _BlobResponse(blob, content_type="application/jsonl", filename=file.filename)
+        response["Content-Length"] = str(blob.length)
+        return response

@@ -10,6 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.core.errors import NotFound
+from controlplane.fleet import schema
 from controlplane.fleet.models import CatalogueModel, ModelKind
 from controlplane.fleet.selectors import catalogue_model_get, catalogue_models_enabled
 
@@ -37,11 +38,13 @@ def model_render(model: CatalogueModel) -> dict[str, Any]:
     return body
 
 
+@schema.model_list
 class ModelListView(APIView):
     def get(self, request: Request) -> Response:
         return Response({"object": "list", "data": [model_render(m) for m in catalogue_models_enabled()]})
 
 
+@schema.model_detail
 class ModelDetailView(APIView):
     def get(self, request: Request, model_id: str) -> Response:
         model = catalogue_model_get(name=model_id) if "\x00" not in model_id else None

@@ -217,13 +217,32 @@ def _infer_input(name: str, array: np.ndarray) -> grpcclient.InferInput:
     return tensor
 
 
+_MAX_MESSAGE_BYTES = 2**31 - 1
+# tritonclient's own channel options (message sizes, keepalive defaults), plus a bound on gRPC's reconnect
+# backoff. Without it a channel that saw the server down backs off exponentially (1 s x 1.6 per try, up to
+# 120 s) and fails calls at once meanwhile; gRPC shares that state between all channels to one address in
+# the process, so even a fresh client waits. A restarted Triton then looked down for up to a minute after
+# its models were loaded again, and the failures opened its circuit breaker (tests/chaos measured 32 s).
+_CHANNEL_ARGS = [
+    ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 2**31 - 1),
+    ("grpc.keepalive_timeout_ms", 20000),
+    ("grpc.keepalive_permit_without_calls", False),
+    ("grpc.http2.max_pings_without_data", 2),
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
 class TritonClient:
     """Synchronous gRPC client for one Triton server (`url` = "host:port" of its gRPC endpoint)."""
 
     def __init__(self, url: str, *, timeout_s: float = 60.0) -> None:
         self.url = url
         self.timeout_s = timeout_s
-        self._client = grpcclient.InferenceServerClient(url=url, verbose=False)
+        self._client = grpcclient.InferenceServerClient(url=url, verbose=False, channel_args=_CHANNEL_ARGS)
         self._model_info: dict[str, ModelInfo] = {}
         self._lock = threading.Lock()
 

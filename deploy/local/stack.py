@@ -75,6 +75,7 @@ class Stack:
     # How long registering and loading the warm models took (the benchmark shows it).
     warm_seconds: float = field(default=0.0, init=False)
     triton_metrics_url: str = field(default="", init=False)
+    triton_http_url: str = field(default="", init=False)
     _warm_started: float = field(default=0.0, init=False, repr=False)
     # Restart children that exit (see the module docstring). Tests that kill processes on purpose keep it off.
     supervise: bool = False
@@ -98,6 +99,9 @@ class Stack:
         env.update(self.env)
         env["CONTROLPLANE_VAR_DIR"] = str(self.var_dir)
         env["PYTHONPATH"] = str(REPO_ROOT)
+        # Webhook endpoints on this machine (a receiver on 127.0.0.1) are what a local run has; production
+        # refuses loopback like every private address.
+        env.setdefault("WEBHOOK_ALLOW_LOOPBACK", "1")
         # The service's settings, whatever the calling process runs under (pytest: tests.settings).
         env["DJANGO_SETTINGS_MODULE"] = self.env.get("DJANGO_SETTINGS_MODULE", "controlplane.settings")
         if not env.get("DJANGO_SECRET_KEY"):
@@ -170,6 +174,7 @@ class Stack:
         )
         self.start_worker()
         self.start_control_worker()
+        self.start_webhooks_worker()
         if self.with_beat:
             self._spawn(
                 "beat",
@@ -198,6 +203,7 @@ class Stack:
         proc = self._spawn_triton()
         wait_until_ready(f"http://127.0.0.1:{ports[0]}", 90, proc=proc, log_path=self.log_dir / "triton.log")
         self.triton_grpc_url = f"127.0.0.1:{ports[1]}"
+        self.triton_http_url = f"http://127.0.0.1:{ports[0]}"
         self.triton_metrics_url = f"http://127.0.0.1:{ports[2]}/metrics"
 
     def _spawn_triton(self) -> subprocess.Popen[bytes]:
@@ -263,6 +269,11 @@ class Stack:
         up to SCHEDULER_SLOT_BUDGET_SECONDS, and a new batch's validation must not wait behind it."""
         return self._celery_worker(name, "control", 2)
 
+    def start_webhooks_worker(self, name: str = "webhooks") -> subprocess.Popen[bytes]:
+        """Webhook attempts wait on tenants' receivers (up to 10 s each): their own worker, so a slow receiver
+        never delays validation, finalization or shards. Four threads: four slow receivers at once."""
+        return self._celery_worker(name, "webhooks", 4)
+
     def _celery_worker(
         self, name: str, queues: str, concurrency: int, pool: str = "threads"
     ) -> subprocess.Popen[bytes]:
@@ -295,6 +306,23 @@ class Stack:
             proc = self.procs.pop(name)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+    def signal(self, name: str, sig: int) -> None:
+        """Send a signal to a child's whole process group (Triton with its python-backend stubs): SIGSTOP
+        and SIGCONT make a hung server, as the chaos suite needs."""
+        with self._lock:
+            proc = self.procs[name]
+        os.killpg(proc.pid, sig)
+
+    def restart_triton(self, timeout_s: float = 90) -> None:
+        """Start the runner's Triton again on its ports, empty (explicit mode), after a kill; returns once
+        the server is ready. Its fleet row still points here: the heartbeat and reconciler do the rest."""
+        with self._lock:
+            old = self.procs.get("triton")
+        if old is not None and old.poll() is None:
+            raise RuntimeError("triton is still running; kill it first")
+        proc = self._spawn_triton()
+        wait_until_ready(self.triton_http_url, timeout_s, proc=proc, log_path=self.log_dir / "triton.log")
 
     def _supervise(self) -> None:
         """Restart children that exit, each on its own backoff, until stop(). Runs in a thread."""
@@ -342,7 +370,7 @@ class Stack:
         if self._supervisor is not None:
             self._supervisor.join()
             self._supervisor = None
-        for name in ("beat", "web", *[n for n in self.procs if n.startswith(("worker", "control"))]):
+        for name in ("beat", "web", *[n for n in self.procs if n.startswith(("worker", "control", "webhooks"))]):
             proc = self.procs.pop(name, None)
             if proc is not None and proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)

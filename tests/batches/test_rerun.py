@@ -82,6 +82,7 @@ def test_rerun_refusals_are_4xx_with_reasons(tenant, other_tenant, api, sent, ha
     open_batch = _create(tenant, LINES[:2])
     response = api.post(f"/v1/batches/{open_batch.id}/rerun", {}, format="json")
     assert response.status_code == 409 and "is validating" in response.json()["error"]["message"]
+    assert response["x-should-retry"] == "false"  # the openai SDK would retry a 409 twice otherwise
 
     bad = api.post(f"/v1/batches/{half_failed.id}/rerun", {"error_codes": "internal_error"}, format="json")
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "error_codes"

@@ -69,6 +69,8 @@ class ThrowawayRedis:
 @pytest.fixture
 def broker(monkeypatch) -> Iterator[ThrowawayRedis]:
     server = ThrowawayRedis()
+    # Celery lets CELERY_BROKER_URL (set by `make test`) override the constructor's broker: drop it here.
+    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
     app = Celery("outbox-test", broker=server.url)
     monkeypatch.setattr(dispatch, "current_app", app)
     yield server
