@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/controlplane
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
 
-.PHONY: install demo serve test test-unit lint bench bench-quick clean
+.PHONY: install demo serve test test-unit lint chaos bench bench-quick clean
 
 # requirements.txt, then the batchctl console script (pyproject.toml) as an editable install: setuptools is
 # pinned in requirements.txt, so the build needs no download.
@@ -33,6 +33,12 @@ test: install
 
 test-unit: install
 	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) -m pytest -q -m "not e2e"
+
+# The chaos suite's full profile (tests/chaos, docs/RELIABILITY.md): 20 worker SIGKILLs, Triton killed for 90 s
+# and paused for 60 s, Redis and Postgres restarted, the broker down for 30 s; ~10 min. `make test` runs the
+# short form. Figures: var/chaos/results-full.{md,json}; the last run's process logs: var/chaos/logs/.
+chaos: install
+	CHAOS_FULL=1 DATABASE_URL=$(TEST_DATABASE_URL) $(PY) -m pytest -q -m chaos tests/chaos
 
 lint: install
 	$(VENV)/bin/ruff check controlplane batchctl deploy scripts bench build_engines tests
