@@ -6,7 +6,10 @@ import logging
 import os
 
 from celery import Celery
+from celery.signals import celeryd_init, worker_process_shutdown
 from celery.worker.consumer import Consumer
+
+from controlplane.metrics.worker import worker_metrics_serve, worker_process_gone
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
@@ -43,3 +46,6 @@ app = Celery("controlplane")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.worker_consumer = f"{__name__}:{BrokerRestartTolerantConsumer.__name__}"
 app.autodiscover_tasks()
+# WORKER_METRICS_PORT: each worker serves its own /metrics (controlplane/metrics/worker.py).
+celeryd_init.connect(worker_metrics_serve, weak=False)
+worker_process_shutdown.connect(worker_process_gone, weak=False)

@@ -394,6 +394,14 @@ CELERY_BEAT_SCHEDULE = {
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
+# Prometheus (controlplane/metrics, docs/OPERATIONS.md). /metrics on the web tier answers only a request with
+# `Authorization: Bearer $METRICS_TOKEN`; unset, the endpoint does not exist (404). The database gauges
+# (queue, dead shards, breakers, placements) are exported where METRICS_DB_GAUGES=1: one deployment only.
+# A Celery worker with WORKER_METRICS_PORT serves its own /metrics on that port (0 = none).
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+METRICS_DB_GAUGES = env_bool("METRICS_DB_GAUGES", False)
+WORKER_METRICS_PORT = env_int("WORKER_METRICS_PORT", 0, minimum=0)
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

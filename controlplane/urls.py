@@ -9,6 +9,7 @@ from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 from controlplane.batches.views import BatchCancelView, BatchDetailView, BatchListCreateView, BatchRerunView
 from controlplane.files.views import FileContentView, FileDetailView, FileListCreateView
 from controlplane.fleet.views import ModelDetailView, ModelListView
+from controlplane.metrics.views import metrics_view
 from controlplane.webhooks.views import (
     WebhookDeliveryListView,
     WebhookEndpointDetailView,
@@ -26,6 +27,8 @@ def healthz(request: HttpRequest) -> JsonResponse:
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", healthz),
+    # Prometheus scrape, bearer METRICS_TOKEN (404 when unset): docs/OPERATIONS.md.
+    path("metrics", metrics_view),
     path("v1/files", FileListCreateView.as_view()),
     path("v1/files/<str:file_id>", FileDetailView.as_view()),
     path("v1/files/<str:file_id>/content", FileContentView.as_view()),

@@ -55,6 +55,7 @@ from controlplane.core.database import when_database_answers
 from controlplane.files.models import File
 from controlplane.files.storage import blob_delete, blob_read_range, blob_save
 from controlplane.fleet.models import CatalogueModel, ModelKind
+from controlplane.metrics import registry as metrics
 from controlplane.triton.client import PermanentTritonError, TransientTritonError
 
 logger = logging.getLogger(__name__)
@@ -101,6 +102,7 @@ def shard_execute(*, shard: Shard, model: CatalogueModel, backend: InferenceBack
     batch if it was the last one. Returns succeeded, stopped, stale, lease_lost, deferred (infrastructure:
     back to pending, nothing spent), retry (its content failed: back to pending, one attempt spent),
     dead, or skipped (its batch is stopping)."""
+    started = time.monotonic()
     renew = partial(shard_renew, shard_id=shard.id, attempt=shard.attempt)
     failure: Exception | None = None
     summary: PartSummary | None = None
@@ -130,6 +132,9 @@ def shard_execute(*, shard: Shard, model: CatalogueModel, backend: InferenceBack
     if not committed:
         blob_delete(summary.part_name)
         return "stale"
+    metrics.shard_committed(
+        model=model.name, completed=summary.completed, failed=summary.failed, seconds=time.monotonic() - started
+    )
     batch_try_finalize(batch_id=shard.batch_id)
     return "stopped" if summary.stopped else "succeeded"
 

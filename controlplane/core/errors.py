@@ -18,6 +18,8 @@ from django.http import Http404
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 
+from controlplane.metrics import registry as metrics
+
 logger = logging.getLogger(__name__)
 
 
@@ -170,6 +172,7 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
     from rest_framework.views import exception_handler as drf_default_handler
 
     if isinstance(exc, QuotaExceeded):
+        metrics.QUOTA_REJECTIONS.labels(limit=exc.limit or "unnamed").inc()
         body = error_body(exc.message, error_type=exc.error_type, param=exc.param, code=exc.code)
         limit = exc.limit_body()
         if limit is not None:

@@ -21,6 +21,8 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+from controlplane.metrics import registry as metrics
+
 T = TypeVar("T")
 
 
@@ -339,7 +341,14 @@ class TritonClient:
         except InferenceServerException as exc:
             raise classify(exc) from exc
         requested = [grpcclient.InferRequestedOutput(output_name) for output_name in output_names]
-        result = self._call(self._client.infer, name, tensors, outputs=requested)
+        in_flight = metrics.TRITON_CALLS_IN_FLIGHT.labels(server=self.url)
+        started = time.monotonic()
+        in_flight.inc()
+        try:
+            result = self._call(self._client.infer, name, tensors, outputs=requested)
+        finally:
+            in_flight.dec()
+            metrics.TRITON_CALL_DURATION.labels(model=name, server=self.url).observe(time.monotonic() - started)
         outputs: dict[str, np.ndarray] = {}
         for output_name in output_names:
             array = result.as_numpy(output_name)

@@ -16,6 +16,7 @@ from django.db import transaction
 from django.db.models import Q
 
 from controlplane.core import dispatch
+from controlplane.metrics import registry as metrics
 from controlplane.webhooks.delivery import Outcome, post
 from controlplane.webhooks.models import OPEN_STATUSES, DeliveryStatus, WebhookAttempt, WebhookDelivery
 from controlplane.webhooks.services import signing_secrets
@@ -69,6 +70,7 @@ def delivery_attempt(*, delivery_id: str, now: datetime) -> Outcome | None:
         allow_loopback=settings.WEBHOOK_ALLOW_LOOPBACK,
     )
     _outcome_record(delivery, number=number, started_at=now, outcome=outcome)
+    metrics.WEBHOOK_DELIVERIES.labels(outcome="succeeded" if outcome.ok else "failed").inc()
     return outcome
 
 
