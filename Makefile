@@ -50,12 +50,14 @@ bench: install
 	$(PY) bench/run.py
 	$(PY) bench/placement.py
 	$(PY) bench/fairness.py
+	$(PY) bench/hotpath.py
 
 bench-quick: install
 	bash scripts/ensure_services.sh
 	$(PY) bench/run.py --quick
 	$(PY) bench/placement.py --quick
 	$(PY) bench/fairness.py --quick
+	$(PY) bench/hotpath.py --quick
 
 clean:
 	rm -rf var build_engines/out
