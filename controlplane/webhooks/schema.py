@@ -8,7 +8,7 @@ from typing import Any
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import serializers
 
-from controlplane.core.openapi import RESPONSE_HEADERS, cursor_parameters, error_responses, path_id
+from controlplane.core.openapi import RESPONSE_HEADERS, cursor_page_of, cursor_parameters, error_responses, path_id
 from controlplane.core.pagination import MAX_LIMIT
 from controlplane.webhooks.models import EVENT_TYPES, DeliveryStatus
 from controlplane.webhooks.services import MAX_ENDPOINTS_PER_TENANT, MAX_NAME_LENGTH
@@ -52,12 +52,7 @@ class WebhookEndpointWithSecretSerializer(WebhookEndpointSerializer):
     )
 
 
-class WebhookEndpointListSerializer(serializers.Serializer[Any]):
-    object = serializers.ChoiceField(choices=["list"])
-    data = WebhookEndpointSerializer(many=True)  # type: ignore[assignment]  # a field: DRF's metaclass pops it
-    first_id = serializers.CharField(allow_null=True)
-    last_id = serializers.CharField(allow_null=True)
-    has_more = serializers.BooleanField()
+WebhookEndpointListSerializer = cursor_page_of(WebhookEndpointSerializer, name="WebhookEndpointList")
 
 
 class WebhookEndpointCreateSerializer(serializers.Serializer[Any]):
@@ -133,12 +128,7 @@ class DeliverySerializer(serializers.Serializer[Any]):
     succeeded_at = _unix(allow_null=True)
 
 
-class DeliveryListSerializer(serializers.Serializer[Any]):
-    object = serializers.ChoiceField(choices=["list"])
-    data = DeliverySerializer(many=True)  # type: ignore[assignment]  # a field: DRF's metaclass pops it
-    first_id = serializers.CharField(allow_null=True)
-    last_id = serializers.CharField(allow_null=True)
-    has_more = serializers.BooleanField()
+DeliveryListSerializer = cursor_page_of(DeliverySerializer, name="DeliveryList")
 
 
 endpoint_list_create = extend_schema_view(
