@@ -8,6 +8,7 @@ from typing import IO, Any
 
 from controlplane.batches.lines import iter_lines
 from controlplane.batches.pinning import model_snapshot
+from controlplane.batches.quickcheck import LineFacts, quick_check
 from controlplane.batches.requests import LineIssue, ModelResolver, parse_line, work_units
 from controlplane.core.errors import quote, storable_text
 
@@ -70,6 +71,7 @@ def validate_input(
     shard_count = shard_work = 0
     shard_budget = float("inf")  # work units per shard, known once the model is
     last_line, last_end = 0, 0
+    known_model = None  # the batch's model once the first line named it: the fast lane checks against it
 
     def close_shard() -> None:
         nonlocal shard_start, shard_count, shard_work
@@ -93,32 +95,35 @@ def validate_input(
                 "too_many_requests", f"The file has more than {max_lines} requests; split it.", line=line.number
             )
             break
-        try:
-            parsed = parse_line(line.data, endpoint=endpoint, resolver=resolver)
-        except LineIssue as issue:
-            result.add_error(issue.code, issue.message, line=line.number, param=issue.param)
-            continue
-        digest = hashlib.blake2b(parsed.custom_id.encode(), digest_size=16).digest()
+        facts = quick_check(line.data, endpoint=endpoint, model=known_model) if known_model is not None else None
+        if facts is None:
+            try:
+                parsed = parse_line(line.data, endpoint=endpoint, resolver=resolver)
+            except LineIssue as issue:
+                result.add_error(issue.code, issue.message, line=line.number, param=issue.param)
+                continue
+            facts = LineFacts(parsed.custom_id, parsed.model_name, work_units(parsed))
+        digest = hashlib.blake2b(facts.custom_id.encode(), digest_size=16).digest()
         if digest in seen_ids:
             result.add_error(
                 "duplicate_custom_id",
-                f"custom_id {quote(parsed.custom_id)} is also used on line {seen_ids[digest]}; ids must be unique.",
+                f"custom_id {quote(facts.custom_id)} is also used on line {seen_ids[digest]}; ids must be unique.",
                 line=line.number,
                 param="custom_id",
             )
             continue
         seen_ids[digest] = line.number
         if not result.model:
-            result.model = parsed.model_name
-            model = resolver.get(parsed.model_name)
+            result.model = facts.model_name
+            known_model = model = resolver.get(facts.model_name)
             if model is not None:
                 result.model_snapshot = model_snapshot(model)
             if shard_seconds > 0 and model is not None and model.seconds_per_work_unit > 0:
                 shard_budget = shard_seconds / model.seconds_per_work_unit
-        elif parsed.model_name != result.model:
+        elif facts.model_name != result.model:
             result.add_error(
                 "mixed_models",
-                f"All requests in a batch must use one model; this line uses {quote(parsed.model_name)}, "
+                f"All requests in a batch must use one model; this line uses {quote(facts.model_name)}, "
                 f"earlier lines use {quote(result.model)}.",
                 line=line.number,
                 param="body.model",
@@ -126,7 +131,7 @@ def validate_input(
             continue
         if shard_start is None:
             shard_start = (line.number, line.start)
-        units = work_units(parsed)
+        units = facts.units
         result.work_units += units
         shard_count += 1
         shard_work += units

@@ -1,0 +1,153 @@
+"""Validation's fast lane: a well-formed line is accepted without the general checks' cost.
+
+Validation reads every line of every batch, so its per-line cost bounds how soon a batch starts. The checked
+parse (batches/requests.py: ``parse_line``) is written to explain every way a line can be wrong; the hot-path
+profile (docs/PERFORMANCE.md) had it at ~14 µs per identity line, most of it numpy calls on four-value arrays.
+This lane checks the same rules on the common shapes in plain Python over orjson's parse and returns only what
+validation keeps of a line (its custom_id, model and work units). It never decides a line is wrong: whenever a
+line is unusual (a BOM, an escaped surrogate, nested data, a BOOL tensor, a float in an integer tensor, an
+integer past 64 bits, anything orjson refuses) it answers None and the caller runs the checked parse, which
+accepts or writes the line's error. A property test (tests/batches/test_quickcheck.py) holds it to that:
+on generated good and broken lines, its answer is None or exactly the checked parse's.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from controlplane.batches.models import Endpoint
+from controlplane.batches.requests import KSERVE_DTYPES, MAX_EMBEDDING_INPUTS
+from controlplane.core.jsontext import MAX_JSON_DEPTH
+from controlplane.fleet.models import CatalogueModel, ModelKind
+
+# The checked parse looks for lone surrogates only where the line escapes one; so does this lane (and leaves).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+# orjson reads an integer past 64 bits as a float, where the checked parse keeps it exact (and refuses it in a
+# tensor): 19 digits in a row, which every such integer has, send the line to the checked parse.
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class LineFacts:
+    custom_id: str
+    model_name: str
+    units: int
+
+
+def quick_check(raw: bytes, *, endpoint: str, model: CatalogueModel) -> LineFacts | None:
+    """The line's facts when the checked parse would accept it for ``model`` (the model validation has
+    resolved for this batch), else None: then only the checked parse can tell."""
+    # Fewer brackets than the depth limit means the line cannot nest past it (the checked parse's first test).
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH or _SURROGATE_ESCAPE.search(raw) or _LONG_DIGITS.search(raw):
+        return None
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if type(obj) is not dict:
+        return None
+    custom_id = obj.get("custom_id")
+    body = obj.get("body")
+    if (
+        type(custom_id) is not str
+        or not 0 < len(custom_id) <= 512
+        or obj.get("method") != "POST"
+        or obj.get("url") != endpoint
+        or type(body) is not dict
+        or body.get("model") != model.name
+    ):
+        return None
+    if endpoint == Endpoint.EMBEDDINGS:
+        units = _embedding_units(body, model) if model.kind == ModelKind.EMBEDDINGS else None
+    else:
+        units = _tensor_rows(body, model) if model.kind == ModelKind.TENSOR else None
+    return None if units is None else LineFacts(custom_id, model.name, units)
+
+
+def _embedding_units(body: dict[str, Any], model: CatalogueModel) -> int | None:
+    given = body.get("input")
+    texts = [given] if type(given) is str else given
+    if type(texts) is not list or not 0 < len(texts) <= MAX_EMBEDDING_INPUTS:
+        return None
+    units = 0
+    for text in texts:
+        if type(text) is not str or not text:
+            return None
+        units += len(text) // 4 + 2  # requests.work_units
+    if body.get("encoding_format", "float") not in ("float", "base64"):
+        return None
+    dimensions = body.get("dimensions")
+    if dimensions is not None and dimensions != model.embedding_dimensions:
+        return None
+    return units
+
+
+def _tensor_rows(body: dict[str, Any], model: CatalogueModel) -> int | None:
+    items = body.get("inputs")
+    specs = {spec["name"]: spec for spec in model.inputs}
+    if type(items) is not list or len(items) != len(specs):
+        return None
+    rows: int | None = None
+    seen: set[str] = set()
+    for item in items:
+        if type(item) is not dict:
+            return None
+        name = item.get("name")
+        if type(name) is not str or name not in specs or name in seen:
+            return None
+        seen.add(name)
+        count = _input_rows(item, specs[name], model.max_batch_size)
+        if count is None or (rows is not None and count != rows):
+            return None
+        rows = count
+    outputs = body.get("outputs")
+    if outputs is not None:
+        if type(outputs) is not list or not outputs or any(type(o) is not dict for o in outputs):
+            return None
+        known = {spec["name"] for spec in model.outputs}
+        if any(str(o.get("name")) not in known for o in outputs):
+            return None
+    return rows
+
+
+def _input_rows(item: dict[str, Any], spec: dict[str, Any], max_batch_size: int) -> int | None:
+    """The input's rows when its datatype, shape and flat data pass the checked parse's rules."""
+    datatype = item.get("datatype")
+    shape = item.get("shape")
+    data = item.get("data")
+    dims = spec["dims"]
+    if datatype != spec["datatype"] or type(shape) is not list or type(data) is not list:
+        return None
+    if len(shape) != len(dims) + 1 or any(type(d) is not int or d < 0 for d in shape):
+        return None
+    if not 1 <= shape[0] <= max_batch_size or any(w != -1 and g != w for g, w in zip(shape[1:], dims, strict=True)):
+        return None
+    if len(data) != math.prod(shape) or not data or not _values_fit(data, datatype):
+        return None
+    return int(shape[0])
+
+
+def _values_fit(data: list[Any], datatype: str) -> bool:
+    """Every value a plain scalar the checked parse would take for ``datatype`` (requests._tensor_array)."""
+    if datatype == "BYTES":
+        return all(type(v) is str for v in data)
+    target = np.dtype(KSERVE_DTYPES[datatype])
+    if target.kind == "f":
+        limit = float(np.finfo(target).max)
+        # An int is exact here and within ±limit in float64 too (the limits are far below 2**63 rounding).
+        return all(
+            (type(v) is float or (type(v) is int and _INT64[0] <= v <= _INT64[1])) and -limit <= v <= limit
+            for v in data
+        )
+    if target.kind in "iu":
+        info = np.iinfo(target)
+        low, high = int(info.min), int(info.max)
+        return all(type(v) is int and low <= v <= high for v in data)
+    return False  # BOOL: the checked parse's 0/1 rules
