@@ -6,9 +6,20 @@ import logging
 import os
 
 from celery import Celery
-from celery.signals import celeryd_init, worker_process_shutdown
+from celery.signals import (
+    after_setup_logger,
+    after_setup_task_logger,
+    celeryd_init,
+    task_postrun,
+    task_prerun,
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+)
 from celery.worker.consumer import Consumer
 
+from controlplane.core.gc_tuning import gc_tune_for_throughput
+from controlplane.core.logs import celery_logger_format, task_log_context_end, task_log_context_start
 from controlplane.metrics.worker import worker_metrics_serve, worker_process_gone
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
@@ -49,3 +60,11 @@ app.autodiscover_tasks()
 # WORKER_METRICS_PORT: each worker serves its own /metrics (controlplane/metrics/worker.py).
 celeryd_init.connect(worker_metrics_serve, weak=False)
 worker_process_shutdown.connect(worker_process_gone, weak=False)
+# Structured logs (controlplane/core/logs.py): Celery's handlers use LOG_FORMAT; each task binds its own ids.
+after_setup_logger.connect(celery_logger_format, weak=False)
+after_setup_task_logger.connect(celery_logger_format, weak=False)
+task_prerun.connect(task_log_context_start, weak=False)
+task_postrun.connect(task_log_context_end, weak=False)
+# Start-up objects frozen out of the collector's walks, fewer young collections (core/gc_tuning.py).
+worker_init.connect(gc_tune_for_throughput, weak=False)
+worker_process_init.connect(gc_tune_for_throughput, weak=False)

@@ -10,15 +10,19 @@ from celery import shared_task
 from django.utils import timezone
 
 from controlplane.batches import finalize, retention, services, shards, storage_gc
+from controlplane.core.logs import log_context_bind
+from controlplane.webhooks.housekeeping import webhooks_housekeep
 
 
 @shared_task(name="batches.batch_validate")
 def batch_validate_task(batch_id: str) -> None:
+    log_context_bind(batch_id=batch_id)
     services.batch_validate(batch_id=batch_id)
 
 
 @shared_task(name="batches.batch_finalize")
 def batch_finalize_task(batch_id: str) -> bool:
+    log_context_bind(batch_id=batch_id)
     return finalize.batch_try_finalize(batch_id=batch_id)
 
 
@@ -46,7 +50,9 @@ def files_expire_task() -> int:
 
 @shared_task(name="batches.history_prune")
 def history_prune_task() -> dict[str, int]:
-    return retention.history_prune(now=timezone.now())
+    now = timezone.now()
+    # The webhook delivery log ages on the same sweep, and each endpoint's waiting deliveries are capped.
+    return retention.history_prune(now=now) | webhooks_housekeep(now=now)
 
 
 @shared_task(name="batches.storage_collect")

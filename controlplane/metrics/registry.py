@@ -56,6 +56,15 @@ QUOTA_REJECTIONS = Counter(
     "Requests refused with a 429 by a quota or rate limit, by the limit's name.",
     ["limit"],
 )
+TRITON_SCRAPE_ERRORS = Counter(
+    "batch_triton_scrape_errors_total",
+    "Scrapes of a registered Triton server's /metrics that failed or timed out (metrics/triton_scrape.py).",
+    ["server"],
+)
+WEBHOOK_DELIVERIES_DROPPED = Counter(
+    "webhook_deliveries_dropped_total",
+    "Open webhook deliveries given up because their endpoint had too many waiting (oldest first).",
+)
 WEBHOOK_DELIVERIES = Counter(
     "webhook_deliveries_total",
     "Webhook delivery attempts by outcome (succeeded, failed).",

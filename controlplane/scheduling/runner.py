@@ -15,6 +15,7 @@ from controlplane.batches.backend import InferenceBackend
 from controlplane.batches.execution import shard_execute
 from controlplane.batches.shards import LeaseKeeper
 from controlplane.core.database import when_database_answers
+from controlplane.core.logs import log_context_bind
 from controlplane.fleet.models import CatalogueModel
 from controlplane.scheduling.claims import shard_claim_next, shard_settle
 from controlplane.scheduling.slots import slot_finish, slot_renew, slot_start, slots_topup
@@ -70,6 +71,7 @@ def _run_shards(
         shard = shard_claim_next(model=model, owner=owner)
         if shard is None:
             break
+        log_context_bind(batch_id=shard.batch_id, shard_id=shard.id, shard_index=shard.index, attempt=shard.attempt)
         outcome = shard_execute(shard=shard, model=model, backend=backend)
         ran += 1
         if outcome == "succeeded":

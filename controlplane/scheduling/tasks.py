@@ -8,6 +8,7 @@ import socket
 from celery import shared_task
 
 from controlplane.batches.backend import backend_for_model
+from controlplane.core.logs import log_context_bind
 from controlplane.scheduling.runner import slot_run
 from controlplane.scheduling.slots import slots_topup
 
@@ -18,6 +19,7 @@ WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 # when it starts. A redelivered or late message finds its slot gone and does nothing.
 @shared_task(name="scheduling.slot_run")
 def slot_run_task(slot_id: int) -> int:
+    log_context_bind(slot=slot_id)
     return slot_run(slot_id=slot_id, owner=WORKER_ID, backend_factory=backend_for_model)
 
 

@@ -98,12 +98,15 @@ def _outcome_record(delivery: WebhookDelivery, *, number: int, started_at: datet
             error=outcome.error,
             response_excerpt=outcome.response_excerpt,
         )
-        recorded = WebhookDelivery.objects.filter(id=delivery.id, attempts=number).update(
-            last_status_code=outcome.status_code, last_error=outcome.error, **fields
+        recorded = (
+            WebhookDelivery.objects.filter(id=delivery.id, attempts=number)
+            .exclude(status=DeliveryStatus.DROPPED)  # housekeeping.py gave it up meanwhile: it stays dropped
+            .update(last_status_code=outcome.status_code, last_error=outcome.error, **fields)
         )
     if recorded != 1:
-        # A redeliver or a takeover after a lost lease claimed a newer attempt: its outcome is the one kept.
-        logger.info("webhook %s: attempt %s finished after a newer attempt started", delivery.id, number)
+        # A redeliver or a takeover after a lost lease claimed a newer attempt (its outcome is the one kept),
+        # or the delivery was dropped while this attempt ran.
+        logger.info("webhook %s: attempt %s finished after a newer attempt started or a drop", delivery.id, number)
     elif not outcome.ok:
         logger.info(
             "webhook %s attempt %s to %s failed: %s; now %s",

@@ -72,6 +72,8 @@ class DeliveryStatus(models.TextChoices):
     FAILED = "failed"  # the last attempt failed; the next one is at next_attempt_at
     SUCCEEDED = "succeeded"  # a 2xx answer
     EXHAUSTED = "exhausted"  # no 2xx within the retry window (WEBHOOK_RETRY_WINDOW_SECONDS)
+    # Still open when its endpoint had more than WEBHOOK_MAX_OPEN_PER_ENDPOINT open ones (housekeeping.py).
+    DROPPED = "dropped"
 
 
 OPEN_STATUSES = (DeliveryStatus.PENDING, DeliveryStatus.FAILED)

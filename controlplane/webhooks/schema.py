@@ -117,7 +117,8 @@ class DeliverySerializer(serializers.Serializer[Any]):
     event = EventSerializer(help_text="The body sent.")
     status = serializers.ChoiceField(
         choices=DeliveryStatus.values,
-        help_text="`failed`: the last attempt failed and another is scheduled; `exhausted`: no 2xx in 24 hours.",
+        help_text="`failed`: the last attempt failed and another is scheduled; `exhausted`: no 2xx in 24 hours; "
+        "`dropped`: given up unsent because the endpoint had too many deliveries waiting.",
     )
     attempts = serializers.IntegerField()
     created_at = _unix()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.utils import timezone
 
+from controlplane.core.logs import log_context_bind
 from controlplane.webhooks import attempts
 
 
@@ -13,6 +14,7 @@ from controlplane.webhooks import attempts
 # its answer; the hard limit (90 s) stays below attempts.ATTEMPT_LEASE (120 s).
 @shared_task(name="webhooks.deliver", soft_time_limit=60, time_limit=90)
 def deliver_task(delivery_id: str) -> int | None:
+    log_context_bind(webhook_delivery_id=delivery_id)
     outcome = attempts.delivery_attempt(delivery_id=delivery_id, now=timezone.now())
     return None if outcome is None else outcome.status_code
 
