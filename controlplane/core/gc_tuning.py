@@ -23,5 +23,5 @@ def gc_tune_for_throughput(**_: Any) -> None:
     """Celery signal handler (worker_init in the parent, worker_process_init in each prefork child)."""
     gc.collect()  # what start-up left as garbage goes now rather than being frozen for the process's life
     gc.freeze()
-    _, gen1, gen2 = gc.get_threshold()
+    _gen0, gen1, gen2 = gc.get_threshold()
     gc.set_threshold(GEN0_THRESHOLD, gen1, gen2)
