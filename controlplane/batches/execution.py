@@ -19,7 +19,6 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from functools import partial
 from typing import Any
 
-import numpy as np
 from django.conf import settings
 from django.db import DatabaseError
 
@@ -30,6 +29,7 @@ from controlplane.batches.lines import iter_lines
 from controlplane.batches.models import Shard, ShardStatus
 from controlplane.batches.packing import (
     Call,
+    call_rows,
     embedding_body,
     members_per_line,
     pack_embeddings,
@@ -238,7 +238,8 @@ class _ShardRunner:
         self.model = model
         self.lines = lines
         self.backend = backend
-        self.results: dict[int, dict[int, dict[str, np.ndarray]]] = {n: {} for n in lines}
+        # Per line, per slot: an embedding text's output slices, or a tensor line's (CallRows, Member).
+        self.results: dict[int, dict[int, Any]] = {n: {} for n in lines}
         self.errors: dict[int, str] = {}
         self.entries: dict[int, dict[str, Any]] = {}
         self.tokens = 0
@@ -287,6 +288,9 @@ class _ShardRunner:
         """Run a call; if Triton rejects it, run its members one by one to pin the error to a line."""
         try:
             outputs = self.backend.infer(self.model.triton_name, call.inputs, call.output_names)
+            if self.model.kind == ModelKind.TENSOR:
+                rows = call_rows(outputs)
+                return [(m, (rows, m)) for m in call.members]
             return [(m, slice_outputs(outputs, m)) for m in call.members]
         except PermanentTritonError as exc:
             if len(call.members) == 1:
@@ -321,7 +325,8 @@ class _ShardRunner:
                 body, tokens = embedding_body(parsed, self.results[number])
                 self.tokens += tokens
             else:
-                body = tensor_body(parsed, self.results[number])
+                rows, member = self.results[number][0]
+                body = tensor_body(parsed.model_name, rows, member)
             self.entries[number] = {
                 "line": number,
                 "kind": "out",

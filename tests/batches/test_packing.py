@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from controlplane.batches.packing import pack_embeddings, pack_tensors
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controlplane.batches.packing import NUMPY_TO_KSERVE, Member, call_rows, pack_embeddings, pack_tensors, tensor_body
 from controlplane.batches.requests import EmbeddingRequest, ParsedLine, TensorInput, TensorRequest
 
 
@@ -36,3 +40,42 @@ def test_tensor_lines_stack_up_to_max_rows_and_keep_row_offsets():
     calls = pack_tensors({1: line(3), 2: line(4), 3: line(2)}, max_batch_size=8)
     assert [c.inputs["INPUT0"].shape[0] for c in calls] == [7, 2]
     assert [(m.line, m.start, m.rows) for m in calls[0].members] == [(1, 0, 3), (2, 3, 4)]
+
+
+def _per_line_body(model_name: str, outputs: dict[str, np.ndarray], start: int, rows: int) -> dict:
+    """What a line's body was when each line sliced and converted its own rows (the output-file format)."""
+    converted = []
+    for name, full in outputs.items():
+        array = full[start : start + rows]
+        if array.dtype == np.object_:
+            datatype = "BYTES"
+            data = [v.decode(errors="replace") if isinstance(v, bytes) else v for v in array.reshape(-1)]
+        else:
+            datatype, data = NUMPY_TO_KSERVE.get(array.dtype, "FP32"), array.reshape(-1).tolist()
+        converted.append({"name": name, "datatype": datatype, "shape": list(array.shape), "data": data})
+    return {"model_name": model_name, "model_version": "1", "outputs": converted}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    dtype=st.sampled_from([np.float32, np.float16, np.int8, np.uint64, np.bool_, np.float64, np.object_]),
+    tail=st.lists(st.integers(0, 3), max_size=2),
+    spans=st.lists(st.integers(1, 3), min_size=1, max_size=5),
+)
+def test_a_line_body_from_the_calls_rows_equals_the_per_line_conversion(dtype, tail, spans):
+    total = sum(spans)
+    values = np.arange(total * int(np.prod(tail or [1]))).reshape(total, *tail)
+    array = (
+        np.array([[b"x%d" % v for v in values.reshape(total, -1)[i]] for i in range(total)], dtype=np.object_).reshape(
+            values.shape
+        )
+        if dtype is np.object_
+        else (values / 3).astype(dtype)
+    )
+    outputs = {"Y": array, "Z": np.ones((total,), np.float32)}
+    rows = call_rows(outputs)
+    start = 0
+    for span in spans:
+        member = Member(line=start, slot=0, start=start, rows=span)
+        assert tensor_body("m", rows, member) == _per_line_body("m", outputs, start, span)
+        start += span
