@@ -22,10 +22,10 @@ from batchctl.config import DEFAULT_BASE_URL, client_create, settings_resolve
 from batchctl.console import out
 from batchctl.download import results_download
 from batchctl.errors import EXIT_UNSUPPORTED, fail, reports_api_errors
-from batchctl.options import BatchStatus, BucketWidth, Priority, idempotency_headers, metadata_parse
+from batchctl.options import BatchStatus, BucketWidth, Priority, UsageReport, idempotency_headers, metadata_parse
 from batchctl.outcome import downloads_report, wait_and_conclude
 from batchctl.render import TERMINAL_STATUSES, as_json, batch_panel, batches_table, models_table
-from batchctl.usage import USAGE_PATH, time_parse, usage_buckets, usage_table
+from batchctl.usage import REPORT_PATHS, time_parse, usage_buckets, usage_csv, usage_table
 
 app = typer.Typer(
     name="batchctl",
@@ -218,8 +218,11 @@ def usage(
     group_by: Annotated[list[str] | None, typer.Option(help="model, api_key_id, batch... (repeatable).")] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="Buckets per page (server default otherwise).")] = None,
     json: JsonFlag = False,
+    as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV (one row per bucket and group).")] = False,
+    report: Annotated[UsageReport, typer.Option(help="Token usage, tensor rows, or costs.")] = UsageReport.embeddings,
 ) -> None:
-    """Your usage per time bucket (GET /v1/organization/usage/embeddings, OpenAI's usage API shape)."""
+    """Your usage or costs per time bucket (GET /v1/organization/usage/embeddings, …/usage/tensors or
+    /v1/organization/costs: OpenAI's organization usage API shape)."""
     now = datetime.now(UTC)
     try:
         start_time = time_parse(start, now=now)
@@ -235,12 +238,15 @@ def usage(
             bucket_width=bucket_width.value,
             group_by=group_by or [],
             limit=limit,
+            report=report.value,
         )
     except openai.NotFoundError:
-        url = str(client.base_url).rstrip("/") + USAGE_PATH
+        url = str(client.base_url).rstrip("/") + REPORT_PATHS[report.value]
         raise fail(f"this server has no usage API yet: GET {url} answered 404.", EXIT_UNSUPPORTED) from None
     if json:
         typer.echo(dumps({"object": "list", "data": buckets}, indent=2))
+    elif as_csv:
+        typer.echo(usage_csv(buckets), nl=False)
     elif any(bucket.get("results") for bucket in buckets):
         out.print(usage_table(buckets), soft_wrap=False)
     else:

@@ -31,6 +31,12 @@ class BucketWidth(str, Enum):
     day = "1d"
 
 
+class UsageReport(str, Enum):
+    embeddings = "embeddings"
+    tensors = "tensors"
+    costs = "costs"
+
+
 def metadata_parse(pairs: list[str] | None) -> dict[str, str] | None:
     """``["team=ml", "run=7"]`` → ``{"team": "ml", "run": "7"}``; the server checks OpenAI's limits."""
     if not pairs:

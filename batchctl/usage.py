@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import re
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
@@ -13,6 +15,12 @@ from rich.table import Table
 from batchctl.render import timestamp
 
 USAGE_PATH = "/organization/usage/embeddings"
+# The reports `--report` picks: OpenAI's embeddings usage and costs, and this service's tensor usage.
+REPORT_PATHS = {
+    "embeddings": USAGE_PATH,
+    "tensors": "/organization/usage/tensors",
+    "costs": "/organization/costs",
+}
 BUCKET_WIDTHS = ("1m", "1h", "1d")
 _UNITS = {"m": timedelta(minutes=1), "h": timedelta(hours=1), "d": timedelta(days=1)}
 _RELATIVE = re.compile(r"^(\d+)([mhd])$")
@@ -44,9 +52,10 @@ def usage_buckets(
     bucket_width: str,
     group_by: list[str],
     limit: int | None,
+    report: str = "embeddings",
 ) -> list[dict[str, Any]]:
     """Every bucket in the range, following ``next_page``. Raises the SDK's NotFoundError where the server
-    has no usage API."""
+    has no usage API. Cost results get their amount as two columns, ``amount`` and ``currency``."""
     buckets: list[dict[str, Any]] = []
     page: str | None = None
     for _ in range(MAX_PAGES):
@@ -60,12 +69,31 @@ def usage_buckets(
             params["limit"] = limit
         if page is not None:
             params["page"] = page
-        response = client.admin.organization.usage.embeddings(**cast(Any, params))
-        body: dict[str, Any] = response.to_dict()
-        buckets.extend(body.get("data") or [])
+        body = _fetch(client, report, params)
+        buckets.extend(_flatten_amounts(body.get("data") or []))
         page = body.get("next_page")
         if not body.get("has_more") or not page:
             break
+    return buckets
+
+
+def _fetch(client: OpenAI, report: str, params: dict[str, Any]) -> dict[str, Any]:
+    if report == "embeddings":
+        return client.admin.organization.usage.embeddings(**cast(Any, params)).to_dict()
+    if report == "costs":
+        return client.admin.organization.usage.costs(**cast(Any, params)).to_dict()
+    # Not an OpenAI report, so not in the SDK: the client's own GET (same key, same array format).
+    return cast(dict[str, Any], client.get(REPORT_PATHS[report], cast_to=object, options={"params": params}))
+
+
+def _flatten_amounts(buckets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    for bucket in buckets:
+        for result in bucket.get("results") or []:
+            amount = result.pop("amount", None)
+            if isinstance(amount, dict):
+                result["amount"] = float(amount.get("value") or 0)
+                result["currency"] = amount.get("currency")
+                result.pop("exact", None)
     return buckets
 
 
@@ -102,3 +130,23 @@ def usage_table(buckets: list[dict[str, Any]]) -> Table:
                 *(f"{result.get(name, 0):,}" for name in metrics),
             )
     return table
+
+
+def usage_csv(buckets: list[dict[str, Any]]) -> str:
+    """The table's rows as CSV: bucket start and end (unix seconds), the grouping fields, the numbers."""
+    results = [r for b in buckets for r in b.get("results") or []]
+    groups, metrics = _columns(results)
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["start_time", "end_time", *groups, *metrics])
+    for bucket in buckets:
+        for result in bucket.get("results") or []:
+            writer.writerow(
+                [
+                    bucket.get("start_time"),
+                    bucket.get("end_time"),
+                    *(result.get(name) if result.get(name) is not None else "" for name in groups),
+                    *(result.get(name, 0) for name in metrics),
+                ]
+            )
+    return out.getvalue()

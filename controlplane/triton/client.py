@@ -361,6 +361,16 @@ class TritonClient:
         """Raw inference statistics (counts, queue/compute nanoseconds) as Triton's JSON."""
         return dict(self._call(self._client.get_inference_statistics, model_name=name, as_json=True))
 
+    def model_compute_ns(self, name: str) -> int:
+        """Cumulative compute time (input + infer + output nanoseconds, all versions, all callers) of one
+        model on this server since it was loaded: the usage ledger attributes its growth (usage/attribution.py)."""
+        stats = self.model_statistics(name)
+        return sum(
+            int(entry.get("inference_stats", {}).get(part, {}).get("ns", 0) or 0)
+            for entry in stats.get("model_stats", [])
+            for part in ("compute_input", "compute_infer", "compute_output")
+        )
+
     def close(self) -> None:
         self._client.close()
 

@@ -1,0 +1,56 @@
+"""The ledger's arithmetic, pure (no Django, no clock): what a shard costs, and how one interval's
+measured busy time is split across the shards that ran on a placement (docs/OPERATIONS.md, "Usage and
+cost ledger")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
+
+from controlplane.usage.models import AMOUNT_PLACES
+
+_AMOUNT_QUANTUM = Decimal(1).scaleb(-AMOUNT_PLACES)
+
+
+@dataclass(frozen=True)
+class PriceTerms:
+    per_million_tokens: Decimal
+    per_thousand_rows: Decimal
+    per_gpu_second: Decimal
+
+
+def shard_cost(*, terms: PriceTerms, tokens: int, rows: int, compute_seconds: float) -> Decimal:
+    """tokens × price per 1M tokens / 10⁶ + rows × price per 1k rows / 10³ + compute seconds × price per
+    GPU-second, rounded half up to the ledger's 9 decimal places."""
+    amount = (
+        Decimal(tokens) * terms.per_million_tokens / Decimal(1_000_000)
+        + Decimal(rows) * terms.per_thousand_rows / Decimal(1_000)
+        # repr of a float is its shortest exact decimal: no binary noise reaches the amount.
+        + Decimal(repr(float(compute_seconds))) * terms.per_gpu_second
+    )
+    return amount.quantize(_AMOUNT_QUANTUM, rounding=ROUND_HALF_UP)
+
+
+def counter_delta(*, previous: int, current: int) -> int:
+    """Growth of a cumulative counter between two reads. A smaller reading means the counter restarted
+    (the model was reloaded or Triton restarted): everything it counted since then is new."""
+    return current - previous if current >= previous else current
+
+
+def split_delta(delta: int, weights: list[int]) -> list[int]:
+    """Split ``delta`` (nanoseconds, ≥ 0) in proportion to ``weights`` (rows or tokens, ≥ 0), in whole
+    units that sum exactly to ``delta`` (largest remainder; ties to the earlier entry). All-zero weights
+    share equally. No weights: nothing to split, an empty list."""
+    if not weights:
+        return []
+    if delta < 0 or any(w < 0 for w in weights):
+        raise ValueError("delta and weights must be non-negative")
+    total = sum(weights)
+    if total == 0:
+        weights, total = [1] * len(weights), len(weights)
+    shares = [delta * w // total for w in weights]
+    remainders = [(delta * w % total, -i) for i, w in enumerate(weights)]
+    left = delta - sum(shares)
+    for _, negative_index in sorted(remainders, reverse=True)[:left]:
+        shares[-negative_index] += 1
+    return shares

@@ -1,0 +1,142 @@
+"""OpenAPI description of the usage and costs API (core/openapi.py says why these serializers only
+document). The objects mirror usage/reports.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import serializers
+
+from controlplane.core.openapi import RESPONSE_HEADERS, error_responses
+
+TAGS = ["Usage"]
+
+
+class AmountSerializer(serializers.Serializer[Any]):
+    value = serializers.FloatField()
+    currency = serializers.CharField(help_text="`usd`.")
+
+
+class CostAmountSerializer(AmountSerializer):
+    exact = serializers.CharField(help_text="Extension: the exact decimal sum (9 decimal places).")
+
+
+class _ResultSerializer(serializers.Serializer[Any]):
+    object = serializers.CharField()
+    project_id = serializers.CharField(allow_null=True, help_text="Always null: no projects here.")
+    api_key_id = serializers.CharField(allow_null=True, help_text="With group_by=api_key_id: `key_<id>`.")
+    model = serializers.CharField(allow_null=True, help_text="With group_by=model.")
+    batch_id = serializers.CharField(allow_null=True, help_text="Extension, with group_by=batch.")
+
+
+class _UsageResultSerializer(_ResultSerializer):
+    user_id = serializers.CharField(allow_null=True, help_text="Always null.")
+    num_model_requests = serializers.IntegerField(help_text="Lines that completed.")
+    compute_seconds = serializers.FloatField(help_text="Extension: attributed compute seconds.")
+
+
+class EmbeddingsResultSerializer(_UsageResultSerializer):
+    input_tokens = serializers.IntegerField()
+
+
+class TensorsResultSerializer(_UsageResultSerializer):
+    rows = serializers.IntegerField(help_text="Tensor rows (the first dimension of each input).")
+
+
+class CostsResultSerializer(_ResultSerializer):
+    amount = CostAmountSerializer()
+    line_item = serializers.CharField(
+        allow_null=True, help_text="With group_by=line_item: `<model>, tokens|rows|compute`."
+    )
+
+
+def _page_of(result: type[serializers.Serializer[Any]], name: str) -> type[serializers.Serializer[Any]]:
+    bucket = type(
+        f"{name}Bucket",
+        (serializers.Serializer,),
+        {
+            "object": serializers.ChoiceField(choices=["bucket"]),
+            "start_time": serializers.IntegerField(),
+            "end_time": serializers.IntegerField(),
+            "start_time_iso": serializers.CharField(),
+            "end_time_iso": serializers.CharField(),
+            "results": result(many=True),
+        },
+    )
+    return type(
+        f"{name}Page",
+        (serializers.Serializer,),
+        {
+            "object": serializers.ChoiceField(choices=["page"]),
+            "data": bucket(many=True),
+            "has_more": serializers.BooleanField(),
+            "next_page": serializers.CharField(allow_null=True, help_text="Pass as `page` for the next buckets."),
+        },
+    )
+
+
+def _array(name: str, description: str, enum: list[str] | None = None) -> OpenApiParameter:
+    return OpenApiParameter(
+        name,
+        {"type": "array", "items": {"type": "string", **({"enum": enum} if enum else {})}},
+        description=description,
+    )
+
+
+_COMMON = [
+    OpenApiParameter("start_time", int, required=True, description="Unix seconds, inclusive."),
+    OpenApiParameter("end_time", int, description="Unix seconds, exclusive; default now."),
+    OpenApiParameter("bucket_width", str, enum=["1m", "1h", "1d"], description="Default 1d."),
+    OpenApiParameter("limit", int, description="Buckets per page: 1d default 7 max 31, 1h 24/168, 1m 60/1440."),
+    OpenApiParameter("page", str, description="`next_page` of the previous page."),
+    _array("models", "Only these models."),
+    _array("api_key_ids", "Only these API keys (`key_<id>`)."),
+    OpenApiParameter("format", str, enum=["csv"], description="`csv`: the same page as CSV (or `Accept: text/csv`)."),
+]
+_GROUPS = ["model", "api_key_id", "api_key", "batch", "batch_id", "project_id", "user_id"]
+_CSV = {
+    "text/csv": OpenApiResponse(
+        response=OpenApiTypes.STR, description="One row per bucket result; `X-Next-Page` header when more."
+    )
+}
+
+
+def _usage(kind: str, result: type[serializers.Serializer[Any]], name: str) -> Any:
+    return extend_schema_view(
+        get=extend_schema(
+            operation_id=f"usage{name}",
+            summary=f"{name} usage of the tenant, in time buckets",
+            description="Array parameters are accepted repeated (`group_by=model`), with brackets "
+            "(`group_by[]=model`, as the openai SDK sends them) or comma-separated.",
+            tags=TAGS,
+            parameters=[*_COMMON, _array("group_by", "Group results by these fields.", _GROUPS), *RESPONSE_HEADERS],
+            responses={
+                (200, "application/json"): _page_of(result, f"Usage{name}"),
+                (200, "text/csv"): _CSV["text/csv"],
+                **error_responses(),
+            },
+        )
+    )
+
+
+usage_embeddings = _usage("embeddings", EmbeddingsResultSerializer, "Embeddings")
+usage_tensors = _usage("tensors", TensorsResultSerializer, "Tensors")
+costs = extend_schema_view(
+    get=extend_schema(
+        operation_id="usageCosts",
+        summary="Costs of the tenant, in time buckets",
+        tags=TAGS,
+        parameters=[
+            *_COMMON,
+            _array("group_by", "Group results by these fields.", [*_GROUPS, "line_item"]),
+            *RESPONSE_HEADERS,
+        ],
+        responses={
+            (200, "application/json"): _page_of(CostsResultSerializer, "Costs"),
+            (200, "text/csv"): _CSV["text/csv"],
+            **error_responses(),
+        },
+    )
+)
