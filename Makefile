@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/controlplane
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
 
-.PHONY: install demo serve test test-unit lint chaos bench bench-quick clean
+.PHONY: install demo serve test test-unit lint chaos scale bench bench-quick clean
 
 # requirements.txt, then the batchctl console script (pyproject.toml) as an editable install: setuptools is
 # pinned in requirements.txt, so the build needs no download.
@@ -26,6 +26,7 @@ serve: install
 
 test: install
 	bash scripts/ensure_services.sh
+	bash scripts/ensure_browser.sh
 	$(VENV)/bin/ruff check controlplane batchctl deploy scripts bench build_engines tests
 	$(VENV)/bin/ruff format --check controlplane batchctl deploy scripts bench build_engines tests
 	$(VENV)/bin/mypy controlplane batchctl
@@ -39,6 +40,13 @@ test-unit: install
 # short form. Figures: var/chaos/results-full.{md,json}; the last run's process logs: var/chaos/logs/.
 chaos: install
 	CHAOS_FULL=1 DATABASE_URL=$(TEST_DATABASE_URL) $(PY) -m pytest -q -m chaos tests/chaos
+
+# The autoscaling scenario's full profile (tests/e2e/test_autoscale.py, docs/PERFORMANCE.md): a flood of the
+# sleep_per_row model grows the local orchestrator's fleet to four tritonservers and back to one; ~2 min.
+# `make test` runs the short form (three servers). Figures: var/scale/results-full.json.
+scale: install
+	bash scripts/ensure_services.sh
+	SCALE_FULL=1 DATABASE_URL=$(TEST_DATABASE_URL) $(PY) -m pytest -q -s -m scale tests/e2e/test_autoscale.py
 
 lint: install
 	$(VENV)/bin/ruff check controlplane batchctl deploy scripts bench build_engines tests

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import dj_database_url
 
-from controlplane.core import openapi_settings
+from controlplane.console import console_settings
+from controlplane.core import logs, openapi_settings
 from controlplane.core.env import (
     SECRET_KEY_FILENAME,
     env_bool,
@@ -24,6 +25,8 @@ from controlplane.core.env import (
     env_secret_key,
     env_str,
 )
+from controlplane.fleet import scaling_settings
+from controlplane.usage import usage_settings
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("CONTROLPLANE_VAR_DIR", str(BASE_DIR / "var")))
@@ -51,10 +54,13 @@ INSTALLED_APPS = [
     "controlplane.batches",
     "controlplane.scheduling",
     "controlplane.webhooks",
+    "controlplane.usage",
+    "controlplane.console",  # dashboards, roles, audit log of admin actions
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "controlplane.core.request_log.RequestLogMiddleware",  # request id + batch id on every log line (logs.py)
     "controlplane.core.middleware.RejectNulMiddleware",  # ?after=%00 is a 400, not a Postgres error
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -295,6 +301,7 @@ FLEET_HYSTERESIS = env_float("FLEET_HYSTERESIS", 0.2)
 FLEET_UNLOAD_GRACE_SECONDS = env_float("FLEET_UNLOAD_GRACE_SECONDS", 1.5)
 FLEET_BREAKER_FAILURES = env_int("FLEET_BREAKER_FAILURES", 3, minimum=1)
 FLEET_BREAKER_OPEN_SECONDS = env_float("FLEET_BREAKER_OPEN_SECONDS", 30.0)
+FLEET_SCALING = scaling_settings.from_env()  # fleet size, pools, registration: fleet/scaling_settings.py
 
 # --- Celery ---------------------------------------------------------------------------------------
 _broker_dir = VAR_DIR / "broker"
@@ -348,6 +355,7 @@ CELERY_BEAT_SCHEDULE = {
         "task": "fleet.reconcile",
         "schedule": timedelta(seconds=FLEET_RECONCILE_INTERVAL_SECONDS),
     },
+    "fleet-size-plan": scaling_settings.beat_entry(FLEET_SCALING),  # every FLEET_SIZE_INTERVAL_SECONDS
     "outbox-relay": {
         "task": "core.outbox_relay",
         "schedule": timedelta(seconds=OUTBOX_RELAY_INTERVAL_SECONDS),
@@ -372,7 +380,9 @@ CELERY_BEAT_SCHEDULE = {
         "task": "webhooks.deliveries_due",
         "schedule": timedelta(seconds=WEBHOOK_SWEEP_INTERVAL_SECONDS),
     },
+    "usage-attribute": usage_settings.BEAT_ENTRY,  # USAGE_ATTRIBUTION_INTERVAL_SECONDS, usage/usage_settings.py
 }
+CELERY_BEAT_SCHEDULE |= console_settings.BEAT_SCHEDULE  # dashboard samples (controlplane/console)
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 # Prometheus (controlplane/metrics, docs/OPERATIONS.md). /metrics on the web tier answers only a request with
@@ -383,10 +393,6 @@ METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 METRICS_DB_GAUGES = env_bool("METRICS_DB_GAUGES", False)
 WORKER_METRICS_PORT = env_int("WORKER_METRICS_PORT", 0, minimum=0)
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-}
+# LOG_FORMAT=json: one JSON object per line with the batch, shard and attempt ids (docs/OPERATIONS.md, "Logs").
+LOG_FORMAT = env_choice("LOG_FORMAT", "text", logs.FORMATS)
+LOGGING = logs.logging_config(log_format=LOG_FORMAT, level=env_str("LOG_LEVEL", "INFO"))

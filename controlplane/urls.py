@@ -8,8 +8,10 @@ from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
 from controlplane.batches.views import BatchCancelView, BatchDetailView, BatchListCreateView, BatchRerunView
 from controlplane.files.views import FileContentView, FileDetailView, FileListCreateView
+from controlplane.fleet.internal_views import ServerDrainView, ServerRegisterView
 from controlplane.fleet.views import ModelDetailView, ModelListView
 from controlplane.metrics.views import metrics_view
+from controlplane.usage.views import CostsView, UsageEmbeddingsView, UsageTensorsView
 from controlplane.webhooks.views import (
     WebhookDeliveryListView,
     WebhookEndpointDetailView,
@@ -29,6 +31,9 @@ urlpatterns = [
     path("healthz", healthz),
     # Prometheus scrape, bearer METRICS_TOKEN (404 when unset): docs/OPERATIONS.md.
     path("metrics", metrics_view),
+    # Servers joining and leaving the fleet, bearer FLEET_TOKEN (docs/OPERATIONS.md, "Fleet size").
+    path("internal/fleet/servers", ServerRegisterView.as_view()),
+    path("internal/fleet/servers/<str:name>/drain", ServerDrainView.as_view()),
     path("v1/files", FileListCreateView.as_view()),
     path("v1/files/<str:file_id>", FileDetailView.as_view()),
     path("v1/files/<str:file_id>/content", FileContentView.as_view()),
@@ -44,6 +49,9 @@ urlpatterns = [
     path("v1/webhook_endpoints/<str:endpoint_id>/deliveries", WebhookDeliveryListView.as_view()),
     path("v1/webhook_event_types", WebhookEventTypesView.as_view()),
     path("v1/models", ModelListView.as_view()),
+    path("v1/organization/usage/embeddings", UsageEmbeddingsView.as_view()),
+    path("v1/organization/usage/tensors", UsageTensorsView.as_view()),
+    path("v1/organization/costs", CostsView.as_view()),
     # path: catalogue names may hold a slash ("org/model"), as Hugging Face ids do.
     path("v1/models/<path:model_id>", ModelDetailView.as_view()),
     # Public: the OpenAPI description of the API above and a Swagger UI for it (assets: drf_spectacular_sidecar).

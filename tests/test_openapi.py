@@ -26,6 +26,9 @@ OPERATIONS = {
     ("/v1/batches/{batch_id}/rerun", "post"): "rerunBatch",
     ("/v1/models", "get"): "listModels",
     ("/v1/models/{model_id}", "get"): "retrieveModel",
+    ("/v1/organization/usage/embeddings", "get"): "usageEmbeddings",
+    ("/v1/organization/usage/tensors", "get"): "usageTensors",
+    ("/v1/organization/costs", "get"): "usageCosts",
 }
 SCHEMA_VIEWS = {"/v1/openapi.json", "/v1/docs"}
 

@@ -10,9 +10,11 @@ from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard, S
 from controlplane.batches.rerun import batch_rerun_failed
 from controlplane.batches.services import batch_cancel
 from controlplane.batches.shards import shard_requeue
+from controlplane.console.audit import AuditedAdmin
 from controlplane.core.errors import DomainError
 from controlplane.scheduling.services import batch_priority_set
 from controlplane.tenants.models import Priority
+from controlplane.usage.selectors import batch_cost
 
 
 class ShardInline(admin.TabularInline):
@@ -52,7 +54,7 @@ class EventInline(admin.TabularInline):
 
 
 @admin.register(Batch)
-class BatchAdmin(admin.ModelAdmin):
+class BatchAdmin(AuditedAdmin, admin.ModelAdmin):
     list_display = (
         "id",
         "tenant",
@@ -66,7 +68,7 @@ class BatchAdmin(admin.ModelAdmin):
     )
     list_filter = ("status", "priority", "endpoint", "model", "tenant")
     search_fields = ("id", "input_file_id", "tenant__name", "model")
-    readonly_fields = tuple(f.name for f in Batch._meta.fields)
+    readonly_fields = (*(f.name for f in Batch._meta.fields), "cost")
     inlines = (ShardInline, EventInline)
     actions = ("cancel_batches", "rerun_failed_lines", "set_priority_high", "set_priority_normal", "set_priority_low")
 
@@ -75,6 +77,11 @@ class BatchAdmin(admin.ModelAdmin):
         done = batch.completed_lines + batch.failed_lines
         pct = 100 * done / batch.total_lines if batch.total_lines else 0
         return f"{done}/{batch.total_lines} ({pct:.0f}%), {batch.failed_lines} failed"
+
+    @admin.display(description="cost (usage ledger)")
+    def cost(self, batch: Batch) -> str:
+        amount = batch_cost(batch_id=batch.id)
+        return f"{amount.value:.6f} {amount.currency}"
 
     @admin.action(description="Cancel selected batches (finished lines are kept)")
     def cancel_batches(self, request: HttpRequest, queryset: QuerySet[Batch]) -> None:
@@ -142,7 +149,7 @@ class DeadLetterFilter(admin.SimpleListFilter):
 
 
 @admin.register(Shard)
-class ShardAdmin(admin.ModelAdmin):
+class ShardAdmin(AuditedAdmin, admin.ModelAdmin):
     list_display = (
         "__str__",
         "status",
@@ -180,7 +187,7 @@ class ShardAdmin(admin.ModelAdmin):
 
 
 @admin.register(BatchEvent)
-class BatchEventAdmin(admin.ModelAdmin):
+class BatchEventAdmin(AuditedAdmin, admin.ModelAdmin):
     list_display = ("created_at", "batch", "shard_index", "kind", "message")
     list_filter = ("kind",)
     search_fields = ("batch__id", "message")

@@ -6,10 +6,13 @@ concurrent creates cannot both slip under a quota. It only reads; the caller wri
 
 from __future__ import annotations
 
+from django.utils import timezone
+
 from controlplane.batches import selectors
 from controlplane.core.errors import QuotaExceeded, ValidationFailed
 from controlplane.files.models import File
 from controlplane.tenants.models import PRIORITY_RANK, Priority, Tenant, priority_parse
+from controlplane.usage.spendcap import spend_cap_enforce
 
 # Both quotas free up only when one of the tenant's batches ends, which takes minutes to hours, so no
 # exact reset time exists. A minute is a fair poll interval: a client waiting that long rarely misses
@@ -22,9 +25,11 @@ _NO_SDK_RETRY = {"x-should-retry": "false"}
 
 def batch_admit(*, tenant: Tenant, input_file: File, priority: str | None) -> str:
     """Return the priority class the new batch gets, or raise ValidationFailed (400) for a priority the
-    tenant may not use, QuotaExceeded (429) when the tenant is at its concurrent-batch limit or the
-    file's lines would take its enqueued lines over the limit. ``tenant`` must be the locked row."""
+    tenant may not use, QuotaExceeded (429) when the tenant is at its monthly spend cap, at its
+    concurrent-batch limit, or the file's lines would take its enqueued lines over the limit.
+    ``tenant`` must be the locked row."""
     chosen = _priority_choose(tenant=tenant, priority=priority)
+    spend_cap_enforce(tenant=tenant, now=timezone.now())
     active = selectors.batch_active_count(tenant=tenant)
     if active >= tenant.max_concurrent_batches:
         raise QuotaExceeded(

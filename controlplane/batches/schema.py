@@ -26,6 +26,7 @@ from controlplane.core.openapi import (
 from controlplane.core.pagination import MAX_LIMIT
 from controlplane.files.lifecycle import EXPIRES_AFTER_MAX_SECONDS, EXPIRES_AFTER_MIN_SECONDS
 from controlplane.tenants.models import Priority
+from controlplane.usage.schema import AmountSerializer
 
 TAGS = ["Batches"]
 _BATCH_ID = path_id("batch_id", "batch_abc123")
@@ -147,6 +148,7 @@ class BatchSerializer(serializers.Serializer[Any]):
         allow_null=True,
         help_text="Extension: the batch's place in its model's queue; null when none of its work is waiting.",
     )
+    cost = AmountSerializer(help_text="Extension: what the batch has been charged so far (the usage ledger).")
 
 
 BatchListSerializer = cursor_page_of(BatchSerializer, name="BatchList")

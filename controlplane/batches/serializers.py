@@ -4,16 +4,19 @@ from datetime import datetime
 from typing import Any
 
 from controlplane.batches.models import Batch
+from controlplane.usage.selectors import Amount, batch_cost
 
 
 def _ts(value: datetime | None) -> int | None:
     return int(value.timestamp()) if value else None
 
 
-def batch_render(batch: Batch, *, queue: dict[str, Any] | None = None) -> dict[str, Any]:
+def batch_render(batch: Batch, *, queue: dict[str, Any] | None = None, cost: Amount | None = None) -> dict[str, Any]:
     """OpenAI's Batch object, field for field, plus extra fields the SDK passes through: ``priority``,
     ``queue`` (position among the model's runnable batches and an estimated start; null when none of the
-    batch's shards is waiting) and ``rerun_of`` (the batch whose failed lines this one re-runs)."""
+    batch's shards is waiting), ``rerun_of`` (the batch whose failed lines this one re-runs) and ``cost``
+    (charged so far, from the usage ledger; looked up when not given)."""
+    cost = cost if cost is not None else batch_cost(batch_id=batch.id)
     return {
         "id": batch.id,
         "object": "batch",
@@ -50,4 +53,5 @@ def batch_render(batch: Batch, *, queue: dict[str, Any] | None = None) -> dict[s
         "priority": batch.priority,
         "queue": queue,
         "rerun_of": batch.rerun_of,
+        "cost": {"value": float(cost.value), "currency": cost.currency},
     }

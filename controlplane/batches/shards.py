@@ -24,6 +24,7 @@ from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
 from controlplane.batches.services import event_record
 from controlplane.core import dispatch
 from controlplane.core.errors import Conflict, NotFound
+from controlplane.usage.services import ShardUsage, usage_record_shard
 
 logger = logging.getLogger(__name__)
 
@@ -162,7 +163,8 @@ def shard_commit(*, shard_id: int, attempt: int, summary: PartSummary) -> bool:
         )
         if won != 1:
             return False
-        shard = Shard.objects.only("batch_id", "index").get(id=shard_id)
+        shard = Shard.objects.select_related("batch").only(*_USAGE_FIELDS).get(id=shard_id)
+        usage_record_shard(usage=_shard_usage(shard, summary))
         Batch.objects.filter(id=shard.batch_id).update(
             completed_lines=F("completed_lines") + summary.completed,
             failed_lines=F("failed_lines") + summary.failed,
@@ -175,6 +177,33 @@ def shard_commit(*, shard_id: int, attempt: int, summary: PartSummary) -> bool:
             message=f"attempt {attempt}: {summary.completed} ok, {summary.failed} errors",
         )
     return True
+
+
+# What the ledger row and the commit read of the shard and its batch (not the batch's other columns).
+_USAGE_FIELDS = (
+    *("id", "batch_id", "index", "work_units", "request_count", "started_at", "finished_at", "triton_server"),
+    *("batch__tenant_id", "batch__endpoint", "batch__model", "batch__model_snapshot"),
+)
+
+
+def _shard_usage(shard: Shard, summary: PartSummary) -> ShardUsage:
+    assert shard.finished_at is not None  # just set by the commit
+    return ShardUsage(
+        shard_id=shard.id,
+        batch_id=shard.batch_id,
+        tenant_id=shard.batch.tenant_id,
+        endpoint=shard.batch.endpoint,
+        model_name=shard.batch.model,
+        model_snapshot=shard.batch.model_snapshot,
+        server=shard.triton_server,
+        completed=summary.completed,
+        failed=summary.failed,
+        prompt_tokens=summary.prompt_tokens,
+        estimated_work_units=shard.work_units,
+        request_count=shard.request_count,
+        started_at=shard.started_at,
+        finished_at=shard.finished_at,
+    )
 
 
 # A released shard waits this long (doubling per attempt, capped) before it is runnable again: the

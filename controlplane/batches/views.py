@@ -15,12 +15,15 @@ from controlplane.core.idempotency import idempotency_key, idempotent, json_fing
 from controlplane.core.pagination import cursor_page, parse_limit
 from controlplane.scheduling.selectors import batches_queue_info
 from controlplane.tenants.auth import request_tenant
+from controlplane.usage.selectors import batch_costs
+from controlplane.usage.services import batch_origin_record
 
 
 def _render_with_queue(batches: list[Batch]) -> list[dict[str, Any]]:
     """Batch objects with their queue positions, one ranking per model for the whole page."""
     queues = batches_queue_info(batches)
-    return [batch_render(batch, queue=queues.get(batch.id)) for batch in batches]
+    costs = batch_costs(batch_ids=[batch.id for batch in batches])
+    return [batch_render(batch, queue=queues.get(batch.id), cost=costs[batch.id]) for batch in batches]
 
 
 @schema.batch_list_create
@@ -55,6 +58,7 @@ class BatchListCreateView(APIView):
                 priority=data.get("priority"),
                 output_expires_after=data.get("output_expires_after"),
             )
+            batch_origin_record(batch_id=batch.id, api_key_id=getattr(request.auth, "id", None))
             return Response(batch_render(batch))
 
         fingerprint = json_fingerprint(request, data) if key is not None else ""
@@ -96,6 +100,7 @@ class BatchRerunView(APIView):
                 error_codes=data.get("error_codes"),
                 completion_window=data.get("completion_window"),
             )
+            batch_origin_record(batch_id=rerun.id, api_key_id=getattr(request.auth, "id", None))
             return Response(batch_render(rerun))
 
         fingerprint = json_fingerprint(request, data) if key is not None else ""

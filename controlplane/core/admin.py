@@ -2,11 +2,12 @@ from __future__ import annotations
 
 from django.contrib import admin
 
+from controlplane.console.audit import AuditedAdmin
 from controlplane.core.models import OutboxMessage
 
 
 @admin.register(OutboxMessage)
-class OutboxMessageAdmin(admin.ModelAdmin):
+class OutboxMessageAdmin(AuditedAdmin, admin.ModelAdmin):
     """Messages the broker has not taken yet: rows older than a few seconds mean the broker is down
     (last_error says what it answered). Read-only; the relay sends them once it is back."""
 

@@ -14,10 +14,19 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 
+from controlplane.console.audit import AuditedAdmin
 from controlplane.fleet import planner_types as pt
 from controlplane.fleet import tasks
 from controlplane.fleet.inventory import server_set_operator_state
-from controlplane.fleet.models import CatalogueModel, Gpu, Placement, PlacementEvent, ServerState, TritonServer
+from controlplane.fleet.models import (
+    CatalogueModel,
+    FleetSizePlan,
+    Gpu,
+    Placement,
+    PlacementEvent,
+    ServerState,
+    TritonServer,
+)
 from controlplane.fleet.selectors import fleet_overview
 from controlplane.fleet.services import model_set_paused
 
@@ -75,7 +84,7 @@ class CatalogueModelForm(forms.ModelForm):
 
 
 @admin.register(CatalogueModel)
-class CatalogueModelAdmin(admin.ModelAdmin):
+class CatalogueModelAdmin(AuditedAdmin, admin.ModelAdmin):
     form = CatalogueModelForm
     list_display = (
         "name",
@@ -175,10 +184,11 @@ class GpuInline(admin.TabularInline):
 
 
 @admin.register(TritonServer)
-class TritonServerAdmin(admin.ModelAdmin):
+class TritonServerAdmin(AuditedAdmin, admin.ModelAdmin):
     list_display = (
         "name",
         "grpc_url",
+        "pool",
         "state",
         "operator_state",
         "last_heartbeat_at",
@@ -186,12 +196,12 @@ class TritonServerAdmin(admin.ModelAdmin):
         "gpu_count",
         "placements_summary",
     )
-    list_filter = ("state", "operator_state", "real_gpus")
+    list_filter = ("state", "operator_state", "real_gpus", "pool")
     search_fields = ("name", "grpc_url")
     # Operator state changes go through the actions, which write a PlacementEvent.
     readonly_fields = ("state", "operator_state", "last_heartbeat_at", "consecutive_failures", "breaker_open_until")
     fieldsets = (
-        (None, {"fields": ("name", "grpc_url", "metrics_url", "real_gpus")}),
+        (None, {"fields": ("name", "grpc_url", "http_url", "metrics_url", "pool", "real_gpus")}),
         ("Health (heartbeat, circuit breaker and the actions on the list page)", {"fields": readonly_fields}),
     )
     inlines = (GpuInline,)
@@ -273,7 +283,7 @@ class TritonServerAdmin(admin.ModelAdmin):
         return TemplateResponse(request, "admin/fleet/overview.html", context)
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+class ReadOnlyAdmin(AuditedAdmin, admin.ModelAdmin):
     """Rows the reconciler owns: operators look, they change them through servers and the catalogue."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -316,3 +326,15 @@ class PlacementEventAdmin(ReadOnlyAdmin):
     search_fields = ("reason",)
     list_select_related = ("model", "server")
     date_hierarchy = "created_at"
+
+
+@admin.register(FleetSizePlan)
+class FleetSizePlanAdmin(ReadOnlyAdmin):
+    """The fleet-size loop's latest answer per pool (fleet.size_plan); ``inputs`` says what it came from."""
+
+    list_display = ("pool", "desired_servers", "desired_workers", "computed_at", "reason")
+    readonly_fields = ("pool", "desired_servers", "desired_workers", "inputs", "computed_at")
+
+    @admin.display(description="why")
+    def reason(self, plan: FleetSizePlan) -> str:
+        return str(plan.inputs.get("reason", ""))

@@ -63,9 +63,15 @@ def parse_gpu_metrics(text: str) -> list[dict[str, float]]:
     return list(by_uuid.values())
 
 
-def _refresh_gpus(server: TritonServer) -> None:
-    with urllib.request.urlopen(server.metrics_url, timeout=3) as response:
-        gpus = parse_gpu_metrics(response.read().decode())
+def metrics_fetch(url: str) -> str:
+    """Triton's Prometheus text; OSError (URLError, timeout) when it does not answer."""
+    # Three seconds: Triton answers /metrics from memory; a slower answer means the server is in trouble.
+    with urllib.request.urlopen(url, timeout=3) as response:
+        return str(response.read().decode())
+
+
+def gpus_store(server: TritonServer, gpus: list[dict[str, float]]) -> None:
+    """Measured GPUs (parse_gpu_metrics order = index) replace the rows of those indices."""
     for index, metrics in enumerate(gpus):
         Gpu.objects.update_or_create(
             server=server,
@@ -78,6 +84,10 @@ def _refresh_gpus(server: TritonServer) -> None:
                 "name": "nvidia",
             },
         )
+
+
+def _refresh_gpus(server: TritonServer) -> None:
+    gpus_store(server, parse_gpu_metrics(metrics_fetch(server.metrics_url)))
 
 
 def fleet_heartbeat() -> dict[str, str]:

@@ -42,6 +42,8 @@ class CatalogueModel(models.Model):
     pin_server = models.ForeignKey("TritonServer", on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     pin_gpus = models.JSONField(default=list, blank=True)
     last_active_at = models.DateTimeField(null=True, blank=True)
+    # The pool (TritonServer.pool) whose servers the fleet-size loop adds for this model's backlog.
+    pool = models.CharField(max_length=64, default="default")
     # OpenAI's Model object has ``created``; rows older than this field get the migration's time.
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
@@ -62,6 +64,11 @@ class TritonServer(models.Model):
     name = models.CharField(max_length=100, unique=True)
     grpc_url = models.CharField(max_length=200, unique=True, help_text="host:port of Triton's gRPC endpoint")
     metrics_url = models.CharField(max_length=300, blank=True, default="")
+    http_url = models.CharField(
+        max_length=300, blank=True, default="", help_text="http://host:port of Triton's HTTP endpoint"
+    )
+    # One kind of GPU node: the fleet-size loop (fleet/sizing.py) plans servers per pool.
+    pool = models.CharField(max_length=64, default="default", db_index=True)
     # Declared GPUs (CPU hosts, tests) run instances as KIND_CPU; real ones as KIND_GPU with gpu ids.
     real_gpus = models.BooleanField(default=False)
     state = models.CharField(max_length=16, choices=ServerState.choices, default=ServerState.HEALTHY)
@@ -146,3 +153,19 @@ class PlacementEvent(models.Model):
     class Meta:
         # A list as in the migrations: a tuple would read as a changed option to makemigrations.
         ordering: ClassVar[list[str]] = ["-created_at", "-id"]
+
+
+class FleetSizePlan(models.Model):
+    """The latest fleet-size plan of one pool (fleet/sizing.py), written by the ``fleet.size_plan`` beat task.
+
+    ``desired_workers`` is fleet-wide (the same on every row); ``inputs`` holds what the answer came from
+    and the planner's memory (``below_since``, the start of the scale-down cooldown)."""
+
+    pool = models.CharField(max_length=64, unique=True)
+    desired_servers = models.PositiveIntegerField()
+    desired_workers = models.PositiveIntegerField()
+    inputs = models.JSONField(default=dict)
+    computed_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.pool}: {self.desired_servers} server(s)"

@@ -8,6 +8,7 @@ from celery import shared_task
 from controlplane.fleet.inventory import fleet_heartbeat
 from controlplane.fleet.models import ServerState, TritonServer
 from controlplane.fleet.reconciler import fleet_reconcile
+from controlplane.fleet.size_plans import fleet_size_plan
 
 
 @shared_task(name="fleet.heartbeat")
@@ -27,3 +28,11 @@ def fleet_heartbeat_task() -> dict[str, str]:
 def fleet_reconcile_task(actor: str = "beat") -> list[str]:
     report = fleet_reconcile(actor=actor)
     return report.changes + report.failures
+
+
+# Every FLEET_SIZE_INTERVAL_SECONDS (10 s, fleet/scaling_settings.py): a few grouped queries, no Triton call.
+# Runs with or without registered servers: a pool at zero is exactly when its first work must wake it.
+@shared_task(name="fleet.size_plan")
+def fleet_size_plan_task() -> dict[str, int]:
+    plan = fleet_size_plan(actor="beat")
+    return {pool.pool: pool.desired_servers for pool in plan.pools} | {"workers": plan.desired_workers}

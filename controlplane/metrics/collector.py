@@ -10,10 +10,12 @@ from datetime import datetime
 from django.db.models import Count, Min, Sum
 from django.utils import timezone
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from controlplane.batches.models import BatchStatus, Shard, ShardStatus
-from controlplane.fleet.models import Placement, TritonServer
+from controlplane.fleet.models import FleetSizePlan, Placement, TritonServer
+from controlplane.metrics.triton_scrape import triton_families
 from controlplane.scheduling.selectors import runnable_q
 
 # A dead shard matters while its batch is still open: an operator can requeue it (docs/OPERATIONS.md).
@@ -21,12 +23,14 @@ _OPEN_BATCH_STATUSES = (BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING)
 
 
 class DatabaseCollector(Collector):
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         now = timezone.now()
         yield from _queue_families(now)
         yield _dead_shards()
         yield _breakers(now)
         yield from _placements()
+        yield from _fleet_size(now)
+        yield from triton_families()  # Triton's own /metrics, normalised (triton_scrape.py)
 
 
 def _queue_families(now: datetime) -> Iterator[GaugeMetricFamily]:
@@ -138,3 +142,37 @@ def _placements() -> Iterator[GaugeMetricFamily]:
         instances.add_metric(labels, row["instances"] or 0)
     yield placements
     yield instances
+
+
+def _fleet_size(now: datetime) -> Iterator[GaugeMetricFamily]:
+    """The latest fleet-size plan (fleet.size_plan, stored per pool) and the inputs an autoscaler or a
+    person checks it against: what KEDA's prometheus trigger and the local orchestrator follow."""
+    servers = GaugeMetricFamily(
+        "batch_fleet_desired_servers", "Triton servers the fleet-size loop wants, per pool.", labels=["pool"]
+    )
+    workers = GaugeMetricFamily("batch_fleet_desired_workers", "Shard workers the fleet-size loop wants.")
+    backlog = GaugeMetricFamily(
+        "batch_fleet_backlog_work_seconds",
+        "Backlog per pool in instance-seconds: work units pending or running / measured units per second.",
+        labels=["pool"],
+    )
+    risk = GaugeMetricFamily(
+        "batch_fleet_deadline_risk",
+        "1 when the pool's servers now cannot finish some batch's work before its expiry, else 0.",
+        labels=["pool"],
+    )
+    age = GaugeMetricFamily(
+        "batch_fleet_plan_age_seconds",
+        "Seconds since the pool's plan was computed (beat stalled if it grows).",
+        labels=["pool"],
+    )
+    rows = list(FleetSizePlan.objects.order_by("pool"))
+    for row in rows:
+        servers.add_metric([row.pool], row.desired_servers)
+        work_s = row.inputs.get("backlog_work_seconds")
+        backlog.add_metric([row.pool], float("inf") if work_s is None else float(work_s))  # null: it overflowed
+        risk.add_metric([row.pool], 1.0 if row.inputs.get("deadline_risk") else 0.0)
+        age.add_metric([row.pool], (now - row.computed_at).total_seconds())
+    if rows:
+        workers.add_metric([], max(row.desired_workers for row in rows))
+    yield from (servers, workers, backlog, risk, age)

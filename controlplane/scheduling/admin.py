@@ -17,13 +17,16 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 
+from controlplane.batches.models import Batch
+from controlplane.console.audit import RUN_ACTIONS_PERMISSION, audit_record
 from controlplane.core.errors import DomainError
 from controlplane.fleet.admin import ReadOnlyAdmin
+from controlplane.fleet.models import CatalogueModel
 from controlplane.fleet.services import model_set_paused
 from controlplane.scheduling.models import Slot, TenantShare
 from controlplane.scheduling.queue_overview import queue_overview
 from controlplane.scheduling.services import batch_priority_set
-from controlplane.tenants.models import Priority
+from controlplane.tenants.models import Priority, Tenant
 from controlplane.tenants.services import tenant_set_paused
 
 
@@ -96,7 +99,10 @@ class SlotAdmin(ReadOnlyAdmin):
             self.message_user(request, f"Nothing changed: {form.errors.as_text()}", level=messages.ERROR)
             return
         data, actor = form.cleaned_data, request.user.get_username()
-        if not request.user.has_perm(QueueActionForm.PERMISSIONS[data["op"]]):
+        # The operator role runs these buttons without change permissions (controlplane/console/roles.py).
+        if not request.user.has_perm(QueueActionForm.PERMISSIONS[data["op"]]) and not request.user.has_perm(
+            RUN_ACTIONS_PERMISSION
+        ):
             raise PermissionDenied
         try:
             if data["op"] == "batch_priority":
@@ -111,6 +117,14 @@ class SlotAdmin(ReadOnlyAdmin):
         except DomainError as exc:
             self.message_user(request, exc.message, level=messages.ERROR)
             return
+        target = {"batch_priority": "batch_id", "tenant_paused": "tenant_id", "model_paused": "model_id"}[data["op"]]
+        audit_record(
+            request=request,
+            action=f"queue_{data['op']}",
+            model={"batch_priority": Batch, "tenant_paused": Tenant, "model_paused": CatalogueModel}[data["op"]],
+            object_id=str(data[target]),
+            details={"result": subject, "changed": bool(changed)},
+        )
         self.message_user(request, f"{subject}." if changed else f"{subject}: it already was.")
 
 

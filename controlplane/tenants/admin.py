@@ -4,6 +4,7 @@ from django.contrib import admin
 from django.db.models import QuerySet, Sum
 from django.http import HttpRequest
 
+from controlplane.console.audit import AuditedAdmin
 from controlplane.tenants.models import ApiKey, Tenant, TenantEvent
 from controlplane.tenants.services import api_key_revoke, tenant_set_paused
 
@@ -30,7 +31,7 @@ class TenantEventInline(admin.TabularInline):
 
 
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(AuditedAdmin, admin.ModelAdmin):
     list_display = (
         "name",
         "is_active",
@@ -61,6 +62,7 @@ class TenantAdmin(admin.ModelAdmin):
                     "max_requests_per_minute",
                     "storage_quota_bytes",
                     "storage_used_bytes",
+                    "monthly_spend_cap",
                 )
             },
         ),
@@ -104,7 +106,7 @@ class TenantAdmin(admin.ModelAdmin):
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
+class ApiKeyAdmin(AuditedAdmin, admin.ModelAdmin):
     # The hash is not a secret but is useless to an operator; the key itself is never stored.
     list_display = ("prefix", "tenant", "name", "created_at", "last_used_at", "expires_at", "revoked_at")
     list_filter = ("revoked_at", "expires_at")

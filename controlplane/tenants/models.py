@@ -71,6 +71,14 @@ class Tenant(TimestampedModel):
     default_priority = models.CharField(max_length=8, choices=Priority.choices, default=Priority.NORMAL)
     # A paused tenant's batches stay in_progress but no new shard of theirs is dispatched.
     paused = models.BooleanField(default=False)
+    # Checked at batch create against the usage ledger's month-to-date cost (controlplane/usage/spendcap.py).
+    monthly_spend_cap = models.DecimalField(
+        max_digits=14,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        help_text="USD per calendar month (UTC); new batches are refused once reached. Empty: no cap.",
+    )
 
     def __str__(self) -> str:
         return self.name

@@ -13,6 +13,7 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
+from controlplane.console.audit import AuditedAdmin
 from controlplane.webhooks.models import EVENT_TYPES, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from controlplane.webhooks.serializers import endpoint_render
 from controlplane.webhooks.services import (
@@ -43,7 +44,7 @@ class WebhookEndpointForm(forms.ModelForm):  # type: ignore[type-arg]
 
 
 @admin.register(WebhookEndpoint)
-class WebhookEndpointAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class WebhookEndpointAdmin(AuditedAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
     form = WebhookEndpointForm
     list_display = ("id", "tenant", "name", "url", "enabled", "event_types", "delivery_log", "created_at")
     list_filter = ("enabled", "tenant")
@@ -90,7 +91,7 @@ class AttemptInline(admin.TabularInline):  # type: ignore[type-arg]
 
 
 @admin.register(WebhookDelivery)
-class WebhookDeliveryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class WebhookDeliveryAdmin(AuditedAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = (
         "id",
         "event_type",

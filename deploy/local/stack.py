@@ -29,7 +29,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from deploy.local.supervision import Restart, RestartBackoff, secret_key_ensure
+from deploy.local.orchestrator import Orchestrator, orchestrator_for
+from deploy.local.supervision import Restart, secret_key_ensure, supervise
 from deploy.local.triton_server import (
     free_port,
     log_tail,
@@ -49,6 +50,9 @@ class Stack:
     var_dir: Path
     web_port: int = 8000
     env: dict[str, str] = field(default_factory=dict)
+    # Per child (web, worker, control, webhooks, beat), on top of env: what differs between deployments on
+    # one host, e.g. each worker's WORKER_METRICS_PORT and PROMETHEUS_MULTIPROC_DIR.
+    process_env: dict[str, dict[str, str]] = field(default_factory=dict)
     # Slots (shards) run side by side per worker: the default slot cap is two per model instance, so four
     # threads let two models run at once. WORKER_CONCURRENCY overrides it (the benchmark compares).
     worker_concurrency: int = field(default_factory=lambda: int(os.environ.get("WORKER_CONCURRENCY", "4")))
@@ -79,6 +83,9 @@ class Stack:
     _warm_started: float = field(default=0.0, init=False, repr=False)
     # Restart children that exit (see the module docstring). Tests that kill processes on purpose keep it off.
     supervise: bool = False
+    # Orchestrator mode (deploy/local/orchestrator.py): local tritonservers follow the desired-servers gauge.
+    orchestrate: bool = field(default_factory=lambda: os.environ.get("LOCAL_ORCHESTRATOR") == "1")
+    orchestrator: Orchestrator | None = field(default=None, init=False, repr=False)
     restarts: list[Restart] = field(default_factory=list, init=False)
     _commands: dict[str, list[str]] = field(default_factory=dict, init=False, repr=False)
     _triton_ports: tuple[int, int, int] = field(default=(0, 0, 0), init=False, repr=False)
@@ -130,7 +137,7 @@ class Stack:
         with open(self.log_dir / f"{name}.log", "ab") as log:
             proc = subprocess.Popen(
                 cmd,
-                env=self.child_env(),
+                env={**self.child_env(), **self.process_env.get(name, {})},
                 cwd=REPO_ROOT,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -151,6 +158,7 @@ class Stack:
 
     def _start(self) -> Stack:
         self.var_dir.mkdir(parents=True, exist_ok=True)
+        self.orchestrator = orchestrator_for(self) if self.orchestrate else None  # sets the web's metrics env
         if self.with_triton:
             self.start_triton()
         self.manage("migrate", "--noinput", "-v0")
@@ -179,9 +187,7 @@ class Stack:
             self._spawn(
                 "beat",
                 [
-                    str(BIN / "celery"),
-                    "-A",
-                    "controlplane",
+                    *self._celery(),
                     "beat",
                     "-l",
                     "info",
@@ -196,6 +202,8 @@ class Stack:
             self._stopping.clear()
             self._supervisor = threading.Thread(target=self._supervise, name="stack-supervisor", daemon=True)
             self._supervisor.start()
+        if self.orchestrator is not None:
+            self.orchestrator.start()
         return self
 
     def start_triton(self) -> None:
@@ -280,9 +288,7 @@ class Stack:
         return self._spawn(
             name,
             [
-                str(BIN / "celery"),
-                "-A",
-                "controlplane",
+                *self._celery(),
                 "worker",
                 "-l",
                 "info",
@@ -298,6 +304,11 @@ class Stack:
                 "--without-mingle",
             ],
         )
+
+    def _celery(self) -> list[str]:
+        # No start-up banner in a JSON log: every line of it is one JSON object (controlplane/core/logs.py).
+        quiet = ["--quiet"] if self.child_env().get("LOG_FORMAT") == "json" else []
+        return [str(BIN / "celery"), "-A", "controlplane", *quiet]
 
     def kill(self, name: str) -> None:
         """SIGKILL a process group: what a node failure or the OOM killer does to a worker. The process is
@@ -326,32 +337,13 @@ class Stack:
 
     def _supervise(self) -> None:
         """Restart children that exit, each on its own backoff, until stop(). Runs in a thread."""
-        backoff = RestartBackoff(self.procs, time.monotonic())
-        due: dict[str, tuple[float, float, int | None]] = {}  # name -> (restart at, delay, exit code)
-        while not self._stopping.wait(0.2):
-            now = time.monotonic()
-            with self._lock:
-                exited = [(n, p.returncode) for n, p in self.procs.items() if n not in due and p.poll() is not None]
-            for name, code in exited:
-                delay = backoff.exited(name, now)
-                due[name] = (now + delay, delay, code)
-                logger.warning("%s exited with code %s; restarting in %.0f s", name, code, delay)
-            for name, (at, delay, code) in list(due.items()):
-                if now < at or self._stopping.is_set():
-                    continue
-                del due[name]
-                try:
-                    if name == "triton":
-                        self._spawn_triton()
-                    else:
-                        self._spawn(name, self._commands[name])
-                except Exception:
-                    logger.exception("restarting %s failed", name)
-                    continue
-                started = time.monotonic()
-                backoff.started(name, started)
-                self.restarts.append(Restart(name=name, returncode=code, delay_s=delay, at=started))
-                logger.warning("restarted %s (restart %d in a row; log %s)", name, backoff.crashes[name], self.log_dir)
+        supervise(self.procs, self._lock, self._stopping, self._respawn, self.restarts.append, log_dir=self.log_dir)
+
+    def _respawn(self, name: str) -> None:
+        if name == "triton":
+            self._spawn_triton()
+        else:
+            self._spawn(name, self._commands[name])
 
     def _wait_http(self, url: str, name: str, timeout_s: float = 60) -> None:
         deadline = time.monotonic() + timeout_s
@@ -367,6 +359,8 @@ class Stack:
 
     def stop(self) -> None:
         self._stopping.set()
+        if self.orchestrator is not None:
+            self.orchestrator.stop()
         if self._supervisor is not None:
             self._supervisor.join()
             self._supervisor = None

@@ -1,15 +1,21 @@
-"""What the local runner's supervisor decides (deploy/local/stack.py runs the loop): how long a crashed
-child waits before its restart, and the var dir's signing key its children share."""
+"""The local runner's supervisor (deploy/local/stack.py starts it): the loop that restarts children that
+exit, how long a crashed child waits before its restart, and the var dir's signing key its children share."""
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
-from collections.abc import Iterable
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from controlplane.core.env import SECRET_KEY_FILENAME
+
+logger = logging.getLogger("deploy.local.stack")
 
 # Restart backoff of a supervised child: 1 s, doubling per crash in a row, at most 30 s; a child that stayed
 # up this long counts as healthy again, so its next crash restarts it after 1 s.
@@ -58,3 +64,38 @@ class RestartBackoff:
 
     def started(self, name: str, now: float) -> None:
         self._started[name] = now
+
+
+def supervise(
+    procs: dict[str, subprocess.Popen[bytes]],
+    lock: threading.RLock,
+    stopping: threading.Event,
+    respawn: Callable[[str], None],
+    record: Callable[[Restart], None],
+    *,
+    log_dir: Path,
+) -> None:
+    """Restart children that exit, each on its own backoff, until ``stopping`` is set."""
+    backoff = RestartBackoff(procs, time.monotonic())
+    due: dict[str, tuple[float, float, int | None]] = {}  # name -> (restart at, delay, exit code)
+    while not stopping.wait(0.2):
+        now = time.monotonic()
+        with lock:
+            exited = [(n, p.returncode) for n, p in procs.items() if n not in due and p.poll() is not None]
+        for name, code in exited:
+            delay = backoff.exited(name, now)
+            due[name] = (now + delay, delay, code)
+            logger.warning("%s exited with code %s; restarting in %.0f s", name, code, delay)
+        for name, (at, delay, code) in list(due.items()):
+            if now < at or stopping.is_set():
+                continue
+            del due[name]
+            try:
+                respawn(name)
+            except Exception:
+                logger.exception("restarting %s failed", name)
+                continue
+            started = time.monotonic()
+            backoff.started(name, started)
+            record(Restart(name=name, returncode=code, delay_s=delay, at=started))
+            logger.warning("restarted %s (restart %d in a row; log %s)", name, backoff.crashes[name], log_dir)

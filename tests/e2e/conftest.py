@@ -3,6 +3,7 @@ and Redis, and a real tritonserver (shared with tests/triton through the session
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import uuid
@@ -56,12 +57,26 @@ class E2E:
         )
 
 
-@pytest.fixture(scope="session")
-def e2e(triton_server, tmp_path_factory) -> Iterator[E2E]:
-    db_name = f"cp_e2e_{uuid.uuid4().hex[:8]}"
+@contextlib.contextmanager
+def fresh_database(prefix: str) -> Iterator[str]:
+    """A new empty Postgres database for one stack (its URL), dropped afterwards."""
+    db_name = f"{prefix}_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(ADMIN_DB_URL, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{db_name}"')
-    db_url = ADMIN_DB_URL.rsplit("/", 1)[0] + f"/{db_name}"
+    try:
+        yield ADMIN_DB_URL.rsplit("/", 1)[0] + f"/{db_name}"
+    finally:
+        with psycopg.connect(ADMIN_DB_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def e2e(triton_server, tmp_path_factory) -> Iterator[E2E]:
+    with fresh_database("cp_e2e") as db_url:
+        yield from _e2e_stack(triton_server, tmp_path_factory, db_url)
+
+
+def _e2e_stack(triton_server, tmp_path_factory, db_url: str) -> Iterator[E2E]:
     redis.Redis.from_url(BROKER_URL).flushdb()
     var_dir = Path(tmp_path_factory.mktemp("stack"))
     env = {
@@ -84,5 +99,3 @@ def e2e(triton_server, tmp_path_factory) -> Iterator[E2E]:
         yield E2E(stack, db_url, key)
     finally:
         stack.stop()
-        with psycopg.connect(ADMIN_DB_URL, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')

@@ -230,6 +230,7 @@ def test_declared_gpus_are_editable_inline(admin_client, fleet):
         "name": a.name,
         "grpc_url": a.grpc_url,
         "metrics_url": "",
+        "pool": "default",
         "gpus-TOTAL_FORMS": 2,
         "gpus-INITIAL_FORMS": 2,
         "gpus-MIN_NUM_FORMS": 0,

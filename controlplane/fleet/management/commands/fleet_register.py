@@ -4,9 +4,9 @@ import re
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import IntegrityError
 
-from controlplane.fleet.inventory import server_register
+from controlplane.core.errors import DomainError
+from controlplane.fleet.membership import server_join
 
 # Binary units: a "16G" card reports 16 GiB. "B"/"iB" suffixes are accepted and mean the same.
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
@@ -26,36 +26,56 @@ def parse_size(text: str) -> int:
 
 class Command(BaseCommand):
     help = (
-        "Register (or update) a Triton server and its GPUs for the placement loop. On CPU hosts the GPUs are "
-        "declared (--gpu-memory); with --real-gpus and --metrics-url the heartbeat measures them."
+        "Register (or update: the same call again changes nothing) a Triton server and its GPUs. With "
+        "--metrics-url the GPUs are read from Triton's metrics (nv_gpu_memory_total_bytes per GPU); on CPU hosts "
+        "they are declared (--gpu-memory-gib 16 16, or --gpu-memory 16G,16G). Same as POST /internal/fleet/servers."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("name", help="e.g. triton-0")
-        parser.add_argument("grpc_url", help="host:port of Triton's gRPC endpoint")
-        parser.add_argument(
-            "--gpu-memory",
-            required=True,
-            help="memory of each GPU, comma-separated, in index order: 16G,16G (or 512M, bytes)",
-        )
+        # NAME and HOST:PORT may also come positionally (the original form: fleet_register NAME HOST:PORT).
+        parser.add_argument("name_arg", nargs="?", metavar="NAME")
+        parser.add_argument("grpc_url_arg", nargs="?", metavar="HOST:PORT")
+        parser.add_argument("--name", help="e.g. triton-0 (a pod name)")
+        parser.add_argument("--grpc-url", help="host:port of Triton's gRPC endpoint")
+        parser.add_argument("--http-url", default="", help="http://host:port of Triton's HTTP endpoint")
         parser.add_argument(
             "--metrics-url", default="", help="Triton's Prometheus endpoint, e.g. http://h:8002/metrics"
         )
+        parser.add_argument("--pool", default="default", help="the kind of GPU node (fleet-size pools)")
+        parser.add_argument("--gpu-memory-gib", type=float, nargs="+", default=[], help="declared GPUs' memory")
+        parser.add_argument("--gpu-memory", help="declared GPUs as sizes, comma-separated: 16G,16G")
         parser.add_argument("--real-gpus", action="store_true", help="run instances as KIND_GPU on these GPUs")
 
-    def handle(
-        self, *args: Any, name: str, grpc_url: str, gpu_memory: str, metrics_url: str, real_gpus: bool, **options: Any
-    ) -> None:
+    def handle(self, *args: Any, **options: Any) -> None:
+        name = options["name"] or options["name_arg"]
+        grpc_url = options["grpc_url"] or options["grpc_url_arg"]
+        if not name or not grpc_url:
+            raise CommandError("--name and --grpc-url are required")
+        sizes = [int(g * 1024**3) for g in options["gpu_memory_gib"]]
+        if any(size <= 0 for size in sizes):
+            raise CommandError("--gpu-memory-gib: a GPU needs some memory")
+        if options["gpu_memory"] is not None:
+            try:
+                sizes += [parse_size(part) for part in options["gpu_memory"].split(",")]
+            except ValueError as exc:
+                raise CommandError(f"--gpu-memory: {exc}") from exc
         try:
-            sizes = [parse_size(part) for part in gpu_memory.split(",")]
-        except ValueError as exc:
-            raise CommandError(f"--gpu-memory: {exc}") from exc
-        try:
-            server = server_register(
-                name=name, grpc_url=grpc_url, gpu_memory_bytes=sizes, metrics_url=metrics_url, real_gpus=real_gpus
+            server, created = server_join(
+                name=name,
+                grpc_url=grpc_url,
+                http_url=options["http_url"],
+                metrics_url=options["metrics_url"],
+                pool=options["pool"],
+                gpu_memory_bytes=sizes,
+                real_gpus=options["real_gpus"],
+                actor="fleet_register",
             )
-        except IntegrityError as exc:
-            raise CommandError(f"{grpc_url} is already registered under another name") from exc
-        gpus = ", ".join(f"gpu{i} {size / 1024**3:.1f} GiB" for i, size in enumerate(sizes))
-        kind = "real GPUs" if real_gpus else "declared GPUs"
-        self.stdout.write(f"Registered {server.name} at {server.grpc_url} with {len(sizes)} {kind}: {gpus}.")
+        except DomainError as exc:
+            raise CommandError(exc.message) from exc
+        gpus = ", ".join(f"gpu{g.index} {g.total_memory_bytes / 1024**3:.1f} GiB" for g in server.gpus.all())
+        kind = "real GPUs" if server.real_gpus else "declared GPUs"
+        verb = "Registered" if created else "Updated"
+        self.stdout.write(
+            f"{verb} {server.name} at {server.grpc_url} in pool {server.pool} with "
+            f"{server.gpus.count()} {kind}: {gpus}."
+        )

@@ -1,0 +1,182 @@
+"""Servers joining and leaving the fleet by themselves: what ``fleet_register`` / ``fleet_drain`` and
+``POST /internal/fleet/servers[/<name>/drain]`` call (docs/ARCHITECTURE.md, "Fleet size").
+
+Join: an orchestrator's init step or sidecar registers a Triton server with its addresses and pool; its
+GPUs come from Triton's own ``/metrics`` (``nv_gpu_memory_total_bytes`` etc., one series per GPU uuid) when
+a metrics URL is given and shows GPUs, else from the declared sizes (CPU hosts, tests).
+
+Leave: a drain is a series of idempotent steps, each a few small queries, repeated until it answers
+drained: cordon (state ``draining``: routing sends no new call there, the placement planner re-places its
+busy models elsewhere make-before-break and unloads them there) → in-flight calls finish → placements
+are gone → the server row is deleted. A server that disappears without draining is not handled here:
+the heartbeat marks it unhealthy and the reconciler fails its placements over, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from controlplane.batches.models import Shard, ShardStatus
+from controlplane.core.errors import Conflict, DomainError, ValidationFailed
+from controlplane.fleet.inventory import gpus_store, metrics_fetch, parse_gpu_metrics, server_set_operator_state
+from controlplane.fleet.models import Gpu, Placement, PlacementEvent, PlacementStatus, ServerState, TritonServer
+
+logger = logging.getLogger(__name__)
+
+# Triton's count of requests received and not yet answered, per model (since Triton 2.33).
+_PENDING = re.compile(r"^nv_inference_pending_request_count\{[^}]*\}\s+([0-9.eE+-]+)$")
+
+
+class MetricsUnavailable(DomainError):
+    """The metrics URL did not answer and no GPU was declared: retry once Triton is up."""
+
+    status_code = 503
+    error_type = "server_error"
+    code = "metrics_unavailable"
+
+
+@dataclass(frozen=True)
+class DrainStatus:
+    name: str
+    drained: bool  # True: the server is deregistered (or was never registered)
+    placements: int = 0  # placements still on it (the reconciler moves them)
+    running_shards: int = 0  # shards that may still have calls in flight there
+    pending_requests: int | None = None  # Triton's own count, where its metrics answer
+
+    def render(self) -> dict[str, object]:
+        return {
+            "object": "fleet.server.drain",
+            "name": self.name,
+            "state": "drained" if self.drained else "draining",
+            "placements": self.placements,
+            "running_shards": self.running_shards,
+            "pending_requests": self.pending_requests,
+        }
+
+
+def server_join(
+    *,
+    name: str,
+    grpc_url: str,
+    http_url: str = "",
+    metrics_url: str = "",
+    pool: str = "default",
+    gpu_memory_bytes: list[int] | None = None,
+    real_gpus: bool = False,
+    actor: str = "fleet",
+) -> tuple[TritonServer, bool]:
+    """Register or update a server; returns (server, created). Idempotent: the same call again changes
+    nothing. Re-registering a server that is draining (an orchestrator restarted it) ends the drain; an
+    operator's cordon stays. Raises Conflict when ``grpc_url`` belongs to another server, ValidationFailed
+    when there are neither measured nor declared GPUs, MetricsUnavailable when only the metrics could say."""
+    declared = list(gpu_memory_bytes or [])
+    measured: list[dict[str, float]] = []
+    if metrics_url:
+        try:
+            measured = [g for g in parse_gpu_metrics(metrics_fetch(metrics_url)) if g.get("nv_gpu_memory_total_bytes")]
+        except (OSError, ValueError) as exc:
+            if not declared:
+                raise MetricsUnavailable(
+                    f"{metrics_url} did not answer ({exc}) and no GPU memory was declared"
+                ) from exc
+            logger.warning("metrics of %s unavailable (%s): using the declared GPUs", name, exc)
+    if not measured and not declared:
+        raise ValidationFailed(
+            "no GPU found in Triton's metrics and none declared (gpu_memory_gib)", param="gpu_memory_gib"
+        )
+    fields: dict[str, object] = {"grpc_url": grpc_url, "http_url": http_url, "metrics_url": metrics_url, "pool": pool}
+    fields["real_gpus"] = bool(measured) or real_gpus
+    try:
+        with transaction.atomic():
+            server = TritonServer.objects.select_for_update().filter(name=name).first()
+            created = server is None
+            if server is None:
+                server = TritonServer.objects.create(name=name, **fields)
+            else:
+                changed = {k: v for k, v in fields.items() if getattr(server, k) != v}
+                if changed:
+                    TritonServer.objects.filter(id=server.id).update(**changed)
+                    server.refresh_from_db()
+            _gpus_set(server, measured, declared)
+            if created:
+                PlacementEvent.objects.create(server=server, action="server_join", actor=actor, reason=_joined(server))
+    except IntegrityError as exc:
+        raise Conflict(f"{grpc_url} is already registered under another name", param="grpc_url") from exc
+    if server.operator_state == ServerState.DRAINING:
+        server_set_operator_state(server=server, state=None, actor=actor)
+        server.refresh_from_db()
+    return server, created
+
+
+def _gpus_set(server: TritonServer, measured: list[dict[str, float]], declared: list[int]) -> None:
+    if measured:
+        gpus_store(server, measured)
+        count = len(measured)
+    else:
+        for index, total in enumerate(declared):
+            Gpu.objects.update_or_create(
+                server=server, index=index, defaults={"total_memory_bytes": total, "declared": True}
+            )
+        count = len(declared)
+    server.gpus.filter(index__gte=count).delete()
+
+
+def _joined(server: TritonServer) -> str:
+    kind = "measured" if server.real_gpus else "declared"
+    return f"joined pool {server.pool!r} at {server.grpc_url} with {server.gpus.count()} {kind} GPU(s)"
+
+
+def _running_shards(name: str) -> int:
+    """Shards whose calls may still go to this server: running with a live lease (a dead worker's shard
+    sends nothing) and started while the server was among their routes (Shard.triton_server lists them)."""
+    return (
+        Shard.objects.filter(
+            status=ShardStatus.RUNNING,
+            lease_expires_at__gt=timezone.now(),
+            triton_server__regex=rf"(^|,){re.escape(name)}(,|$)",
+        )
+        .only("id")
+        .count()
+    )
+
+
+def _pending_requests(server: TritonServer) -> int | None:
+    if not server.metrics_url:
+        return None
+    try:
+        text = metrics_fetch(server.metrics_url)
+    except OSError:
+        return None  # Triton gone or going: it holds no call we could wait for
+    total = 0.0
+    for line in text.splitlines():
+        match = _PENDING.match(line.strip())
+        if match:
+            total += float(match.group(1))
+    return int(total)
+
+
+def server_drain(*, name: str, actor: str) -> DrainStatus:
+    """One step of a drain; call again until ``drained``. Idempotent: a server already gone is drained."""
+    server = TritonServer.objects.filter(name=name).first()
+    if server is None:
+        return DrainStatus(name, drained=True)
+    if server.operator_state != ServerState.DRAINING:
+        server_set_operator_state(server=server, state=ServerState.DRAINING, actor=actor)
+    placements = Placement.objects.filter(server=server).exclude(status=PlacementStatus.FAILED, instances=0).count()
+    running = _running_shards(name)
+    pending = _pending_requests(server)
+    if placements or running or pending:
+        return DrainStatus(name, False, placements, running, pending)
+    with transaction.atomic():
+        # Conditional: a registration that ended the drain meanwhile wins, and the server stays.
+        deleted, _ = TritonServer.objects.filter(id=server.id, operator_state=ServerState.DRAINING).delete()
+        if deleted:
+            PlacementEvent.objects.create(
+                action="server_leave", actor=actor, reason=f"{name} drained and deregistered (pool {server.pool!r})"
+            )
+    return DrainStatus(name, drained=bool(deleted), pending_requests=pending)
