@@ -43,7 +43,9 @@ class CatalogueModel(models.Model):
     pin_gpus = models.JSONField(default=list, blank=True)
     last_active_at = models.DateTimeField(null=True, blank=True)
     # The pool (TritonServer.pool) whose servers the fleet-size loop adds for this model's backlog.
-    pool = models.CharField(max_length=64, default="default")
+    # db_default too: during a rolling upgrade the last release's INSERTs leave the column out (tests/deploy/
+    # test_upgrade_contract.py); the same holds for the new TritonServer columns below.
+    pool = models.CharField(max_length=64, default="default", db_default="default")
     # OpenAI's Model object has ``created``; rows older than this field get the migration's time.
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
@@ -65,10 +67,10 @@ class TritonServer(models.Model):
     grpc_url = models.CharField(max_length=200, unique=True, help_text="host:port of Triton's gRPC endpoint")
     metrics_url = models.CharField(max_length=300, blank=True, default="")
     http_url = models.CharField(
-        max_length=300, blank=True, default="", help_text="http://host:port of Triton's HTTP endpoint"
+        max_length=300, blank=True, default="", db_default="", help_text="http://host:port of Triton's HTTP endpoint"
     )
     # One kind of GPU node: the fleet-size loop (fleet/sizing.py) plans servers per pool.
-    pool = models.CharField(max_length=64, default="default", db_index=True)
+    pool = models.CharField(max_length=64, default="default", db_default="default", db_index=True)
     # Declared GPUs (CPU hosts, tests) run instances as KIND_CPU; real ones as KIND_GPU with gpu ids.
     real_gpus = models.BooleanField(default=False)
     state = models.CharField(max_length=16, choices=ServerState.choices, default=ServerState.HEALTHY)

@@ -23,18 +23,22 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="cataloguemodel",
             name="pool",
-            field=models.CharField(default="default", max_length=64),
+            field=models.CharField(db_default="default", default="default", max_length=64),
         ),
         migrations.AddField(
             model_name="tritonserver",
             name="http_url",
             field=models.CharField(
-                blank=True, default="", help_text="http://host:port of Triton's HTTP endpoint", max_length=300
+                blank=True,
+                db_default="",
+                default="",
+                help_text="http://host:port of Triton's HTTP endpoint",
+                max_length=300,
             ),
         ),
         migrations.AddField(
             model_name="tritonserver",
             name="pool",
-            field=models.CharField(db_index=True, default="default", max_length=64),
+            field=models.CharField(db_default="default", db_index=True, default="default", max_length=64),
         ),
     ]
