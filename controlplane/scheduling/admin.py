@@ -90,6 +90,9 @@ class SlotAdmin(ReadOnlyAdmin):
             "opts": self.opts,
             "queue": queue_overview(now=timezone.now()),
             "priorities": Priority.values,
+            # Viewers see the queue without the buttons they could not use (the POST checks again).
+            "can_act": request.user.has_perm(RUN_ACTIONS_PERMISSION)
+            or any(request.user.has_perm(perm) for perm in QueueActionForm.PERMISSIONS.values()),
         }
         return TemplateResponse(request, "admin/scheduling/queue.html", context)
 

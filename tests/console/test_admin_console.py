@@ -121,6 +121,13 @@ def test_queue_page_buttons_are_operator_actions_and_audited(client, catalogue):
     )
 
 
+@pytest.mark.parametrize(("role", "buttons"), [("viewer", False), ("operator", True), ("admin", True)])
+def test_queue_page_shows_its_buttons_only_to_roles_that_may_press_them(client, catalogue, role, buttons):
+    page = staff(client, role).get("/admin/scheduling/slot/queue/")
+    assert page.status_code == 200
+    assert ('value="model_paused"' in page.content.decode()) is buttons
+
+
 def test_change_and_delete_are_audited(admin_client):
     tenant = new_tenant("acme")
     key = ApiKey.objects.get(tenant=tenant)
