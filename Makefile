@@ -16,7 +16,14 @@ $(VENV)/.installed: requirements.txt
 	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
-install: $(VENV)/.installed
+# MiniLM's ONNX graph (build_engines export: torch → ONNX, checked), served by triton_models/minilm on ONNX
+# Runtime (its RUNTIME "auto"); rebuilt when the spec or the source changes. ~10-30 s on 2 cores.
+MINILM_ONNX := triton_models/minilm/1/model.onnx
+$(MINILM_ONNX): $(VENV)/.installed build_engines/specs/minilm.toml build_engines/sources/minilm.py
+	$(PY) -m build_engines export minilm
+	cp build_engines/out/minilm/onnx/model.onnx $@
+
+install: $(VENV)/.installed $(MINILM_ONNX)
 
 demo: install
 	$(PY) scripts/demo.py

