@@ -113,7 +113,10 @@ class _FakeEncoder:
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
 
-    def embed(self, texts: list[str], batch_size: int | None = None) -> tuple[np.ndarray, list[int]]:
+    def embed(
+        self, texts: list[str], batch_size: int | None = None, max_padding: float | None = None
+    ) -> tuple[np.ndarray, list[int]]:
+        assert max_padding is not None, "merged calls are cut where padding would grow"
         self.calls.append(list(texts))
         return np.array([[float(len(t))] * 384 for t in texts], dtype=np.float32), [len(t) for t in texts]
 
@@ -136,7 +139,7 @@ def test_execute_one_pass_one_response_per_request(monkeypatch: pytest.MonkeyPat
     ]
     responses = model.execute(requests)
     assert len(responses) == 4
-    assert model.encoder.calls == [["a", "bbb", "cc"]], "one forward pass over the good requests' texts"
+    assert model.encoder.calls == [["a", "bbb", "cc"]], "one embed call over the good requests' texts"
     assert responses[0].error is None and responses[0].outputs["TOKENS"].ravel().tolist() == [1, 3]
     assert responses[0].outputs["EMBEDDING"].shape == (2, 384)
     assert "UTF-8" in str(responses[1].error) and responses[1].error.code == _FakePbUtils.TritonError.INVALID_ARG
@@ -161,3 +164,21 @@ def test_the_two_in_process_runtimes_agree() -> None:
     ort_run, ort_tokens = InProcessMiniLM(runtime="onnxruntime").embed(SENTENCES)
     assert ort_tokens == torch_tokens
     assert np.sum(torch_run * ort_run, axis=1).min() >= 0.99999
+
+
+@pytest.mark.parametrize("max_padding", [None, 1.0, 1.25, 3.0])
+def test_chunks_cover_every_text_once_within_size_and_padding(max_padding: float | None) -> None:
+    from deploy.local.inprocess import load_minilm_core
+
+    chunks_of = load_minilm_core()._chunks
+    lengths = [3, 40, 5, 5, 120, 9, 40, 41, 2, 7, 7, 7]
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    chunks = chunks_of(order, lengths, 4, max_padding)
+    assert [i for chunk in chunks for i in chunk] == order
+    assert all(len(chunk) <= 4 for chunk in chunks)
+    if max_padding is not None:
+        for chunk in chunks:
+            if len(chunk) > 1:
+                assert len(chunk) * max(lengths[i] for i in chunk) <= max_padding * sum(lengths[i] for i in chunk)
+    else:
+        assert [len(c) for c in chunks] == [4, 4, 4]

