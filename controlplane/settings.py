@@ -191,10 +191,11 @@ IDEMPOTENCY_WAIT_SECONDS = env_float("IDEMPOTENCY_WAIT_SECONDS", 10.0)
 IDEMPOTENCY_PRUNE_INTERVAL_SECONDS = env_int("IDEMPOTENCY_PRUNE_INTERVAL_SECONDS", 3600, minimum=1)
 # How soon a validate/finalize message whose send failed (broker down) is retried from the outbox.
 OUTBOX_RELAY_INTERVAL_SECONDS = env_float("OUTBOX_RELAY_INTERVAL_SECONDS", 1.0)
-# Upper bound on lines per shard; shards are sized by time (SCHEDULER_SHARD_SECONDS) below it. Cheap rows
-# (the identity model: ~70 µs each) hit this bound first; measured with bench/fairness.py, 1,024 instead of
-# 2,048 brought a newcomer's slowdown behind a flood from 2.4× to 1.0× at the same flood throughput.
-SHARD_MAX_LINES = env_int("SHARD_MAX_LINES", 1024, minimum=1)
+# Bounds on a shard, which is sized by time (SCHEDULER_SHARD_SECONDS) below them. Cheap rows hit the line
+# bound: 4,096 identity lines/shard ran 43k lines/s end to end vs 29k at 1,024 with a newcomer's slowdown
+# behind a flood 1.42× (8,192: 46k but 2.56×; docs/PERFORMANCE.md). Bytes bound a worker's memory per shard.
+SHARD_MAX_LINES = env_int("SHARD_MAX_LINES", 4096, minimum=1)
+SHARD_MAX_BYTES = env_int("SHARD_MAX_BYTES", 16 * 1024**2, minimum=1)
 # A running shard's lease is renewed every second by a keeper thread for the whole run (reading, model
 # load, calls, writing the part), so its length does not depend on how long a shard takes: it only has to
 # outlast a few missed renewals (a GC pause, a slow database). 10 s plus a rescue every 2 s runs a killed

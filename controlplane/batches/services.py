@@ -169,6 +169,7 @@ def _batch_validate_input(batch: Batch) -> None:
             max_line_bytes=settings.BATCH_MAX_LINE_BYTES,
             max_lines=settings.BATCH_MAX_LINES,
             shard_lines=settings.SHARD_MAX_LINES,
+            shard_bytes=settings.SHARD_MAX_BYTES,
             shard_seconds=settings.SCHEDULER_SHARD_SECONDS,
             min_shard_lines=settings.SCHEDULER_SHARD_MIN_LINES,
         )

@@ -59,10 +59,12 @@ def validate_input(
     shard_lines: int,
     shard_seconds: float = 0.0,
     min_shard_lines: int = 1,
+    shard_bytes: int | None = None,
 ) -> ValidationResult:
     """Check every line and plan the shards. A shard closes when its estimated model time (work units ×
     the model's measured seconds per unit) reaches ``shard_seconds``, but never below
-    ``min_shard_lines`` or above ``shard_lines`` lines (``shard_seconds`` 0 sizes by lines alone)."""
+    ``min_shard_lines`` or above ``shard_lines`` lines; it also closes once it holds ``shard_bytes`` of
+    input; ``shard_seconds`` 0 sizes by lines alone."""
     result = ValidationResult()
     resolver = ModelResolver()
     # 16-byte digests instead of the ids themselves bound memory for million-line files.
@@ -136,7 +138,8 @@ def validate_input(
         shard_count += 1
         shard_work += units
         last_line, last_end = line.number, line.end
-        if shard_count >= shard_lines or (shard_work >= shard_budget and shard_count >= min_shard_lines):
+        too_big = shard_bytes is not None and shard_start is not None and line.end - shard_start[1] >= shard_bytes
+        if shard_count >= shard_lines or too_big or (shard_work >= shard_budget and shard_count >= min_shard_lines):
             close_shard()
     close_shard()
     if result.total == 0 and result.error_count == 0:

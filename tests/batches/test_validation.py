@@ -34,6 +34,15 @@ def test_valid_file_plans_contiguous_shards_with_byte_ranges(catalogue):
     assert result.shards[-1].end_byte == len(content)
 
 
+def test_a_shard_closes_once_it_holds_shard_bytes_of_input(catalogue):
+    lines = [embedding_line(f"r{i}", "x" * (100 if i % 3 else 1000)) for i in range(9)]
+    content = jsonl(lines)
+    result = _validate(content, shard_lines=100, shard_bytes=1000)
+    # Lines 1, 4 and 7 are the long ones: each brings its shard past 1,000 bytes and closes it.
+    assert [(s.start_line, s.end_line) for s in result.shards] == [(1, 1), (2, 4), (5, 7), (8, 9)]
+    assert [s.start_byte for s in result.shards[1:]] == [s.end_byte for s in result.shards[:-1]]
+
+
 @pytest.mark.parametrize(
     ("bad", "code", "needle"),
     [
