@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,77 +46,95 @@ class LineFacts:
 def quick_check(raw: bytes, *, endpoint: str, model: CatalogueModel) -> LineFacts | None:
     """The line's facts when the checked parse would accept it for ``model`` (the model validation has
     resolved for this batch), else None: then only the checked parse can tell."""
-    # Fewer brackets than the depth limit means the line cannot nest past it (the checked parse's first test).
-    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH or (b"\\u" in raw and _SURROGATE_ESCAPE.search(raw)):
-        return None
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    if type(obj) is not dict:
-        return None
-    custom_id = obj.get("custom_id")
-    body = obj.get("body")
-    if (
-        type(custom_id) is not str
-        or not 0 < len(custom_id) <= 512
-        or obj.get("method") != "POST"
-        or obj.get("url") != endpoint
-        or type(body) is not dict
-        or body.get("model") != model.name
-    ):
-        return None
-    if endpoint == Endpoint.EMBEDDINGS:
-        units = _embedding_units(body, model) if model.kind == ModelKind.EMBEDDINGS else None
-    else:
-        units = _tensor_rows(body, model) if model.kind == ModelKind.TENSOR else None
-    return None if units is None else LineFacts(custom_id, model.name, units)
+    return FastLane(endpoint=endpoint, model=model).check(raw)
 
 
-def _embedding_units(body: dict[str, Any], model: CatalogueModel) -> int | None:
-    given = body.get("input")
-    texts = [given] if type(given) is str else given
-    if type(texts) is not list or not 0 < len(texts) <= MAX_EMBEDDING_INPUTS:
-        return None
-    units = 0
-    for text in texts:
-        if type(text) is not str or not text:
-            return None
-        units += len(text) // 4 + 2  # requests.work_units
-    if body.get("encoding_format", "float") not in ("float", "base64"):
-        return None
-    dimensions = body.get("dimensions")
-    if dimensions is not None and dimensions != model.embedding_dimensions:
-        return None
-    return units
+class FastLane:
+    """The lane for one batch: the endpoint and model's rules looked up once, then ``check`` per line."""
 
+    def __init__(self, *, endpoint: str, model: CatalogueModel) -> None:
+        self.endpoint = endpoint
+        self.model_name = model.name
+        self.dimensions = model.embedding_dimensions
+        self.max_batch_size = model.max_batch_size
+        self.specs = {spec["name"]: spec for spec in model.inputs}
+        self.known_outputs = frozenset(spec["name"] for spec in model.outputs)
+        text = endpoint == Endpoint.EMBEDDINGS
+        # A model of the other kind than the endpoint's is never accepted here (the checked parse says why).
+        self.units: Callable[[dict[str, Any]], int | None] | None = None
+        if text and model.kind == ModelKind.EMBEDDINGS:
+            self.units = self._embedding_units
+        elif not text and model.kind == ModelKind.TENSOR:
+            self.units = self._tensor_rows
 
-def _tensor_rows(body: dict[str, Any], model: CatalogueModel) -> int | None:
-    items = body.get("inputs")
-    specs = {spec["name"]: spec for spec in model.inputs}
-    if type(items) is not list or len(items) != len(specs):
-        return None
-    rows: int | None = None
-    seen: set[str] = set()
-    for item in items:
-        if type(item) is not dict:
+    def check(self, raw: bytes) -> LineFacts | None:
+        # Fewer brackets than the depth limit: the line cannot nest past it (the checked parse's first test).
+        if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH or (b"\\u" in raw and _SURROGATE_ESCAPE.search(raw)):
             return None
-        name = item.get("name")
-        if type(name) is not str or name not in specs or name in seen:
+        if self.units is None:
             return None
-        seen.add(name)
-        count = _input_rows(item, specs[name], model.max_batch_size)
-        if count is None or (rows is not None and count != rows):
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError:
             return None
-        rows = count
-    outputs = body.get("outputs")
-    if outputs is not None:
-        if type(outputs) is not list or not outputs or any(type(o) is not dict for o in outputs):
+        if type(obj) is not dict:
             return None
-        known = {spec["name"] for spec in model.outputs}
-        if any(str(o.get("name")) not in known for o in outputs):
+        custom_id = obj.get("custom_id")
+        body = obj.get("body")
+        if (
+            type(custom_id) is not str
+            or not 0 < len(custom_id) <= 512
+            or obj.get("method") != "POST"
+            or obj.get("url") != self.endpoint
+            or type(body) is not dict
+            or body.get("model") != self.model_name
+        ):
             return None
-    return rows
+        units = self.units(body)
+        return None if units is None else LineFacts(custom_id, self.model_name, units)
+
+    def _embedding_units(self, body: dict[str, Any]) -> int | None:
+        given = body.get("input")
+        texts = [given] if type(given) is str else given
+        if type(texts) is not list or not 0 < len(texts) <= MAX_EMBEDDING_INPUTS:
+            return None
+        units = 0
+        for text in texts:
+            if type(text) is not str or not text:
+                return None
+            units += len(text) // 4 + 2  # requests.work_units
+        if body.get("encoding_format", "float") not in ("float", "base64"):
+            return None
+        dimensions = body.get("dimensions")
+        if dimensions is not None and dimensions != self.dimensions:
+            return None
+        return units
+
+    def _tensor_rows(self, body: dict[str, Any]) -> int | None:
+        items = body.get("inputs")
+        specs = self.specs
+        if type(items) is not list or len(items) != len(specs):
+            return None
+        rows: int | None = None
+        seen: set[str] = set()
+        for item in items:
+            if type(item) is not dict:
+                return None
+            name = item.get("name")
+            if type(name) is not str or name not in specs or name in seen:
+                return None
+            seen.add(name)
+            count = _input_rows(item, specs[name], self.max_batch_size)
+            if count is None or (rows is not None and count != rows):
+                return None
+            rows = count
+        outputs = body.get("outputs")
+        if outputs is not None:
+            if type(outputs) is not list or not outputs or any(type(o) is not dict for o in outputs):
+                return None
+            if any(str(o.get("name")) not in self.known_outputs for o in outputs):
+                return None
+        return rows
 
 
 def _input_rows(item: dict[str, Any], spec: dict[str, Any], max_batch_size: int) -> int | None:

@@ -8,7 +8,7 @@ from typing import IO, Any
 
 from controlplane.batches.lines import iter_lines
 from controlplane.batches.pinning import model_snapshot
-from controlplane.batches.quickcheck import LineFacts, quick_check
+from controlplane.batches.quickcheck import FastLane, LineFacts
 from controlplane.batches.requests import LineIssue, ModelResolver, parse_line, work_units
 from controlplane.core.errors import quote, storable_text
 
@@ -73,7 +73,7 @@ def validate_input(
     shard_count = shard_work = 0
     shard_budget = float("inf")  # work units per shard, known once the model is
     last_line, last_end = 0, 0
-    known_model = None  # the batch's model once the first line named it: the fast lane checks against it
+    lane: FastLane | None = None  # once the first line named the batch's model: the fast lane for it
 
     def close_shard() -> None:
         nonlocal shard_start, shard_count, shard_work
@@ -97,7 +97,7 @@ def validate_input(
                 "too_many_requests", f"The file has more than {max_lines} requests; split it.", line=line.number
             )
             break
-        facts = quick_check(line.data, endpoint=endpoint, model=known_model) if known_model is not None else None
+        facts = lane.check(line.data) if lane is not None else None
         if facts is None:
             try:
                 parsed = parse_line(line.data, endpoint=endpoint, resolver=resolver)
@@ -117,8 +117,9 @@ def validate_input(
         seen_ids[digest] = line.number
         if not result.model:
             result.model = facts.model_name
-            known_model = model = resolver.get(facts.model_name)
+            model = resolver.get(facts.model_name)
             if model is not None:
+                lane = FastLane(endpoint=endpoint, model=model)
                 result.model_snapshot = model_snapshot(model)
             if shard_seconds > 0 and model is not None and model.seconds_per_work_unit > 0:
                 shard_budget = shard_seconds / model.seconds_per_work_unit
