@@ -16,21 +16,9 @@ from django.utils import timezone
 from django.utils.safestring import mark_safe
 
 from controlplane.console import svg
-from controlplane.console.audit import AuditedAdmin
+from controlplane.console.audit import AuditedAdmin, ReadOnlyAdmin
 from controlplane.console.models import AuditEntry, Dashboard
 from controlplane.console.selectors import DEFAULT_WINDOW, WINDOWS, dashboard
-
-
-class ReadOnly(AuditedAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
 
 # Users and their groups (roles) are the most sensitive changes of all: Django's own admins, audited.
 admin.site.unregister(User)
@@ -48,7 +36,7 @@ class AuditedGroupAdmin(AuditedAdmin, GroupAdmin):
 
 
 @admin.register(AuditEntry)
-class AuditEntryAdmin(ReadOnly):
+class AuditEntryAdmin(ReadOnlyAdmin):
     list_display = ("created_at", "actor", "action", "app_label", "model", "object_id", "object_repr")
     list_filter = ("action", "app_label", "model", "actor")
     search_fields = ("actor", "object_id", "object_repr", "action")
@@ -67,7 +55,7 @@ def _time_label(bucket_seconds: int) -> svg.Formatter:
 
 
 @admin.register(Dashboard)
-class DashboardAdmin(ReadOnly):
+class DashboardAdmin(ReadOnlyAdmin):
     """The list page of the Dashboard proxy is the dashboards page itself (linked from the admin index)."""
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> TemplateResponse:

@@ -108,3 +108,16 @@ class AuditedAdmin(ModelAdmin):  # type: ignore[type-arg]
                 continue
             out[name] = (_audited_action(func, action_name, str(description)), action_name, description)
         return out
+
+
+class ReadOnlyAdmin(AuditedAdmin):
+    """Rows the system owns (placements, slots, the audit log itself): operators look, never edit."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

@@ -14,7 +14,7 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 
-from controlplane.console.audit import AuditedAdmin
+from controlplane.console.audit import AuditedAdmin, ReadOnlyAdmin
 from controlplane.fleet import planner_types as pt
 from controlplane.fleet import tasks
 from controlplane.fleet.inventory import server_set_operator_state
@@ -281,19 +281,6 @@ class TritonServerAdmin(AuditedAdmin, admin.ModelAdmin):
             "overview": fleet_overview(),
         }
         return TemplateResponse(request, "admin/fleet/overview.html", context)
-
-
-class ReadOnlyAdmin(AuditedAdmin, admin.ModelAdmin):
-    """Rows the reconciler owns: operators look, they change them through servers and the catalogue."""
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(Placement)

@@ -18,9 +18,8 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 
 from controlplane.batches.models import Batch
-from controlplane.console.audit import RUN_ACTIONS_PERMISSION, audit_record
+from controlplane.console.audit import RUN_ACTIONS_PERMISSION, ReadOnlyAdmin, audit_record
 from controlplane.core.errors import DomainError
-from controlplane.fleet.admin import ReadOnlyAdmin
 from controlplane.fleet.models import CatalogueModel
 from controlplane.fleet.services import model_set_paused
 from controlplane.scheduling.models import Slot, TenantShare
