@@ -124,11 +124,9 @@ def test_migrations_since_the_last_release_only_expand(contract):
 def test_the_expand_rule_catches_a_not_null_column():
     from django.db import migrations, models
 
-    class Migration(migrations.Migration):
-        operations = [migrations.AddField("shard", "lane", models.CharField(max_length=8, default="x"))]
-
+    operations = [migrations.AddField("shard", "lane", models.CharField(max_length=8, default="x"))]
     module = type(sys)("controlplane.batches.migrations.9999_probe")
-    module.Migration = Migration  # type: ignore[attr-defined]
+    module.Migration = type("Migration", (migrations.Migration,), {"operations": operations})  # type: ignore[attr-defined]
     sys.modules[module.__name__] = module
     try:
         assert _column_changes("batches", "9999_probe") == [
