@@ -14,5 +14,6 @@ def test_compute_time_grows_after_inferences(identity: TritonClient) -> None:
         identity.infer("identity", {"INPUT0": batch}, ["OUTPUT0"])
     after = identity.model_compute_ns("identity")
     assert after > before >= 0
-    # And it only grows: a read without inferences in between returns the same total.
-    assert identity.model_compute_ns("identity") == after
+    # And it only grows. (Not "stays equal": Triton may record a call's statistics just after its response,
+    # and other tests share this server's identity model, so a later read can be a little higher.)
+    assert identity.model_compute_ns("identity") >= after
