@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 from controlplane.core.jsontext import MAX_JSON_DEPTH, bad_text, json_error_text, reject_constant, too_deep
 
@@ -56,8 +55,7 @@ def load_json_line(raw: bytes) -> Any:
     return obj
 
 
-@dataclass(frozen=True)
-class RawLine:
+class RawLine(NamedTuple):  # a tuple: built for every line of every file, half the cost of a frozen dataclass
     number: int  # 1-based physical line number, as an editor shows it
     start: int  # byte offset of the line's first byte
     end: int  # byte offset just past its newline
