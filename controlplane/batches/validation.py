@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
+from array import array
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+import numpy as np
+
+from controlplane.batches.custom_ids import CustomIds
 from controlplane.batches.lines import iter_lines
 from controlplane.batches.pinning import model_snapshot
 from controlplane.batches.quickcheck import FastLane, LineFacts
@@ -67,8 +70,9 @@ def validate_input(
     input; ``shard_seconds`` 0 sizes by lines alone."""
     result = ValidationResult()
     resolver = ModelResolver()
-    # 16-byte digests instead of the ids themselves bound memory for million-line files.
-    seen_ids: dict[bytes, int] = {}
+    # Every accepted line's id, ~20 bytes each; duplicates are found after the pass (batches/custom_ids.py).
+    custom_ids = CustomIds()
+    mixed_lines = array("I")  # lines that drew mixed_models: a duplicate line keeps only its duplicate error
     shard_start: tuple[int, int] | None = None  # (line, byte) of the open shard's first request
     shard_count = shard_work = 0
     shard_budget = float("inf")  # work units per shard, known once the model is
@@ -105,16 +109,7 @@ def validate_input(
                 result.add_error(issue.code, issue.message, line=line.number, param=issue.param)
                 continue
             facts = LineFacts(parsed.custom_id, parsed.model_name, work_units(parsed))
-        digest = hashlib.blake2b(facts.custom_id.encode(), digest_size=16).digest()
-        if digest in seen_ids:
-            result.add_error(
-                "duplicate_custom_id",
-                f"custom_id {quote(facts.custom_id)} is also used on line {seen_ids[digest]}; ids must be unique.",
-                line=line.number,
-                param="custom_id",
-            )
-            continue
-        seen_ids[digest] = line.number
+        custom_ids.add(facts.custom_id, line.number)
         if not result.model:
             result.model = facts.model_name
             model = resolver.get(facts.model_name)
@@ -131,6 +126,7 @@ def validate_input(
                 line=line.number,
                 param="body.model",
             )
+            mixed_lines.append(line.number)
             continue
         if shard_start is None:
             shard_start = (line.number, line.start)
@@ -143,6 +139,34 @@ def validate_input(
         if shard_count >= shard_lines or too_big or (shard_work >= shard_budget and shard_count >= min_shard_lines):
             close_shard()
     close_shard()
+    _report_duplicates(result, custom_ids.duplicates(), mixed_lines)
     if result.total == 0 and result.error_count == 0:
         result.add_error("empty_file", "The input file has no requests.", line=None)
     return result
+
+
+def _report_duplicates(result: ValidationResult, duplicates: list[tuple[int, int, str]], mixed_lines: array) -> None:
+    """A line whose id an earlier line used gets duplicate_custom_id, and only that (as when it was checked in
+    the pass: a duplicate line was never checked further). The listed errors stay the first ones by line;
+    if more than MAX_REPORTED_ERRORS were found and a listed mixed_models error gives way, the list is shorter
+    by that many (the count stays exact)."""
+    if not duplicates:
+        return
+    lines = {line for line, _, _ in duplicates}
+    if len(mixed_lines):
+        mixed = np.frombuffer(mixed_lines, dtype=np.uint32)
+        superseded = set(mixed[np.isin(mixed, np.fromiter(lines, dtype=np.uint32))].tolist())
+        result.error_count -= len(superseded)
+        result.errors = [e for e in result.errors if not (e["code"] == "mixed_models" and e["line"] in superseded)]
+    listed = result.errors
+    result.errors = []
+    for line, first, custom_id in duplicates:
+        result.add_error(
+            "duplicate_custom_id",
+            f"custom_id {quote(custom_id)} is also used on line {first}; ids must be unique.",
+            line=line,
+            param="custom_id",
+        )
+    # Back in line order with the other errors; lineless ones (none exist before this point) would sort last.
+    merged = sorted([*listed, *result.errors], key=lambda e: (e["line"] is None, e["line"] or 0))
+    result.errors = merged[:MAX_REPORTED_ERRORS]

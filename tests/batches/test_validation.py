@@ -82,6 +82,55 @@ def test_duplicate_custom_id_names_the_first_line(catalogue):
     assert "line 1" in result.errors[0]["message"]
 
 
+def test_duplicates_are_reported_in_line_order_among_other_errors_and_counted(catalogue):
+    lines = [
+        embedding_line("a", "x"),  # 1
+        b"{bad",  # 2
+        embedding_line("b", "y"),  # 3
+        embedding_line("a", "z"),  # 4: duplicate of 1
+        b"{bad",  # 5
+        embedding_line("b", "w"),  # 6: duplicate of 3
+        embedding_line("a", "v"),  # 7: duplicate of 1 again
+    ]
+    result = _validate(jsonl(lines))
+    assert _codes(result) == [
+        (2, "invalid_json"),
+        (4, "duplicate_custom_id"),
+        (5, "invalid_json"),
+        (6, "duplicate_custom_id"),
+        (7, "duplicate_custom_id"),
+    ]
+    assert result.error_count == 5
+    assert [
+        "custom_id 'a' is also used on line 1" in result.errors[1]["message"],
+        "line 3" in result.errors[3]["message"],
+    ] == [True, True]
+    assert "line 1" in result.errors[4]["message"]
+
+
+def test_a_duplicate_line_naming_another_model_gets_only_its_duplicate_error(catalogue):
+    from controlplane.fleet.models import CatalogueModel
+
+    CatalogueModel.objects.create(
+        name="other-embedder", triton_name="other", kind="embeddings", max_batch_size=8, embedding_dimensions=384
+    )
+    lines = [
+        embedding_line("a", "x"),
+        embedding_line("a", "y", model="other-embedder"),  # duplicate and mixed: the duplicate is what it is told
+        embedding_line("c", "y", model="other-embedder"),  # mixed only
+    ]
+    result = _validate(jsonl(lines))
+    assert _codes(result) == [(2, "duplicate_custom_id"), (3, "mixed_models")]
+    assert result.error_count == 2
+
+
+def test_many_duplicates_are_counted_and_the_first_listed(catalogue):
+    lines = [embedding_line(f"id-{i % 10}", "x") for i in range(400)]
+    result = _validate(jsonl(lines), max_lines=1000)
+    assert result.error_count == 390
+    assert [e["line"] for e in result.errors] == list(range(11, 111))
+
+
 def test_mixed_models_are_rejected(catalogue):
     from controlplane.fleet.models import CatalogueModel
 

@@ -1,0 +1,72 @@
+"""Finding duplicate custom_ids in a file of any size with little memory.
+
+Validation used to keep a dict from each id's 16-byte digest to its line: ~110 bytes per request, 144 MB of a
+worker's memory for a million-line file (docs/PERFORMANCE.md). Here each request costs ~20 bytes: its digest
+goes into one bytearray and its line number into an array; the duplicates are found once, after the pass, by
+sorting the digests. To quote a duplicate's id in its error without reading the file again, a bitmap
+remembers which digests may have been seen: a line whose bit is already set keeps its id aside (every true
+duplicate does, plus a few percent of other lines by chance).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+
+import numpy as np
+
+# Bits per line in the "maybe seen" bitmap: at 16, chance hits stay under ~6 % of lines. It starts small and
+# doubles (rebuilt from the digests) as the file grows, up to 2**27 bits (16 MiB).
+_BITS_PER_LINE = 16
+_FIRST_BITS = 2**17
+_MAX_BITS = 2**27
+
+
+class CustomIds:
+    def __init__(self) -> None:
+        self._seen = bytearray(_FIRST_BITS // 8)
+        self._mask = _FIRST_BITS - 1
+        self._digests = bytearray()
+        self._lines = array("I")
+        self._maybe: dict[int, str] = {}  # line → id, for lines whose bit was already set
+
+    def add(self, custom_id: str, line: int) -> None:
+        digest = hashlib.blake2b(custom_id.encode(), digest_size=16).digest()
+        bit = int.from_bytes(digest, "little") & self._mask  # the low bits: the first 4 bytes, as _grow reads them
+        byte, flag = bit >> 3, 1 << (bit & 7)
+        if self._seen[byte] & flag:
+            self._maybe[line] = custom_id
+        else:
+            self._seen[byte] |= flag
+        self._digests += digest
+        self._lines.append(line)
+        if len(self._lines) * _BITS_PER_LINE > len(self._seen) * 8 and len(self._seen) * 8 < _MAX_BITS:
+            self._grow()
+
+    def _grow(self) -> None:
+        """Twice the bits, set again from every digest so far (amortised: each doubling reads them all once)."""
+        bits = len(self._seen) * 16
+        values = np.frombuffer(bytes(self._digests), dtype="<u4")[::4] & np.uint32(bits - 1)
+        seen = np.zeros(bits // 8, dtype=np.uint8)
+        np.bitwise_or.at(seen, values >> 3, (1 << (values & 7)).astype(np.uint8))
+        self._seen, self._mask = bytearray(seen.tobytes()), bits - 1
+
+    def duplicates(self) -> list[tuple[int, int, str]]:
+        """``(line, first line with the same id, the id)`` for every line whose id an earlier line used, in
+        line order."""
+        count = len(self._lines)
+        if count < 2 or not self._maybe:
+            return []
+        keys = np.frombuffer(bytes(self._digests), dtype=np.uint64).reshape(count, 2)
+        order = np.lexsort((keys[:, 1], keys[:, 0]))  # stable: lines of one id stay in file order
+        ordered = keys[order]
+        same = (ordered[1:] == ordered[:-1]).all(axis=1)
+        if not same.any():
+            return []
+        first_of_group = np.concatenate(([True], ~same))
+        group = np.cumsum(first_of_group) - 1
+        lines = np.frombuffer(self._lines, dtype=np.uint32)[order]
+        firsts = lines[np.flatnonzero(first_of_group)]
+        repeats = np.flatnonzero(~first_of_group)
+        found = zip(lines[repeats].tolist(), firsts[group[repeats]].tolist(), strict=True)
+        return sorted((line, first, self._maybe[line]) for line, first in found)
