@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import re
-import urllib.request
 from datetime import timedelta
 
 from django.conf import settings
@@ -13,7 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.fleet.models import Gpu, PlacementEvent, ServerState, TritonServer
-from controlplane.triton.client import TritonClient
+from controlplane.triton.client import TritonClient, metrics_text
 
 logger = logging.getLogger(__name__)
 
@@ -63,11 +62,13 @@ def parse_gpu_metrics(text: str) -> list[dict[str, float]]:
     return list(by_uuid.values())
 
 
+# Three seconds: Triton answers /metrics from memory; a slower answer means the server is in trouble.
+METRICS_TIMEOUT_SECONDS = 3.0
+
+
 def metrics_fetch(url: str) -> str:
-    """Triton's Prometheus text; OSError (URLError, timeout) when it does not answer."""
-    # Three seconds: Triton answers /metrics from memory; a slower answer means the server is in trouble.
-    with urllib.request.urlopen(url, timeout=3) as response:
-        return str(response.read().decode())
+    """Triton's Prometheus text for the fleet's reads (GPU inventory, drains); OSError when it does not answer."""
+    return metrics_text(url, timeout_s=METRICS_TIMEOUT_SECONDS)
 
 
 def gpus_store(server: TritonServer, gpus: list[dict[str, float]]) -> None:

@@ -12,7 +12,6 @@ not the inference API, so it is read here with urllib (as fleet/inventory.py doe
 from __future__ import annotations
 
 import logging
-import urllib.request
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.fleet.models import ServerState, TritonServer
 from controlplane.metrics import registry as metrics
+from controlplane.triton.client import metrics_text
 
 logger = logging.getLogger(__name__)
 
@@ -117,13 +117,6 @@ class ScrapeTarget:
     url: str
 
 
-def _fetch(url: str) -> str:
-    if not url.startswith(("http://", "https://")):
-        raise ValueError("not an http(s) URL")  # urllib would also open file:// and ftp:// URLs
-    with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_SECONDS) as response:
-        return str(response.read().decode())
-
-
 def scrape(targets: Iterable[ScrapeTarget]) -> dict[str, TritonValues]:
     """Each target's values by server name; a target that fails or is late is left out and counted."""
     targets = list(targets)
@@ -134,7 +127,9 @@ def scrape(targets: Iterable[ScrapeTarget]) -> dict[str, TritonValues]:
         max_workers=min(MAX_PARALLEL_SCRAPES, len(targets)), thread_name_prefix="triton-scrape"
     )
     try:
-        futures = {executor.submit(_fetch, target.url): target for target in targets}
+        futures = {
+            executor.submit(metrics_text, target.url, timeout_s=SCRAPE_TIMEOUT_SECONDS): target for target in targets
+        }
         # A little over the timeout: urlopen's timeout covers connect and each read, not a slow DNS answer.
         done, _ = wait(futures, timeout=SCRAPE_TIMEOUT_SECONDS * (1 + len(targets) // MAX_PARALLEL_SCRAPES) + 0.5)
         for future, target in futures.items():

@@ -12,6 +12,8 @@ import json
 import random
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -379,6 +381,16 @@ class TritonClient:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def metrics_text(url: str, *, timeout_s: float) -> str:
+    """Triton's Prometheus text from its metrics URL; OSError (URLError, a timeout) when it does not answer.
+    Only http(s) is opened: the URL comes from a server's registration, and urllib would also read file://
+    and ftp:// URLs."""
+    if not url.startswith(("http://", "https://")):
+        raise urllib.error.URLError(f"not an http(s) URL: {url[:100]!r}")
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        return str(response.read().decode())
 
 
 def repository_model_config(model_repository: str | Path, name: str) -> dict[str, Any]:

@@ -206,3 +206,13 @@ def test_a_real_tritonserver_is_scraped_after_inferences(settings, triton_server
     # The process's counters are collected before the database gauges: a scrape shows the errors of earlier ones.
     assert samples[("batch_triton_scrape_errors_total", (("server", "hung"),))] == hung_errors
     assert _errors("away") == away_errors
+
+
+def test_the_fleet_reads_triton_metrics_over_http_only(tmp_path):
+    """Registration and drains read a server's metrics URL through the same guarded fetch as the scrape."""
+    from controlplane.fleet.inventory import metrics_fetch
+
+    secret = tmp_path / "secret"
+    secret.write_text("nv_gpu_memory_total_bytes 1\n")
+    with pytest.raises(OSError, match="not an http"):
+        metrics_fetch(f"file://{secret}")
