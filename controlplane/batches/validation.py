@@ -6,8 +6,6 @@ from array import array
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-import numpy as np
-
 from controlplane.batches.custom_ids import CustomIds
 from controlplane.batches.lines import iter_lines
 from controlplane.batches.pinning import model_snapshot
@@ -153,9 +151,8 @@ def _report_duplicates(result: ValidationResult, duplicates: list[tuple[int, int
     if not duplicates:
         return
     lines = {line for line, _, _ in duplicates}
-    if len(mixed_lines):
-        mixed = np.frombuffer(mixed_lines, dtype=np.uint32)
-        superseded = set(mixed[np.isin(mixed, np.fromiter(lines, dtype=np.uint32))].tolist())
+    superseded = {line for line in mixed_lines if line in lines}
+    if superseded:
         result.error_count -= len(superseded)
         result.errors = [e for e in result.errors if not (e["code"] == "mixed_models" and e["line"] in superseded)]
     listed = result.errors
