@@ -1,8 +1,8 @@
 """Hot-path benchmark: how close the control plane comes to the per-line work it has to do.
 
 Corpus: identity requests, one [1, 4] FP32 row per line on `/v2/infer` (the model itself costs nothing, so
-what is measured is the control plane). For each size (10k and 100k lines; 1M with `--full-scale`; 10k with
-`--quick`), on one stack (Postgres + Redis + tritonserver, the local runner as `make serve` runs it):
+what is measured is the control plane). For each size (10k, 100k and 1M lines; 10k and 100k with `--quick`,
+as the issue's quick/full figures are defined), on one stack (Postgres + Redis + tritonserver, the local runner as `make serve` runs it):
 
   end to end   upload → batch create → completed → output downloaded, all through the openai SDK;
                phases from the batch row (validating, in_progress, finalizing).
@@ -11,7 +11,9 @@ what is measured is the control plane). For each size (10k and 100k lines; 1M wi
                It is frozen code on purpose: the ratio moves only when the product does.
 
 Peak RSS of the web, shard worker, control worker and beat process trees is sampled every 0.2 s while a
-batch runs: each tree's sum and its largest single process (the issue's bound is per process). `--profile` records the shard worker with py-spy during the largest size (top entries printed
+batch runs: each tree's sum and its largest single process (the issue's bound is per process). CPU seconds
+per tree (the stack's processes, tritonserver with its stubs, the host's Postgres and Redis) show where the
+cores went. `--profile` records the shard worker with py-spy during the largest size (top entries printed
 and written to var/bench-hotpath/profile-*.txt).
 
 The last line is machine-readable:
@@ -126,6 +128,43 @@ def tree_rss_bytes(pid: int) -> tuple[int, int]:
     return total, largest
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a live process tree (exited processes no longer count)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    stack = [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rpartition(")")[2].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime (stat fields 14 and 15)
+        except (OSError, IndexError, ValueError):
+            continue
+        stack += _children(current)
+    return total
+
+
+def services_cpu_seconds() -> dict[str, float]:
+    """CPU seconds of the host's Postgres and Redis processes (not children of the stack), by command name."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found = {"postgres": 0.0, "redis": 0.0}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            head, _, rest = stat.read_text().rpartition(")")
+            name = head.partition("(")[2]
+            fields = rest.split()
+            key = "postgres" if name.startswith("postgres") else "redis" if name.startswith("redis") else None
+            if key:
+                found[key] += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def cpu_snapshot(pids: dict[str, int]) -> dict[str, float]:
+    return {name: tree_cpu_seconds(pid) for name, pid in pids.items()} | services_cpu_seconds()
+
+
 class RssSampler:
     """Peak resident memory per named process tree: the tree's sum and its largest single process (a
     prefork worker is a parent and its children; the issue's 400 MB bound is per process)."""
@@ -170,6 +209,8 @@ class Run:
     web_rss: int
     # Per process tree (web, worker, control, beat): (peak sum, peak of its largest single process).
     rss: dict[str, tuple[int, int]]
+    # CPU seconds the run cost per process tree (the stack's, tritonserver's, Postgres's and Redis's).
+    cpu: dict[str, float]
 
     @property
     def lines_per_s(self) -> float:
@@ -221,6 +262,8 @@ class Bench:
         return dict(zip(keys, row, strict=True))
 
     def run(self, content: bytes, lines: int) -> Run:
+        cpu_pids = self.pids() | {"triton": self.stack.procs["triton"].pid}
+        cpu_before = cpu_snapshot(cpu_pids)
         with RssSampler(self.pids()) as rss:
             started = time.perf_counter()
             file_id = self.sdk.files.create(file=("hot.jsonl", io.BytesIO(content)), purpose="batch").id
@@ -241,6 +284,7 @@ class Bench:
             ended = time.perf_counter()
         if received != lines:
             raise RuntimeError(f"downloaded {received} lines of {lines}")
+        cpu_after = cpu_snapshot(cpu_pids)
         return Run(
             lines=lines,
             e2e_s=ended - started,
@@ -252,6 +296,7 @@ class Bench:
             worker_rss=rss.peak["worker"],
             web_rss=rss.peak["web"],
             rss={name: (rss.peak[name], rss.peak_process[name]) for name in rss.peak},
+            cpu={name: cpu_after[name] - cpu_before.get(name, 0.0) for name in cpu_after},
         )
 
     def profile(self, content: bytes, lines: int, out: Path) -> str:
@@ -313,15 +358,16 @@ def summarise_profile(raw: Path, out: Path, top: int = 25) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true", help="10,000 lines only")
-    parser.add_argument("--full-scale", action="store_true", help="add a 1,000,000-line run (~1 GB-class memory check)")
+    parser.add_argument("--quick", action="store_true", help="10,000 and 100,000 lines (no 1M run)")
+    parser.add_argument("--sizes", help="comma-separated line counts instead of the defaults")
     parser.add_argument(
         "--profile", action="store_true", help="record the shard worker with py-spy at the largest size"
     )
     args = parser.parse_args()
-    sizes = [10_000] if args.quick else [10_000, 100_000]
-    if args.full_scale:
-        sizes.append(1_000_000)
+    # The issue's figures: 100k lines for the quick run, 1M (a ~1 GB-class memory check) for the full one.
+    sizes = [10_000, 100_000] if args.quick else [10_000, 100_000, 1_000_000]
+    if args.sizes:
+        sizes = [int(n) for n in args.sizes.split(",")]
     var_dir = REPO_ROOT / "var" / "bench-hotpath"
     var_dir.mkdir(parents=True, exist_ok=True)
     print(f"identity [1, 4] FP32; sizes {sizes}; cores {os.cpu_count()}; load {os.getloadavg()[0]:.2f}", flush=True)
@@ -361,6 +407,13 @@ def main() -> int:
     for r in runs:
         cells = "".join(f"{r.rss[n][1] / 2**20:>12.0f}/{r.rss[n][0] / 2**20:<7.0f}" for n in names)
         print(f"{r.lines:>12,}{cells}{sum(v[0] for v in r.rss.values()) / 2**20:>10.0f}")
+    print()
+    cpu_names = list(runs[-1].cpu)
+    print(f"{'CPU s':>12}" + "".join(f"{name:>10}" for name in cpu_names) + f"{'all':>8}{'µs/line':>9}")
+    for r in runs:
+        total = sum(r.cpu.values())
+        cells = "".join(f"{r.cpu[n]:>10.2f}" for n in cpu_names)
+        print(f"{r.lines:>12,}{cells}{total:>8.2f}{1e6 * total / r.lines:>9.1f}")
     if profile_text:
         print()
         print(profile_text)

@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from controlplane.batches.backend import InferenceBackend
-from controlplane.batches.fastparse import parse_validated_tensor_line
+from controlplane.batches.fastparse import ValidatedTensorLines
 from controlplane.batches.finalize import batch_try_finalize
 from controlplane.batches.lines import iter_lines
 from controlplane.batches.models import Shard, ShardStatus
@@ -165,8 +165,9 @@ def _produce_part(shard: Shard, model: CatalogueModel, backend: InferenceBackend
         raise TransientTritonError(f"model {model.triton_name!r} could not be prepared: {exc}") from exc
     if keeper.lost.is_set():
         raise LeaseLost()
-    entries, stopped = _ShardRunner(shard, model, lines, backend, keeper).run()
-    return _write_part(shard, entries, stopped)
+    runner = _ShardRunner(shard, model, lines, backend, keeper)
+    entries, stopped = runner.run()
+    return _write_part(shard, runner, entries, stopped)
 
 
 def _is_infrastructure(exc: Exception) -> bool:
@@ -204,7 +205,7 @@ def _read_shard(shard: Shard) -> dict[int, ParsedLine]:
     name = File.objects.only("storage_name").get(id=batch.input_file_id).storage_name
     pinned = pinned_model(batch.model_snapshot) if batch.model_snapshot else None
     resolver = ModelResolver(pinned)
-    fast = pinned is not None and pinned.kind == ModelKind.TENSOR
+    fast = ValidatedTensorLines(pinned) if pinned is not None and pinned.kind == ModelKind.TENSOR else None
     lines: dict[int, ParsedLine] = {}
     # Only the shard's byte range is fetched (an HTTP Range GET on S3), and streamed line by line.
     with blob_read_range(name, shard.start_byte, shard.end_byte) as stream:
@@ -219,7 +220,7 @@ def _read_shard(shard: Shard) -> dict[int, ParsedLine]:
                 continue
             # Validation accepted every line already, against the same pinned entry: tensors skip the
             # checks (batches/fastparse.py) and fall back to the checked parse for anything unusual.
-            parsed = parse_validated_tensor_line(line.data, pinned) if fast and pinned is not None else None
+            parsed = fast.parse(line.data) if fast is not None else None
             lines[line.number] = parsed or parse_line(line.data, endpoint=batch.endpoint, resolver=resolver)
     return lines
 
@@ -241,10 +242,12 @@ class _ShardRunner:
         # Per line, per slot: an embedding text's output slices, or a tensor line's (CallRows, Member).
         self.results: dict[int, dict[int, Any]] = {n: {} for n in lines}
         self.errors: dict[int, str] = {}
-        self.entries: dict[int, dict[str, Any]] = {}
-        self.tokens = 0
+        # Each finished line's part entry, encoded as it finishes (parts.encode_entry).
+        self.entries: dict[int, bytes] = {}
+        self.completed = self.failed = self.tokens = 0
 
-    def run(self) -> tuple[list[dict[str, Any]], bool]:
+    def run(self) -> tuple[list[bytes], bool]:
+        """The part's entries in line order, and whether a stop left some lines out."""
         if self.model.kind == ModelKind.EMBEDDINGS:
             calls = pack_embeddings(self.lines, self.model.max_batch_size, min_calls=settings.DISPATCH_INFLIGHT_CALLS)
         else:
@@ -319,7 +322,8 @@ class _ShardRunner:
                 message=self.errors[number],
                 code="invalid_request",
             )
-            self.entries[number] = {"line": number, "kind": "err", "record": record}
+            self.entries[number] = encode_entry(number, "err", record)
+            self.failed += 1
         else:
             if self.model.kind == ModelKind.EMBEDDINGS:
                 body, tokens = embedding_body(parsed, self.results[number])
@@ -327,27 +331,18 @@ class _ShardRunner:
             else:
                 rows, member = self.results[number][0]
                 body = tensor_body(parsed.model_name, rows, member)
-            self.entries[number] = {
-                "line": number,
-                "kind": "out",
-                "record": output_record(batch_id, number, parsed.custom_id, body),
-            }
+            self.entries[number] = encode_entry(number, "out", output_record(batch_id, number, parsed.custom_id, body))
+            self.completed += 1
         del self.results[number]
 
 
-def _write_part(shard: Shard, entries: list[dict[str, Any]], stopped: bool) -> PartSummary:
+def _write_part(shard: Shard, runner: _ShardRunner, entries: list[bytes], stopped: bool) -> PartSummary:
     # The attempt in the name keeps a stale attempt's part from ever replacing the committed one.
     name = f"parts/{shard.batch_id}/{shard.index:06d}.attempt{shard.attempt}.jsonl"
-    completed = failed = tokens = 0
     with tempfile.TemporaryFile() as tmp:
-        for entry in entries:
-            tmp.write(encode_entry(entry["line"], entry["kind"], entry["record"]))
-            if entry["kind"] == "out":
-                completed += 1
-                usage = entry["record"]["response"]["body"].get("usage")
-                tokens += usage["prompt_tokens"] if usage else 0
-            else:
-                failed += 1
+        tmp.writelines(entries)
         tmp.seek(0)
         blob_save(name, tmp)
-    return PartSummary(part_name=name, completed=completed, failed=failed, prompt_tokens=tokens, stopped=stopped)
+    return PartSummary(
+        part_name=name, completed=runner.completed, failed=runner.failed, prompt_tokens=runner.tokens, stopped=stopped
+    )

@@ -9,11 +9,12 @@ import base64
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from itertools import chain
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from controlplane.batches.requests import EmbeddingRequest, ParsedLine, TensorRequest
+from controlplane.batches.requests import KSERVE_DTYPES, EmbeddingRequest, ParsedLine, RawTensorRequest, TensorRequest
 
 NUMPY_TO_KSERVE = {
     np.dtype(np.bool_): "BOOL",
@@ -31,10 +32,10 @@ NUMPY_TO_KSERVE = {
 }
 
 
-@dataclass(frozen=True)
-class Member:
+class Member(NamedTuple):
     """One piece of one line inside a call: an input text of an embeddings line, or a tensor line's
-    rows (``start``..``start+rows`` of the call's batch dimension)."""
+    rows (``start``..``start+rows`` of the call's batch dimension). One per line of every shard, hence a
+    NamedTuple."""
 
     line: int
     slot: int
@@ -122,14 +123,14 @@ def _embedding(parsed: ParsedLine) -> EmbeddingRequest:
 
 def pack_tensors(lines: dict[int, ParsedLine], max_batch_size: int) -> list[Call]:
     """Lines whose inputs share names, types and non-batch dims are stacked along the batch dim."""
-    groups: dict[Any, list[tuple[int, TensorRequest]]] = defaultdict(list)
+    groups: dict[Any, list[tuple[int, TensorRequest | RawTensorRequest]]] = defaultdict(list)
     for number, parsed in lines.items():
         request = parsed.request
-        assert isinstance(request, TensorRequest)
+        assert isinstance(request, (TensorRequest, RawTensorRequest))
         groups[request.signature()].append((number, request))
     calls: list[Call] = []
     for signature in sorted(groups, key=repr):
-        pending: list[tuple[int, TensorRequest]] = []
+        pending: list[tuple[int, TensorRequest | RawTensorRequest]] = []
         rows = 0  # of pending, kept as it grows (summing pending per line was quadratic in the call size)
         for number, request in groups[signature]:
             if pending and rows + request.rows > max_batch_size:
@@ -142,17 +143,48 @@ def pack_tensors(lines: dict[int, ParsedLine], max_batch_size: int) -> list[Call
     return calls
 
 
-def _stack(pending: list[tuple[int, TensorRequest]]) -> Call:
+def _stack(pending: list[tuple[int, TensorRequest | RawTensorRequest]]) -> Call:
     first = pending[0][1]
-    inputs = {
-        spec.name: np.concatenate([request.inputs[i].array for _, request in pending], axis=0)
-        for i, spec in enumerate(first.inputs)
-    }
+    inputs = _stack_raw(pending) if all(type(r) is RawTensorRequest for _, r in pending) else None
+    if inputs is None:
+        per_line = [_line_arrays(request) for _, request in pending]
+        names = first.names if isinstance(first, RawTensorRequest) else tuple(i.name for i in first.inputs)
+        inputs = {name: np.concatenate([arrays[i] for arrays in per_line], axis=0) for i, name in enumerate(names)}
     members, start = [], 0
     for number, request in pending:
         members.append(Member(number, 0, start, request.rows))
         start += request.rows
     return Call(inputs, list(first.output_names), members)
+
+
+def _line_arrays(request: TensorRequest | RawTensorRequest) -> tuple[np.ndarray, ...]:
+    return request.arrays() if isinstance(request, RawTensorRequest) else tuple(i.array for i in request.inputs)
+
+
+# The type numpy infers for a list of only these (what the checked parse casts from, line by line).
+_INFERRED = {float: np.float64, int: np.int64, bool: np.bool_}
+
+
+def _stack_raw(pending: list[tuple[int, Any]]) -> dict[str, np.ndarray] | None:
+    """One array per input for the whole call, straight from the lines' lists. Equal to stacking the
+    lines' own arrays whenever every value of an input has one Python type (numpy infers float64, int64 or
+    bool for each line then, and for the whole list alike); otherwise (mixed types, nested lists, an
+    integer past int64) None, and the caller casts line by line as the checked parse does."""
+    first: RawTensorRequest = pending[0][1]
+    rows = sum(request.rows for _, request in pending)
+    inputs = {}
+    for i, name in enumerate(first.names):
+        flat = list(chain.from_iterable(request.values[i] for _, request in pending))
+        kinds = set(map(type, flat))
+        inferred = _INFERRED.get(kinds.pop()) if len(kinds) == 1 else (np.float64 if not kinds else None)
+        if inferred is None:
+            return None
+        try:
+            array = np.array(flat, dtype=inferred)
+        except OverflowError:
+            return None
+        inputs[name] = array.astype(KSERVE_DTYPES[first.datatypes[i]]).reshape((rows, *first.shapes[i][1:]))
+    return inputs
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from controlplane.batches.fastparse import parse_validated_tensor_line
-from controlplane.batches.requests import KSERVE_DTYPES, LineIssue, ModelResolver, parse_line
+from controlplane.batches.fastparse import ValidatedTensorLines, parse_validated_tensor_line
+from controlplane.batches.packing import pack_tensors
+from controlplane.batches.requests import KSERVE_DTYPES, LineIssue, ModelResolver, RawTensorRequest, parse_line
 from controlplane.fleet.models import CatalogueModel
 
 DTYPES = [d for d in KSERVE_DTYPES if d != "BYTES"]
@@ -42,9 +43,9 @@ def _values(datatype: str) -> st.SearchStrategy:
 
 
 @st.composite
-def lines(draw):
-    datatype = draw(st.sampled_from([*DTYPES, "BYTES"]))
-    width = draw(st.integers(1, 4))
+def lines(draw, datatype=None, width=None):
+    datatype = datatype or draw(st.sampled_from([*DTYPES, "BYTES"]))
+    width = width or draw(st.integers(1, 4))
     rows = draw(st.integers(1, 3))
     values = st.text(max_size=5) if datatype == "BYTES" else _values(datatype)
     a = draw(st.lists(values, min_size=rows * width, max_size=rows * width))
@@ -61,6 +62,16 @@ def lines(draw):
     return _model(datatype, width), json.dumps(line).encode()
 
 
+def _arrays(request) -> tuple[np.ndarray, ...]:
+    return request.arrays() if isinstance(request, RawTensorRequest) else tuple(i.array for i in request.inputs)
+
+
+def _assert_same_arrays(got, want) -> None:
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert np.array_equal(a, b)
+
+
 @settings(max_examples=400, deadline=None)
 @given(lines())
 def test_fast_parse_equals_checked_parse(case):
@@ -74,10 +85,63 @@ def test_fast_parse_equals_checked_parse(case):
     assert (fast.custom_id, fast.model_name) == (checked.custom_id, checked.model_name)
     assert fast.request.output_names == checked.request.output_names
     assert fast.request.signature() == checked.request.signature()
-    for got, want in zip(fast.request.inputs, checked.request.inputs, strict=True):
-        assert (got.name, got.datatype, got.shape) == (want.name, want.datatype, want.shape)
-        assert got.array.dtype == want.array.dtype and got.array.shape == want.array.shape
-        assert np.array_equal(got.array, want.array)
+    assert fast.request.rows == checked.request.rows
+    _assert_same_arrays(_arrays(fast.request), _arrays(checked.request))
+
+
+@st.composite
+def shards(draw):
+    """Several lines of one model: a shard, whose calls stack them."""
+    datatype = draw(st.sampled_from([*DTYPES, "BYTES"]))
+    width = draw(st.integers(1, 4))
+    drawn = draw(st.lists(lines(datatype, width), min_size=1, max_size=8))
+    return drawn[0][0], [raw for _, raw in drawn]
+
+
+@settings(max_examples=300, deadline=None)
+@given(shards())
+def test_calls_stacked_from_fast_lines_equal_calls_from_checked_lines(case):
+    """The fast lines' lists become one array per call (packing._stack_raw): the same values, types and
+    shapes as stacking the checked parse's per-line arrays, whatever mix of ints, floats and bools."""
+    model, raws = case
+    checked, fast = {}, {}
+    parser = ValidatedTensorLines(model)
+    for number, raw in enumerate(raws, start=1):
+        try:
+            checked[number] = parse_line(raw, endpoint="/v2/infer", resolver=ModelResolver(model))
+        except LineIssue:
+            continue
+        fast[number] = parser.parse(raw)
+    assume(checked)
+    want, got = pack_tensors(checked, model.max_batch_size), pack_tensors(fast, model.max_batch_size)
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        assert a.members == b.members and a.output_names == b.output_names
+        assert list(a.inputs) == list(b.inputs)
+        _assert_same_arrays(a.inputs.values(), b.inputs.values())
+
+
+def test_mixed_value_types_in_one_call_are_cast_line_by_line():
+    """Integers past 2**53 beside floats: one float64 list would round them before the cast; line by line
+    (as validation inferred them) they keep int64's exactness, and so do the stacked calls."""
+    model = _model("INT64", 1)
+    big = 2**62 + 1
+
+    def line(value):
+        return json.dumps(
+            {
+                **_COMPLETE,
+                "body": {
+                    **_COMPLETE["body"],
+                    "inputs": [{**_COMPLETE["body"]["inputs"][0], "data": [value]}, _COMPLETE["body"]["inputs"][1]],
+                },
+            }
+        ).encode()
+
+    parser = ValidatedTensorLines(model)
+    calls = pack_tensors({1: parser.parse(line(big)), 2: parser.parse(line(3.0))}, 8)
+    assert calls[0].inputs["A"].dtype == np.int64
+    assert calls[0].inputs["A"][:, 0].tolist() == [big, 3]
 
 
 _COMPLETE = {
