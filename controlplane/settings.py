@@ -189,8 +189,9 @@ BATCH_MAX_LINES = env_int("BATCH_MAX_LINES", 5_000_000, minimum=1)
 IDEMPOTENCY_KEY_TTL_SECONDS = env_int("IDEMPOTENCY_KEY_TTL_SECONDS", 24 * 3600, minimum=1)
 IDEMPOTENCY_WAIT_SECONDS = env_float("IDEMPOTENCY_WAIT_SECONDS", 10.0)
 IDEMPOTENCY_PRUNE_INTERVAL_SECONDS = env_int("IDEMPOTENCY_PRUNE_INTERVAL_SECONDS", 3600, minimum=1)
-# How soon a validate/finalize message whose send failed (broker down) is retried from the outbox.
-OUTBOX_RELAY_INTERVAL_SECONDS = env_float("OUTBOX_RELAY_INTERVAL_SECONDS", 1.0)
+OUTBOX_RELAY_INTERVAL_SECONDS = env_float("OUTBOX_RELAY_INTERVAL_SECONDS", 1.0)  # retry of a failed send
+# Shards run while the rest of their file is validated, invisible until it is valid (batches/early_dispatch.py).
+BATCH_EARLY_DISPATCH = env_bool("BATCH_EARLY_DISPATCH", True)
 # Bounds on a shard, which is sized by time (SCHEDULER_SHARD_SECONDS) below them. Cheap rows hit the line
 # bound: 4,096 identity lines/shard ran 43k lines/s end to end vs 29k at 1,024 with a newcomer's slowdown
 # behind a flood 1.42× (8,192: 46k but 2.56×; docs/PERFORMANCE.md). Bytes bound a worker's memory per shard.
@@ -212,7 +213,7 @@ SHARD_MAX_LEASE_EXPIRIES = env_int("SHARD_MAX_LEASE_EXPIRIES", 8, minimum=1)
 RESCUE_INTERVAL_SECONDS = env_float("RESCUE_INTERVAL_SECONDS", 2.0)
 # A batch still in validating this long after its validation was (re)enqueued lost its message or its
 # worker: the rescuer enqueues it again (validation checks the status first, so a duplicate is harmless) and
-# fails it after services.VALIDATION_MAX_ATTEMPTS tries. Longer than CELERY_TASK_TIME_LIMIT, so a
+# fails it after validation_rescue.VALIDATION_MAX_ATTEMPTS tries. Longer than CELERY_TASK_TIME_LIMIT, so a
 # validation that is still running is never duplicated. A finalizer still finalizing after
 # FINALIZE_STALE_SECONDS is presumed dead and another one starts (finalization is idempotent).
 BATCH_VALIDATION_DEADLINE_SECONDS = env_int("BATCH_VALIDATION_DEADLINE_SECONDS", 1200, minimum=1)

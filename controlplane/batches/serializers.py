@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from controlplane.batches.models import Batch
+from controlplane.batches.models import Batch, BatchStatus
 from controlplane.usage.selectors import Amount, batch_cost
 
 
@@ -17,11 +17,17 @@ def batch_render(batch: Batch, *, queue: dict[str, Any] | None = None, cost: Amo
     batch's shards is waiting), ``rerun_of`` (the batch whose failed lines this one re-runs) and ``cost``
     (charged so far, from the usage ledger; looked up when not given)."""
     cost = cost if cost is not None else batch_cost(batch_id=batch.id)
+    # Shards may already run while the file is validated (batches/early_dispatch.py): none of it shows
+    # before the file proves valid.
+    validating = batch.status == BatchStatus.VALIDATING
+    completed, failed, tokens = (
+        (0, 0, 0) if validating else (batch.completed_lines, batch.failed_lines, batch.prompt_tokens)
+    )
     return {
         "id": batch.id,
         "object": "batch",
         "endpoint": batch.endpoint,
-        "model": batch.model or None,
+        "model": (batch.model or None) if not validating else None,
         "errors": batch.errors,
         "input_file_id": batch.input_file_id,
         "completion_window": batch.completion_window,
@@ -39,13 +45,13 @@ def batch_render(batch: Batch, *, queue: dict[str, Any] | None = None, cost: Amo
         "cancelled_at": _ts(batch.cancelled_at),
         "request_counts": {
             "total": batch.total_lines,
-            "completed": batch.completed_lines,
-            "failed": batch.failed_lines,
+            "completed": completed,
+            "failed": failed,
         },
         "usage": {
-            "input_tokens": batch.prompt_tokens,
+            "input_tokens": tokens,
             "output_tokens": 0,
-            "total_tokens": batch.prompt_tokens,
+            "total_tokens": tokens,
             "input_tokens_details": {"cached_tokens": 0},
             "output_tokens_details": {"reasoning_tokens": 0},
         },

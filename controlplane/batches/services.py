@@ -4,15 +4,22 @@ and every change writes a BatchEvent."""
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, transaction
-from django.db.models import Max, Q, Sum
+from django.db.models import Q, Sum
 from django.utils import timezone
 
 from controlplane.batches.admission import batch_admit
+from controlplane.batches.early_dispatch import (
+    EarlyShards,
+    ValidationSuperseded,
+    shard_rows,
+    shards_discard,
+    validation_attempt_begin,
+)
 from controlplane.batches.models import (
     ACTIVE_STATUSES,
     Batch,
@@ -23,6 +30,7 @@ from controlplane.batches.models import (
     ShardStatus,
     StopReason,
 )
+from controlplane.batches.usage_rows import held_usage_record
 from controlplane.batches.validation import validate_input
 from controlplane.batches.windows import parse_completion_window
 from controlplane.core import dispatch
@@ -124,14 +132,19 @@ def batch_validate(*, batch_id: str) -> None:
     batch = Batch.objects.select_related("tenant").get(id=batch_id)
     if batch.status != BatchStatus.VALIDATING:
         return  # a redelivered task after the batch moved on, or cancelled while queued
+    attempt = validation_attempt_begin(batch_id=batch.id)
+    if attempt is None:
+        return
     try:
-        _batch_validate_input(batch)
+        _batch_validate_input(batch, attempt)
+    except ValidationSuperseded:
+        logger.info("batch=%s validation attempt %s superseded", batch.id, attempt)
     except (OperationalError, InterfaceError):
         raise
     except Exception as exc:
         logger.exception("batch=%s validation failed unexpectedly", batch.id)
-        # The conditional update in _batch_fail leaves a batch that already moved on untouched.
-        _batch_fail(
+        # The conditional update in batch_validation_fail leaves a batch that already moved on untouched.
+        batch_validation_fail(
             batch,
             [
                 {
@@ -139,18 +152,19 @@ def batch_validate(*, batch_id: str) -> None:
                     "param": None,
                     "line": None,
                     "message": (
-                        f"Validation stopped on an internal error ({type(exc).__name__}); no request was run. "
+                        f"Validation stopped on an internal error ({type(exc).__name__}); no result was kept or charged. "
                         f"Create the batch again; if this repeats, report batch {batch.id}."
                     ),
                 }
             ],
+            attempt=attempt,
         )
 
 
-def _batch_validate_input(batch: Batch) -> None:
+def _batch_validate_input(batch: Batch, attempt: int) -> None:
     input_file = File.objects.filter(id=batch.input_file_id, tenant_id=batch.tenant_id).first()
     if input_file is None:
-        _batch_fail(
+        batch_validation_fail(
             batch,
             [
                 {
@@ -160,8 +174,10 @@ def _batch_validate_input(batch: Batch) -> None:
                     "line": None,
                 }
             ],
+            attempt=attempt,
         )
         return
+    early = EarlyShards(batch_id=batch.id, attempt=attempt)
     with blob_open(input_file.storage_name) as stream:
         result = validate_input(
             stream,
@@ -172,6 +188,7 @@ def _batch_validate_input(batch: Batch) -> None:
             shard_bytes=settings.SHARD_MAX_BYTES,
             shard_seconds=settings.SCHEDULER_SHARD_SECONDS,
             min_shard_lines=settings.SCHEDULER_SHARD_MIN_LINES,
+            on_shard=early if settings.BATCH_EARLY_DISPATCH else None,
         )
     if not result.ok:
         errors = result.errors
@@ -185,15 +202,15 @@ def _batch_validate_input(batch: Batch) -> None:
                     "message": f"{result.error_count - len(errors)} more errors not listed.",
                 },
             ]
-        _batch_fail(batch, errors)
+        batch_validation_fail(batch, errors, attempt=attempt)
         return
     over_quota = _enqueued_quota_error(batch, result.total, result.work_units)
     if over_quota is not None:
-        _batch_fail(batch, [over_quota])
+        batch_validation_fail(batch, [over_quota], attempt=attempt)
         return
     now = timezone.now()
     with transaction.atomic():
-        moved = Batch.objects.filter(id=batch.id, status=BatchStatus.VALIDATING).update(
+        moved = Batch.objects.filter(id=batch.id, status=BatchStatus.VALIDATING, validation_attempt=attempt).update(
             status=BatchStatus.IN_PROGRESS,
             in_progress_at=now,
             last_dispatched_at=now,
@@ -203,27 +220,22 @@ def _batch_validate_input(batch: Batch) -> None:
             model_snapshot=result.model_snapshot,
         )
         if moved != 1:
-            return  # cancelled while we validated: the cancel path finalizes it
-        Shard.objects.bulk_create(
-            Shard(
-                batch_id=batch.id,
-                index=plan.index,
-                start_line=plan.start_line,
-                end_line=plan.end_line,
-                start_byte=plan.start_byte,
-                end_byte=plan.end_byte,
-                request_count=plan.request_count,
-                work_units=plan.work_units,
-            )
-            for plan in result.shards
-        )
+            return  # cancelled or expired while we validated (its shards went with it), or superseded
+        # The shards not yet added early, and the ledger rows of those that ran while the file was checked.
+        Shard.objects.bulk_create(shard_rows(batch.id, result.shards[early.added :]))
+        held = held_usage_record(batch_id=batch.id)
         event_record(
             batch_id=batch.id,
             kind="in_progress",
-            message=f"{result.total} requests in {len(result.shards)} shards, model {result.model}",
+            message=(
+                f"{result.total} requests in {len(result.shards)} shards, model {result.model}"
+                + (f"; {early.added} added while validating, {held} of them done" if early.added else "")
+            ),
         )
         # The batch is runnable: the dispatcher decides when its shards run (Postgres is the queue).
         dispatch.slots_topup_enqueue(result.model)
+        if held:
+            dispatch.batch_finalize_enqueue(batch.id)  # its last shard may have committed while it validated
 
 
 def _enqueued_quota_error(batch: Batch, lines: int, work: int) -> dict[str, Any] | None:
@@ -263,76 +275,19 @@ def _enqueued_quota_error(batch: Batch, lines: int, work: int) -> dict[str, Any]
     return None
 
 
-def _batch_fail(batch: Batch, errors: list[dict[str, Any]]) -> None:
+def batch_validation_fail(batch: Batch, errors: list[dict[str, Any]], *, attempt: int | None = None) -> None:
+    """Fail a validating batch (only as its current validation ``attempt``, when given); the shards that
+    ran while it validated go with it (batches/early_dispatch.py)."""
     now = timezone.now()
+    current = Batch.objects.filter(id=batch.id, status=BatchStatus.VALIDATING)
+    if attempt is not None:
+        current = current.filter(validation_attempt=attempt)
     with transaction.atomic():
-        moved = Batch.objects.filter(id=batch.id, status=BatchStatus.VALIDATING).update(
-            status=BatchStatus.FAILED, failed_at=now, errors={"object": "list", "data": errors}
-        )
+        moved = current.update(status=BatchStatus.FAILED, failed_at=now, errors={"object": "list", "data": errors})
         if moved == 1:
+            shards_discard(batch_id=batch.id)
             event_record(batch_id=batch.id, kind="failed", message=f"{len(errors)} validation errors")
             batch_terminal_notify(batch_id=batch.id, status=BatchStatus.FAILED, at=now)
-
-
-# Tries of a batch's validation (the first enqueue at create included) before the rescuer fails it.
-VALIDATION_MAX_ATTEMPTS = 3
-# Events that (re)start a validation; the latest one's time is the start of the current attempt's deadline.
-_VALIDATION_ATTEMPT_EVENTS = ("created", "validation_retried")
-
-
-def batches_validation_rescue() -> list[str]:
-    """Batches left in ``validating`` past BATCH_VALIDATION_DEADLINE_SECONDS since their last attempt (the
-    validate message was lost, the worker died, a lost database connection was re-raised) are enqueued
-    again, and after VALIDATION_MAX_ATTEMPTS attempts failed with a ``validation_error`` entry, so none
-    stays there forever. Attempts are counted from the batch's events (``created`` and each
-    ``validation_retried``), which also show them to operators. Returns the ids acted on.
-
-    Safe to run concurrently: each batch is decided under its row lock, and a validation that finishes
-    meanwhile moves the batch on, after which the conditional updates here match nothing."""
-    deadline = timezone.now() - timedelta(seconds=settings.BATCH_VALIDATION_DEADLINE_SECONDS)
-    overdue = (
-        Batch.objects.filter(status=BatchStatus.VALIDATING)
-        .annotate(last_attempt_at=Max("events__created_at", filter=Q(events__kind__in=_VALIDATION_ATTEMPT_EVENTS)))
-        .filter(Q(last_attempt_at__lt=deadline) | Q(last_attempt_at__isnull=True, created_at__lt=deadline))
-    )
-    rescued: list[str] = []
-    for batch_id in list(overdue.values_list("id", flat=True)):
-        with transaction.atomic():
-            batch = Batch.objects.select_for_update().filter(id=batch_id, status=BatchStatus.VALIDATING).first()
-            if batch is None:
-                continue  # validated, cancelled or expired since the query
-            attempts = BatchEvent.objects.filter(batch_id=batch_id, kind__in=_VALIDATION_ATTEMPT_EVENTS)
-            last_attempt_at = attempts.aggregate(last=Max("created_at"))["last"] or batch.created_at
-            if last_attempt_at >= deadline:
-                continue  # another rescuer retried it while we queried
-            tries = max(1, attempts.count())
-            if tries >= VALIDATION_MAX_ATTEMPTS:
-                _batch_fail(
-                    batch,
-                    [
-                        {
-                            "code": "validation_error",
-                            "param": None,
-                            "line": None,
-                            "message": (
-                                f"Validation did not finish after {tries} attempts; no request was run. "
-                                f"Create the batch again; if this repeats, report batch {batch.id}."
-                            ),
-                        }
-                    ],
-                )
-            else:
-                event_record(
-                    batch_id=batch_id,
-                    kind="validation_retried",
-                    message=(
-                        f"attempt {tries + 1} of {VALIDATION_MAX_ATTEMPTS}: attempt {tries} gave no result "
-                        f"within {settings.BATCH_VALIDATION_DEADLINE_SECONDS} s"
-                    ),
-                )
-                dispatch.batch_validate_enqueue(batch_id)
-        rescued.append(batch_id)
-    return rescued
 
 
 def batch_cancel(*, batch: Batch) -> Batch:
@@ -342,6 +297,7 @@ def batch_cancel(*, batch: Batch) -> Batch:
         if Batch.objects.filter(id=batch.id, status=BatchStatus.VALIDATING).update(
             status=BatchStatus.CANCELLED, stop_reason=StopReason.CANCEL, cancelling_at=now, cancelled_at=now
         ):
+            shards_discard(batch_id=batch.id)
             event_record(batch_id=batch.id, kind="cancelled", message="cancelled before validation finished")
             batch_terminal_notify(batch_id=batch.id, status=BatchStatus.CANCELLED, at=now)
         elif Batch.objects.filter(id=batch.id, status=BatchStatus.IN_PROGRESS).update(
@@ -377,6 +333,7 @@ def batches_expire() -> list[str]:
             if Batch.objects.filter(id=batch_id, status=BatchStatus.VALIDATING).update(
                 status=BatchStatus.EXPIRED, stop_reason=StopReason.EXPIRE, expired_at=now
             ):
+                shards_discard(batch_id=batch_id)
                 event_record(batch_id=batch_id, kind="expired", message="expired before validation finished")
                 batch_terminal_notify(batch_id=batch_id, status=BatchStatus.EXPIRED, at=now)
             elif Batch.objects.filter(id=batch_id, status=BatchStatus.IN_PROGRESS, stop_reason__isnull=True).update(

@@ -22,13 +22,15 @@ from django.utils import timezone
 
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
 from controlplane.batches.services import event_record
+from controlplane.batches.usage_rows import shard_usage_from_row
 from controlplane.core import dispatch
 from controlplane.core.errors import Conflict, NotFound
-from controlplane.usage.services import ShardUsage, usage_record_shard
+from controlplane.usage.services import usage_record_shard
 
 logger = logging.getLogger(__name__)
 
-RUNNABLE_BATCH_STATUSES = (BatchStatus.IN_PROGRESS,)
+# A validating batch's shards run too, unseen until its file proves valid (batches/early_dispatch.py).
+RUNNABLE_BATCH_STATUSES = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)
 
 
 def _lease_until() -> datetime:
@@ -149,9 +151,21 @@ class PartSummary:
 
 def shard_commit(*, shard_id: int, attempt: int, summary: PartSummary) -> bool:
     """Publish a part. Exactly one commit per shard can succeed; a False return means a newer attempt
-    owns the shard and the caller's part must be discarded."""
+    owns the shard (or its batch's validation failed and took it away) and the caller's part must be
+    discarded. A shard of a batch still validating writes no ledger row: batches/early_dispatch.py writes
+    it when the file proves valid."""
     status = ShardStatus.STOPPED if summary.stopped else ShardStatus.SUCCEEDED
     with transaction.atomic():
+        # The batch row first, as everything that ends a validation takes it: whether this commit or the
+        # validation's end comes first, exactly one of them writes the ledger row (and none deadlocks).
+        batch_status = (
+            Batch.objects.select_for_update(of=("self",))
+            .filter(shards__id=shard_id)
+            .values_list("status", flat=True)
+            .first()
+        )
+        if batch_status is None:
+            return False
         won = Shard.objects.filter(id=shard_id, attempt=attempt, status=ShardStatus.RUNNING).update(
             status=status,
             part_name=summary.part_name,
@@ -164,7 +178,8 @@ def shard_commit(*, shard_id: int, attempt: int, summary: PartSummary) -> bool:
         if won != 1:
             return False
         shard = Shard.objects.select_related("batch").only(*_USAGE_FIELDS).get(id=shard_id)
-        usage_record_shard(usage=_shard_usage(shard, summary))
+        if batch_status != BatchStatus.VALIDATING:
+            usage_record_shard(usage=shard_usage_from_row(shard))
         Batch.objects.filter(id=shard.batch_id).update(
             completed_lines=F("completed_lines") + summary.completed,
             failed_lines=F("failed_lines") + summary.failed,
@@ -182,28 +197,9 @@ def shard_commit(*, shard_id: int, attempt: int, summary: PartSummary) -> bool:
 # What the ledger row and the commit read of the shard and its batch (not the batch's other columns).
 _USAGE_FIELDS = (
     *("id", "batch_id", "index", "work_units", "request_count", "started_at", "finished_at", "triton_server"),
+    *("completed_lines", "failed_lines", "prompt_tokens"),
     *("batch__tenant_id", "batch__endpoint", "batch__model", "batch__model_snapshot"),
 )
-
-
-def _shard_usage(shard: Shard, summary: PartSummary) -> ShardUsage:
-    assert shard.finished_at is not None  # just set by the commit
-    return ShardUsage(
-        shard_id=shard.id,
-        batch_id=shard.batch_id,
-        tenant_id=shard.batch.tenant_id,
-        endpoint=shard.batch.endpoint,
-        model_name=shard.batch.model,
-        model_snapshot=shard.batch.model_snapshot,
-        server=shard.triton_server,
-        completed=summary.completed,
-        failed=summary.failed,
-        prompt_tokens=summary.prompt_tokens,
-        estimated_work_units=shard.work_units,
-        request_count=shard.request_count,
-        started_at=shard.started_at,
-        finished_at=shard.finished_at,
-    )
 
 
 # A released shard waits this long (doubling per attempt, capped) before it is runnable again: the

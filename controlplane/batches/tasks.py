@@ -9,7 +9,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.utils import timezone
 
-from controlplane.batches import finalize, retention, services, shards, storage_gc
+from controlplane.batches import finalize, retention, services, shards, storage_gc, validation_rescue
 from controlplane.core.logs import log_context_bind
 from controlplane.webhooks.housekeeping import webhooks_housekeep
 
@@ -28,10 +28,10 @@ def batch_finalize_task(batch_id: str) -> bool:
 
 @shared_task(name="batches.shards_rescue")
 def shards_rescue_task() -> int:
-    """The rescuer: every non-terminal state has a deadline. validating (services.batches_validation_rescue),
+    """The rescuer: every non-terminal state has a deadline. validating (validation_rescue.batches_validation_rescue),
     in_progress and cancelling (expired shard leases, then batches whose shards are all closed) and
     finalizing (a dead finalizer) each reach a terminal state or visibly progress."""
-    services.batches_validation_rescue()
+    validation_rescue.batches_validation_rescue()
     runnable = shards.shards_rescue()
     finalize.batches_finalize_stuck()
     return len(runnable)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -61,11 +62,13 @@ def validate_input(
     shard_seconds: float = 0.0,
     min_shard_lines: int = 1,
     shard_bytes: int | None = None,
+    on_shard: Callable[[ShardPlan, ValidationResult], None] | None = None,
 ) -> ValidationResult:
     """Check every line and plan the shards. A shard closes when its estimated model time (work units ×
     the model's measured seconds per unit) reaches ``shard_seconds``, but never below
     ``min_shard_lines`` or above ``shard_lines`` lines; it also closes once it holds ``shard_bytes`` of
-    input; ``shard_seconds`` 0 sizes by lines alone."""
+    input; ``shard_seconds`` 0 sizes by lines alone. ``on_shard`` hears of each shard as it closes, with
+    the result so far (batches/early_dispatch.py runs them while the rest is checked)."""
     result = ValidationResult()
     resolver = ModelResolver()
     # Every accepted line's id, ~20 bytes each; duplicates are found after the pass (batches/custom_ids.py).
@@ -80,11 +83,12 @@ def validate_input(
     def close_shard() -> None:
         nonlocal shard_start, shard_count, shard_work
         if shard_start is not None and shard_count:
-            result.shards.append(
-                ShardPlan(
-                    len(result.shards), shard_start[0], last_line, shard_start[1], last_end, shard_count, shard_work
-                )
+            plan = ShardPlan(
+                len(result.shards), shard_start[0], last_line, shard_start[1], last_end, shard_count, shard_work
             )
+            result.shards.append(plan)
+            if on_shard is not None:
+                on_shard(plan, result)
         shard_start, shard_count, shard_work = None, 0, 0
 
     for line in iter_lines(stream, max_line_bytes=max_line_bytes):

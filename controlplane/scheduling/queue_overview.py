@@ -11,7 +11,8 @@ from typing import Any
 from django.db.models import Count, Min, Q, Sum
 from django.db.models.functions import Coalesce
 
-from controlplane.batches.models import SHARD_OPEN_STATUSES, BatchStatus, Shard, ShardStatus
+from controlplane.batches.models import SHARD_OPEN_STATUSES, Shard, ShardStatus
+from controlplane.batches.shards import RUNNABLE_BATCH_STATUSES
 from controlplane.fleet.models import CatalogueModel
 from controlplane.scheduling import policy
 from controlplane.scheduling.models import Slot, SlotState, TenantShare
@@ -123,7 +124,7 @@ class QueueOverview:
 
 
 def _live_pending_q() -> Q:
-    return Q(status=ShardStatus.PENDING, batch__status=BatchStatus.IN_PROGRESS, batch__stop_reason__isnull=True)
+    return Q(status=ShardStatus.PENDING, batch__status__in=RUNNABLE_BATCH_STATUSES, batch__stop_reason__isnull=True)
 
 
 def queue_overview(*, now: datetime) -> QueueOverview:

@@ -12,6 +12,7 @@ from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
+from controlplane.batches.shards import RUNNABLE_BATCH_STATUSES
 from controlplane.fleet.models import CatalogueModel, Placement, PlacementStatus
 from controlplane.fleet.routing import ROUTABLE_STATES, fleet_is_managed
 from controlplane.scheduling import policy
@@ -31,7 +32,7 @@ def runnable_q(now: datetime) -> Q:
     """A pending shard may be claimed: its batch runs, nobody paused it, and any deferral has passed."""
     return Q(
         status=ShardStatus.PENDING,
-        batch__status=BatchStatus.IN_PROGRESS,
+        batch__status__in=RUNNABLE_BATCH_STATUSES,
         batch__stop_reason__isnull=True,
         batch__tenant__paused=False,
     ) & (Q(not_before__isnull=True) | Q(not_before__lte=now))

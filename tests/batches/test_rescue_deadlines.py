@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from controlplane.batches import services, tasks
+from controlplane.batches import services, tasks, validation_rescue
 from controlplane.batches.execution import shard_run
 from controlplane.batches.finalize import batches_finalize_stuck
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard, ShardStatus
@@ -61,7 +61,7 @@ def _run(shard: Shard) -> str:
 def test_validating_within_its_deadline_is_left_alone(tenant, sent):
     batch = _create(tenant, _lines(2))
     sent.clear()
-    assert services.batches_validation_rescue() == []
+    assert validation_rescue.batches_validation_rescue() == []
     assert sent == []
     assert Batch.objects.get(id=batch.id).status == BatchStatus.VALIDATING
 
@@ -70,35 +70,35 @@ def test_lost_validation_is_enqueued_again_and_the_retry_completes_it(tenant, se
     batch = _create(tenant, _lines(2))  # its validate message is lost: nobody runs it
     _age(batch)
     sent.clear()
-    assert services.batches_validation_rescue() == [batch.id]
+    assert validation_rescue.batches_validation_rescue() == [batch.id]
     assert sent == [(dispatch.VALIDATE, [batch.id])]
     event = BatchEvent.objects.get(batch=batch, kind="validation_retried")
     assert "attempt 2 of 3" in event.message
     # The deadline now counts from the retry: a second pass right away does nothing.
-    assert services.batches_validation_rescue() == []
+    assert validation_rescue.batches_validation_rescue() == []
     services.batch_validate(batch_id=batch.id)  # the retried message is delivered
     assert Batch.objects.get(id=batch.id).status == BatchStatus.IN_PROGRESS
     services.batch_validate(batch_id=batch.id)  # a late duplicate is a no-op
     assert Shard.objects.filter(batch=batch).count() == 1
     _age(batch)
-    assert services.batches_validation_rescue() == []
+    assert validation_rescue.batches_validation_rescue() == []
 
 
 def test_validation_that_never_finishes_fails_after_three_attempts(tenant, sent):
     batch = _create(tenant, _lines(2))
     for attempt in (2, 3):
         _age(batch)
-        assert services.batches_validation_rescue() == [batch.id]
+        assert validation_rescue.batches_validation_rescue() == [batch.id]
         assert BatchEvent.objects.filter(batch=batch, kind="validation_retried").count() == attempt - 1
     assert sent.count((dispatch.VALIDATE, [batch.id])) == 3  # create + two retries
     _age(batch)
-    assert services.batches_validation_rescue() == [batch.id]
+    assert validation_rescue.batches_validation_rescue() == [batch.id]
     batch = Batch.objects.get(id=batch.id)
     assert batch.status == BatchStatus.FAILED and batch.failed_at is not None
     [error] = batch.errors["data"]
     assert error["code"] == "validation_error"
     assert "did not finish after 3 attempts" in error["message"]
-    assert services.batches_validation_rescue() == []
+    assert validation_rescue.batches_validation_rescue() == []
 
 
 def test_beat_rescuer_covers_validating(tenant, sent):

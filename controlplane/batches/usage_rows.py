@@ -1,0 +1,40 @@
+"""A committed shard's ledger entry, built from its row: by its commit (shards.shard_commit), or, for the
+shards that committed while their batch still validated, when the file proved valid
+(batches/early_dispatch.py)."""
+
+from __future__ import annotations
+
+from controlplane.batches.models import Shard, ShardStatus
+from controlplane.usage.services import ShardUsage, usage_record_shard
+
+
+def shard_usage_from_row(shard: Shard) -> ShardUsage:
+    """A committed shard's ledger entry (its batch loaded alongside)."""
+    assert shard.finished_at is not None  # set by the commit
+    return ShardUsage(
+        shard_id=shard.id,
+        batch_id=shard.batch_id,
+        tenant_id=shard.batch.tenant_id,
+        endpoint=shard.batch.endpoint,
+        model_name=shard.batch.model,
+        model_snapshot=shard.batch.model_snapshot,
+        server=shard.triton_server,
+        completed=shard.completed_lines,
+        failed=shard.failed_lines,
+        prompt_tokens=shard.prompt_tokens,
+        estimated_work_units=shard.work_units,
+        request_count=shard.request_count,
+        started_at=shard.started_at,
+        finished_at=shard.finished_at,
+    )
+
+
+def held_usage_record(*, batch_id: str) -> int:
+    """Inside the transaction that makes the batch in_progress: the ledger rows of the shards that
+    committed while it validated (a commit after that transaction writes its own)."""
+    held = Shard.objects.filter(batch_id=batch_id, status__in=(ShardStatus.SUCCEEDED, ShardStatus.STOPPED))
+    count = 0
+    for shard in held.select_related("batch"):
+        usage_record_shard(usage=shard_usage_from_row(shard))
+        count += 1
+    return count

@@ -1,0 +1,75 @@
+"""The deadline on ``validating``: a validation that gave no result in time is tried again, and failed after
+VALIDATION_MAX_ATTEMPTS (each new attempt supersedes the last: batches/early_dispatch.py)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Max, Q
+from django.utils import timezone
+
+from controlplane.batches.models import Batch, BatchEvent, BatchStatus
+from controlplane.batches.services import batch_validation_fail, event_record
+from controlplane.core import dispatch
+
+# Tries of a batch's validation (the first enqueue at create included) before the rescuer fails it.
+VALIDATION_MAX_ATTEMPTS = 3
+# Events that (re)start a validation; the latest one's time is the start of the current attempt's deadline.
+_VALIDATION_ATTEMPT_EVENTS = ("created", "validation_retried")
+
+
+def batches_validation_rescue() -> list[str]:
+    """Batches left in ``validating`` past BATCH_VALIDATION_DEADLINE_SECONDS since their last attempt (the
+    validate message was lost, the worker died, a lost database connection was re-raised) are enqueued
+    again, and after VALIDATION_MAX_ATTEMPTS attempts failed with a ``validation_error`` entry, so none
+    stays there forever. Attempts are counted from the batch's events (``created`` and each
+    ``validation_retried``), which also show them to operators. Returns the ids acted on.
+
+    Safe to run concurrently: each batch is decided under its row lock, and a validation that finishes
+    meanwhile moves the batch on, after which the conditional updates here match nothing."""
+    deadline = timezone.now() - timedelta(seconds=settings.BATCH_VALIDATION_DEADLINE_SECONDS)
+    overdue = (
+        Batch.objects.filter(status=BatchStatus.VALIDATING)
+        .annotate(last_attempt_at=Max("events__created_at", filter=Q(events__kind__in=_VALIDATION_ATTEMPT_EVENTS)))
+        .filter(Q(last_attempt_at__lt=deadline) | Q(last_attempt_at__isnull=True, created_at__lt=deadline))
+    )
+    rescued: list[str] = []
+    for batch_id in list(overdue.values_list("id", flat=True)):
+        with transaction.atomic():
+            batch = Batch.objects.select_for_update().filter(id=batch_id, status=BatchStatus.VALIDATING).first()
+            if batch is None:
+                continue  # validated, cancelled or expired since the query
+            attempts = BatchEvent.objects.filter(batch_id=batch_id, kind__in=_VALIDATION_ATTEMPT_EVENTS)
+            last_attempt_at = attempts.aggregate(last=Max("created_at"))["last"] or batch.created_at
+            if last_attempt_at >= deadline:
+                continue  # another rescuer retried it while we queried
+            tries = max(1, attempts.count())
+            if tries >= VALIDATION_MAX_ATTEMPTS:
+                batch_validation_fail(
+                    batch,
+                    [
+                        {
+                            "code": "validation_error",
+                            "param": None,
+                            "line": None,
+                            "message": (
+                                f"Validation did not finish after {tries} attempts; no result was kept or charged. "
+                                f"Create the batch again; if this repeats, report batch {batch.id}."
+                            ),
+                        }
+                    ],
+                )
+            else:
+                event_record(
+                    batch_id=batch_id,
+                    kind="validation_retried",
+                    message=(
+                        f"attempt {tries + 1} of {VALIDATION_MAX_ATTEMPTS}: attempt {tries} gave no result "
+                        f"within {settings.BATCH_VALIDATION_DEADLINE_SECONDS} s"
+                    ),
+                )
+                dispatch.batch_validate_enqueue(batch_id)
+        rescued.append(batch_id)
+    return rescued

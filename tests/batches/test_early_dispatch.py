@@ -1,0 +1,215 @@
+"""Shards that run while their file is still validated (batches/early_dispatch.py): the work is kept and
+charged only when the whole file proves valid; an invalid file, a cancel or a newer attempt discards it.
+
+A "worker" here is the test itself: each time validation adds shards to the database, the hook runs some
+of them to completion with a fake backend before validation reads on."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from controlplane.batches import early_dispatch, services
+from controlplane.batches.execution import shard_execute, shard_run
+from controlplane.batches.finalize import batch_try_finalize
+from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard, ShardStatus
+from controlplane.batches.pinning import pinned_model
+from controlplane.batches.serializers import batch_render
+from controlplane.batches.shards import shard_claim
+from controlplane.core import dispatch
+from controlplane.files.models import File
+from controlplane.files.storage import blob_open, blob_storage
+from controlplane.usage.models import UsageRecord
+from tests.batches.helpers import jsonl, tensor_line, upload
+from tests.fakes import FakeBackend
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def eager(settings, monkeypatch):
+    monkeypatch.setattr(dispatch, "send", lambda task_name, args: None)
+    monkeypatch.setattr(early_dispatch, "FLUSH_SECONDS", 0.0)  # every planned shard reaches the database at once
+    settings.SHARD_MAX_LINES = 4
+    settings.BATCH_EARLY_DISPATCH = True
+
+
+def _create(tenant, lines) -> Batch:
+    file = upload(tenant, jsonl(lines))
+    return services.batch_create(tenant=tenant, input_file_id=file.id, endpoint="/v2/infer", completion_window="24h")
+
+
+def _run(shard: Shard, backend: FakeBackend) -> str:
+    return shard_run(shard_id=shard.id, owner="early-worker", backend_factory=lambda name: backend)
+
+
+def _on_flush(monkeypatch, hook):
+    """Call ``hook(batch_id, flush_number)`` after each flush of planned shards, as a worker would see them."""
+    original = early_dispatch.EarlyShards.flush
+    count = {"n": 0}
+
+    def flush(self):
+        had = bool(self._pending)
+        original(self)
+        if had:
+            count["n"] += 1
+            hook(self.batch_id, count["n"])
+
+    monkeypatch.setattr(early_dispatch.EarlyShards, "flush", flush)
+    return count
+
+
+def _lines(n: int) -> list[dict]:
+    return [tensor_line(f"r-{i}", [[float(i), 1.0]]) for i in range(n)]
+
+
+def test_shards_run_while_validating_show_and_charge_only_once_the_file_is_valid(tenant, eager, monkeypatch):
+    backend = FakeBackend()
+    seen_while_validating = []
+
+    def worker(batch_id, flush):
+        batch = Batch.objects.get(id=batch_id)
+        if flush <= 2:  # the first two shards finish before validation does; the third after it
+            for shard in Shard.objects.filter(batch_id=batch_id, status=ShardStatus.PENDING).order_by("index"):
+                assert _run(shard, backend) == "succeeded"
+        batch.refresh_from_db()
+        assert batch.status == BatchStatus.VALIDATING and batch.completed_lines > 0
+        seen_while_validating.append(batch_render(batch))
+        assert not UsageRecord.objects.filter(batch_id=batch_id).exists()  # not charged yet
+
+    flushes = _on_flush(monkeypatch, worker)
+    batch = _create(tenant, _lines(10))
+    services.batch_validate(batch_id=batch.id)
+
+    assert flushes["n"] == 3
+    for rendered in seen_while_validating:
+        assert rendered["request_counts"] == {"total": 0, "completed": 0, "failed": 0}
+        assert rendered["usage"]["total_tokens"] == 0 and rendered["model"] is None
+        assert rendered["cost"]["value"] == 0
+    batch.refresh_from_db()
+    assert batch.status == BatchStatus.IN_PROGRESS and batch.total_lines == 10
+    # The two shards that committed while it validated got their ledger rows with the transition.
+    assert UsageRecord.objects.filter(batch_id=batch.id).count() == 2
+    event = BatchEvent.objects.get(batch=batch, kind="in_progress")
+    assert "3 added while validating, 2 of them done" in event.message
+
+    last = Shard.objects.get(batch=batch, status=ShardStatus.PENDING)
+    assert _run(last, backend) == "succeeded"  # its commit writes its own row, and finalizes the batch
+    assert sorted(UsageRecord.objects.filter(batch_id=batch.id).values_list("shard_id", flat=True)) == sorted(
+        Shard.objects.filter(batch=batch).values_list("id", flat=True)
+    )
+    batch.refresh_from_db()
+    assert batch.status == BatchStatus.COMPLETED
+    assert batch_render(batch)["request_counts"] == {"total": 10, "completed": 10, "failed": 0}
+    with blob_open(File.objects.get(id=batch.output_file_id).storage_name) as fh:
+        out = [json.loads(line) for line in fh]
+    assert [r["custom_id"] for r in out] == [f"r-{i}" for i in range(10)]
+
+
+def test_all_shards_done_while_validating_still_finalize(tenant, eager, monkeypatch):
+    backend = FakeBackend()
+
+    def worker(batch_id, flush):
+        for shard in Shard.objects.filter(batch_id=batch_id, status=ShardStatus.PENDING):
+            _run(shard, backend)
+
+    _on_flush(monkeypatch, worker)
+    finalize_sent = []
+    monkeypatch.setattr(dispatch, "batch_finalize_enqueue", finalize_sent.append)
+    batch = _create(tenant, _lines(6))
+    services.batch_validate(batch_id=batch.id)
+    # No shard is left to finalize the batch when it commits: validation's end asks for it.
+    assert finalize_sent == [batch.id]
+    assert batch_try_finalize(batch_id=batch.id)
+    batch.refresh_from_db()
+    assert batch.status == BatchStatus.COMPLETED and batch.completed_lines == 6
+    assert UsageRecord.objects.filter(batch_id=batch.id).count() == 2
+
+
+def test_a_file_found_invalid_late_discards_the_work_already_done(tenant, eager, monkeypatch):
+    """The duplicate id on line 9 is only known after the whole pass; by then two shards have run."""
+    backend = FakeBackend()
+    parts = []
+
+    def worker(batch_id, flush):
+        for shard in Shard.objects.filter(batch_id=batch_id, status=ShardStatus.PENDING):
+            assert _run(shard, backend) == "succeeded"
+            parts.append(Shard.objects.get(id=shard.id).part_name)
+
+    _on_flush(monkeypatch, worker)
+    lines = _lines(10)
+    lines[8] = tensor_line("r-0", [[8.0, 1.0]])
+    batch = _create(tenant, lines)
+    services.batch_validate(batch_id=batch.id)
+
+    batch.refresh_from_db()
+    assert batch.status == BatchStatus.FAILED
+    assert [e["code"] for e in batch.errors["data"]] == ["duplicate_custom_id"]
+    assert len(parts) >= 2
+    assert not Shard.objects.filter(batch=batch).exists()
+    assert (batch.completed_lines, batch.failed_lines) == (0, 0)
+    assert batch.output_file_id is None and batch.error_file_id is None
+    assert not UsageRecord.objects.filter(batch_id=batch.id).exists()
+    assert not any(blob_storage().exists(name) for name in parts)
+
+
+def test_cancel_while_validating_discards_shards_and_a_running_one_publishes_nothing(tenant, eager, monkeypatch):
+    backend = FakeBackend()
+    state = {}
+
+    def worker(batch_id, flush):
+        if flush == 1:
+            first = Shard.objects.get(batch_id=batch_id, index=0)
+            state["claimed"] = shard_claim(shard_id=first.id, owner="slow-worker")  # running, not finished
+            services.batch_cancel(batch=Batch.objects.get(id=batch_id))
+
+    _on_flush(monkeypatch, worker)
+    batch = _create(tenant, _lines(10))
+    services.batch_validate(batch_id=batch.id)  # its next flush finds the batch gone from validating
+
+    batch.refresh_from_db()
+    assert batch.status == BatchStatus.CANCELLED
+    assert not Shard.objects.filter(batch=batch).exists()
+    claimed = state["claimed"]
+    outcome = shard_execute(shard=claimed, model=pinned_model(claimed.batch.model_snapshot), backend=backend)
+    assert outcome in ("stale", "lease_lost")
+    batch.refresh_from_db()
+    assert (batch.completed_lines, batch.output_file_id) == (0, None)
+    assert not UsageRecord.objects.filter(batch_id=batch.id).exists()
+
+
+def test_a_newer_attempt_supersedes_the_running_one(tenant, eager, monkeypatch):
+    """A rescued or redelivered validation starts while the first still runs: the first stops adding
+    shards and cannot settle the batch; the newest attempt's shards are the batch's."""
+    backend = FakeBackend()
+
+    def newer_attempt_starts(batch_id, flush):
+        if flush == 1:
+            assert early_dispatch.validation_attempt_begin(batch_id=batch_id) == 2
+            assert not Shard.objects.filter(batch_id=batch_id).exists()  # the first attempt's shard went
+
+    counter = _on_flush(monkeypatch, newer_attempt_starts)
+    batch = _create(tenant, _lines(10))
+    services.batch_validate(batch_id=batch.id)
+    batch.refresh_from_db()
+    assert batch.status == BatchStatus.VALIDATING and counter["n"] == 1
+    assert not Shard.objects.filter(batch=batch).exists()
+
+    services.batch_validate(batch_id=batch.id)  # attempt 3 runs to the end
+    batch.refresh_from_db()
+    assert batch.status == BatchStatus.IN_PROGRESS and batch.validation_attempt == 3
+    assert list(Shard.objects.filter(batch=batch).order_by("index").values_list("index", flat=True)) == [0, 1, 2]
+    for shard in Shard.objects.filter(batch=batch):
+        _run(shard, backend)
+    batch.refresh_from_db()
+    assert batch.status == BatchStatus.COMPLETED and batch.completed_lines == 10
+
+
+def test_switched_off_no_shard_exists_before_the_file_is_valid(tenant, eager, settings, monkeypatch):
+    settings.BATCH_EARLY_DISPATCH = False
+    flushes = _on_flush(monkeypatch, lambda batch_id, flush: None)
+    batch = _create(tenant, _lines(10))
+    services.batch_validate(batch_id=batch.id)
+    assert flushes["n"] == 0
+    assert Shard.objects.filter(batch=batch).count() == 3
