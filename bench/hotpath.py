@@ -8,7 +8,8 @@ as the issue's quick/full figures are defined), on one stack (Postgres + Redis +
                phases from the batch row (validating, in_progress, finalizing).
   in-process   the frozen reference: the same per-line work in one Python thread (json.loads the line,
                build the FP32 tensor with numpy, stack a call's rows, identity, json.dumps the output line).
-               It is frozen code on purpose: the ratio moves only when the product does.
+               It is frozen code on purpose: the ratio moves only when the product does. Measured right
+               before and right after each size's run and averaged (this host's speed drifts).
 
 Peak RSS of the web, shard worker, control worker and beat process trees is sampled every 0.2 s while a
 batch runs: each tree's sum and its largest single process (the issue's bound is per process). CPU seconds
@@ -211,6 +212,9 @@ class Run:
     rss: dict[str, tuple[int, int]]
     # CPU seconds the run cost per process tree (the stack's, tritonserver's, Postgres's and Redis's).
     cpu: dict[str, float]
+    # The frozen reference measured right before and right after this run, averaged: this host's speed
+    # drifts by a third within minutes, and a ratio should compare the two at the same time.
+    reference: float = 0.0
 
     @property
     def lines_per_s(self) -> float:
@@ -372,7 +376,10 @@ def main() -> int:
     var_dir.mkdir(parents=True, exist_ok=True)
     print(f"identity [1, 4] FP32; sizes {sizes}; cores {os.cpu_count()}; load {os.getloadavg()[0]:.2f}", flush=True)
     corpora = {n: corpus(n) for n in sizes}
-    reference = max(inprocess_lines_per_s(corpora[sizes[0]]) for _ in range(3))
+
+    def measure_reference() -> float:
+        return max(inprocess_lines_per_s(corpora[sizes[0]]) for _ in range(3))
+
     bench = Bench(var_dir)
     runs: list[Run] = []
     profile_text = ""
@@ -380,8 +387,10 @@ def main() -> int:
         bench.start()
         bench.run(corpus(1000), 1000)  # warm-up: connections, Triton's stub, the model's measured speed
         for n in sizes:
+            before = measure_reference()
             runs.append(bench.run(corpora[n], n))
             r = runs[-1]
+            r.reference = (before + measure_reference()) / 2
             print(f"  {n:>9,} lines: {r.lines_per_s:,.0f} lines/s end to end", flush=True)
         if args.profile:
             largest = sizes[-1]
@@ -396,11 +405,12 @@ def main() -> int:
     )
     for r in runs:
         print(
-            f"{r.lines:>10,}{r.e2e_s:>9.1f}{r.lines_per_s:>10,.0f}{r.lines_per_s / reference:>11.3f}{r.upload_s:>8.1f}"
+            f"{r.lines:>10,}{r.e2e_s:>9.1f}{r.lines_per_s:>10,.0f}{r.lines_per_s / r.reference:>11.3f}{r.upload_s:>8.1f}"
             f"{r.validating_s:>9.1f}{r.in_progress_s:>8.1f}{r.finalizing_s:>9.1f}{r.download_s:>9.1f}"
             f"{r.worker_rss / 2**20:>10.0f}{r.web_rss / 2**20:>8.0f}"
         )
-    print(f"in-process reference (frozen, one thread): {reference:,.0f} lines/s")
+    references = ", ".join(f"{r.lines:,}: {r.reference:,.0f}" for r in runs)
+    print(f"in-process reference (frozen, one thread; mean of before and after each run), lines/s: {references}")
     print()
     names = list(runs[-1].rss)
     print(f"{'peak RSS MB':>12}" + "".join(f"{name + ' max/sum':>20}" for name in names) + f"{'all, sum':>10}")
@@ -420,8 +430,8 @@ def main() -> int:
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
     last = runs[-1]
     print(
-        f"HOTPATH lines={last.lines} e2e_lines_per_s={last.lines_per_s:.0f} inprocess_lines_per_s={reference:.0f} "
-        f"ratio={last.lines_per_s / reference:.3f} "
+        f"HOTPATH lines={last.lines} e2e_lines_per_s={last.lines_per_s:.0f} inprocess_lines_per_s={last.reference:.0f} "
+        f"ratio={last.lines_per_s / last.reference:.3f} "
         f"in_progress_lines_per_s={last.lines / max(last.in_progress_s, 1e-9):.0f} "
         f"worker_peak_rss_mb={last.rss['worker'][1] / 2**20:.0f} "
         f"process_peak_rss_mb={max(v[1] for v in last.rss.values()) / 2**20:.0f} "
