@@ -146,19 +146,22 @@ def batch_validate(*, batch_id: str) -> None:
         # The conditional update in batch_validation_fail leaves a batch that already moved on untouched.
         batch_validation_fail(
             batch,
-            [
-                {
-                    "code": "validation_error",
-                    "param": None,
-                    "line": None,
-                    "message": (
-                        f"Validation stopped on an internal error ({type(exc).__name__}); no result was kept or charged. "
-                        f"Create the batch again; if this repeats, report batch {batch.id}."
-                    ),
-                }
-            ],
+            [validation_error_entry(batch.id, f"Validation stopped on an internal error ({type(exc).__name__})")],
             attempt=attempt,
         )
+
+
+def validation_error_entry(batch_id: str, what_happened: str) -> dict[str, Any]:
+    """The one error of a batch whose validation gave no verdict on its lines."""
+    return {
+        "code": "validation_error",
+        "param": None,
+        "line": None,
+        "message": (
+            f"{what_happened}; no result was kept or charged. "
+            f"Create the batch again; if this repeats, report batch {batch_id}."
+        ),
+    }
 
 
 def _batch_validate_input(batch: Batch, attempt: int) -> None:

@@ -11,7 +11,7 @@ from django.db.models import Max, Q
 from django.utils import timezone
 
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus
-from controlplane.batches.services import batch_validation_fail, event_record
+from controlplane.batches.services import batch_validation_fail, event_record, validation_error_entry
 from controlplane.core import dispatch
 
 # Tries of a batch's validation (the first enqueue at create included) before the rescuer fails it.
@@ -48,18 +48,7 @@ def batches_validation_rescue() -> list[str]:
             tries = max(1, attempts.count())
             if tries >= VALIDATION_MAX_ATTEMPTS:
                 batch_validation_fail(
-                    batch,
-                    [
-                        {
-                            "code": "validation_error",
-                            "param": None,
-                            "line": None,
-                            "message": (
-                                f"Validation did not finish after {tries} attempts; no result was kept or charged. "
-                                f"Create the batch again; if this repeats, report batch {batch.id}."
-                            ),
-                        }
-                    ],
+                    batch, [validation_error_entry(batch.id, f"Validation did not finish after {tries} attempts")]
                 )
             else:
                 event_record(
