@@ -47,3 +47,12 @@ def storage_dir(tmp_path, settings):
         "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
     }
     return location
+
+
+@pytest.fixture(autouse=True)
+def fresh_queue_rankings():
+    """Queue positions shown to clients reuse a ranking for up to a second (scheduling/selectors.py): no test
+    sees another test's."""
+    from controlplane.scheduling import selectors
+
+    selectors._rankings.clear()

@@ -3,6 +3,7 @@ each model's slot capacity, and a batch's place in its model's queue."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -158,9 +159,30 @@ def model_ranking(*, model: CatalogueModel, now: datetime) -> tuple[list[policy.
     return ranked, throughput
 
 
+# What polling clients are shown is recomputed at most once a second per model and process: a ranking is ~6
+# queries and was over half of a batch retrieve's CPU, which SDK clients call in a loop while a batch runs. A
+# batch missing from the cached ranking (it just became runnable) has it recomputed at once.
+QUEUE_INFO_TTL_SECONDS = 1.0
+_rankings: dict[str, tuple[float, list[policy.Candidate], float]] = {}
+
+
+def _shown_ranking(model: CatalogueModel, now: datetime, wanted: set[str]) -> tuple[list[policy.Candidate], float]:
+    cached = _rankings.get(model.name)
+    if (
+        cached is not None
+        and time.monotonic() - cached[0] < QUEUE_INFO_TTL_SECONDS
+        and wanted <= {candidate.batch_id for candidate in cached[1]}
+    ):
+        return cached[1], cached[2]
+    ranked, throughput = model_ranking(model=model, now=now)
+    _rankings[model.name] = (time.monotonic(), ranked, throughput)
+    return ranked, throughput
+
+
 def batches_queue_info(batches: Iterable[Batch]) -> dict[str, dict[str, Any]]:
     """For in_progress batches with runnable shards: their position among the model's runnable batches
-    (1 = served by the next free slot) and an estimated start of their next shard."""
+    (1 = served by the next free slot) and an estimated start of their next shard (positions may be up
+    to QUEUE_INFO_TTL_SECONDS old)."""
     by_model: dict[str, list[str]] = {}
     for batch in batches:
         if batch.status == BatchStatus.IN_PROGRESS and batch.model and not batch.stop_reason:
@@ -171,7 +193,7 @@ def batches_queue_info(batches: Iterable[Batch]) -> dict[str, dict[str, Any]]:
         model = CatalogueModel.objects.filter(name=name).first()
         if model is None:
             continue
-        ranked, throughput = model_ranking(model=model, now=now)
+        ranked, throughput = _shown_ranking(model, now, set(wanted))
         starts = policy.start_estimates(ranked, throughput)
         for position, candidate in enumerate(ranked, start=1):
             if candidate.batch_id in wanted:

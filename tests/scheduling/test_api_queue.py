@@ -9,6 +9,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from controlplane.batches import services
 from controlplane.batches.models import Batch
 from controlplane.core import dispatch
+from controlplane.scheduling import selectors
 from controlplane.tenants.models import Tenant
 from tests.batches.helpers import embedding_line, jsonl, tensor_line
 
@@ -78,3 +79,30 @@ def test_enqueued_token_quota_fails_the_batch_at_validation(api, tenant, quiet):
     assert failed["status"] == "failed"
     [error] = failed["errors"]["data"]
     assert error["code"] == "token_limit_exceeded" and "over the limit of 50" in error["message"]
+
+
+def test_polled_positions_reuse_a_recent_ranking_but_rank_a_new_batch_at_once(api, tenant, quiet, monkeypatch):
+    """SDK clients poll a running batch: its position comes from a ranking at most QUEUE_INFO_TTL_SECONDS
+    old, and a batch that just became runnable is never missing from it."""
+    calls = []
+    original = selectors.model_ranking
+
+    def counted(**kwargs):
+        calls.append(kwargs["model"].name)
+        return original(**kwargs)
+
+    monkeypatch.setattr(selectors, "model_ranking", counted)
+    first = _create(api, _tensor_lines(4, "f"), "/v2/infer")
+    services.batch_validate(batch_id=first["id"])
+    for _ in range(5):
+        assert api.get(f"/v1/batches/{first['id']}").json()["queue"]["position"] == 1
+    assert len(calls) == 1
+
+    second = _create(api, _tensor_lines(4, "s"), "/v2/infer")
+    services.batch_validate(batch_id=second["id"])
+    assert api.get(f"/v1/batches/{second['id']}").json()["queue"]["position"] == 2
+    assert len(calls) == 2
+
+    monkeypatch.setattr(selectors, "QUEUE_INFO_TTL_SECONDS", 0.0)
+    api.get(f"/v1/batches/{first['id']}")
+    assert len(calls) == 3
