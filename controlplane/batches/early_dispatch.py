@@ -1,8 +1,8 @@
 """Shards that run while the rest of their file is still being validated, invisible until it is valid.
 
 Validation (batches/validation.py) plans shards as it streams the file; each planned shard is added to the
-database as soon as it closes (at most every FLUSH_SECONDS), so the scheduler runs the first shards while
-the control worker checks the rest: on the hot-path benchmark validation was a quarter of the end-to-end
+database as soon as it closes (at most every FLUSH_SECONDS; not the file's last, which the verdict follows at
+once), so the scheduler runs the first shards while the control worker checks the rest: on the hot-path benchmark validation was a quarter of the end-to-end
 time, on one core, with the other idle. Nothing of it shows before the whole file is valid:
 
 - the batch stays ``validating``; the API shows no request counts and no usage for it (serializers.py);

@@ -237,8 +237,9 @@ def _batch_validate_input(batch: Batch, attempt: int) -> None:
         )
         # The batch is runnable: the dispatcher decides when its shards run (Postgres is the queue).
         dispatch.slots_topup_enqueue(result.model)
-        if held:
-            dispatch.batch_finalize_enqueue(batch.id)  # its last shard may have committed while it validated
+        if early.added:
+            # Its last shard may have closed (committed, or dead) while it validated: nobody else would look.
+            dispatch.batch_finalize_enqueue(batch.id)
 
 
 def _enqueued_quota_error(batch: Batch, lines: int, work: int) -> dict[str, Any] | None:

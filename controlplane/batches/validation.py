@@ -80,14 +80,14 @@ def validate_input(
     last_line, last_end = 0, 0
     lane: FastLane | None = None  # once the first line named the batch's model: the fast lane for it
 
-    def close_shard() -> None:
+    def close_shard(*, last: bool = False) -> None:
         nonlocal shard_start, shard_count, shard_work
         if shard_start is not None and shard_count:
             plan = ShardPlan(
                 len(result.shards), shard_start[0], last_line, shard_start[1], last_end, shard_count, shard_work
             )
             result.shards.append(plan)
-            if on_shard is not None:
+            if on_shard is not None and not last:  # the last one goes with the verdict, a moment later
                 on_shard(plan, result)
         shard_start, shard_count, shard_work = None, 0, 0
 
@@ -140,7 +140,7 @@ def validate_input(
         too_big = shard_bytes is not None and shard_start is not None and line.end - shard_start[1] >= shard_bytes
         if shard_count >= shard_lines or too_big or (shard_work >= shard_budget and shard_count >= min_shard_lines):
             close_shard()
-    close_shard()
+    close_shard(last=True)
     _report_duplicates(result, custom_ids.duplicates(), mixed_lines)
     if result.total == 0 and result.error_count == 0:
         result.add_error("empty_file", "The input file has no requests.", line=None)

@@ -70,7 +70,7 @@ def test_shards_run_while_validating_show_and_charge_only_once_the_file_is_valid
 
     def worker(batch_id, flush):
         batch = Batch.objects.get(id=batch_id)
-        if flush <= 2:  # the first two shards finish before validation does; the third after it
+        if flush <= 2:  # both shards added early finish before validation does
             for shard in Shard.objects.filter(batch_id=batch_id, status=ShardStatus.PENDING).order_by("index"):
                 assert _run(shard, backend) == "succeeded"
         batch.refresh_from_db()
@@ -82,7 +82,7 @@ def test_shards_run_while_validating_show_and_charge_only_once_the_file_is_valid
     batch = _create(tenant, _lines(10))
     services.batch_validate(batch_id=batch.id)
 
-    assert flushes["n"] == 3
+    assert flushes["n"] == 2  # the last shard is not added early: the verdict follows at once
     for rendered in seen_while_validating:
         assert rendered["request_counts"] == {"total": 0, "completed": 0, "failed": 0}
         assert rendered["usage"]["total_tokens"] == 0 and rendered["model"] is None
@@ -92,7 +92,7 @@ def test_shards_run_while_validating_show_and_charge_only_once_the_file_is_valid
     # The two shards that committed while it validated got their ledger rows with the transition.
     assert UsageRecord.objects.filter(batch_id=batch.id).count() == 2
     event = BatchEvent.objects.get(batch=batch, kind="in_progress")
-    assert "3 added while validating, 2 of them done" in event.message
+    assert "2 added while validating, 2 of them done" in event.message
 
     last = Shard.objects.get(batch=batch, status=ShardStatus.PENDING)
     assert _run(last, backend) == "succeeded"  # its commit writes its own row, and finalizes the batch
@@ -108,6 +108,8 @@ def test_shards_run_while_validating_show_and_charge_only_once_the_file_is_valid
 
 
 def test_all_shards_done_while_validating_still_finalize(tenant, eager, monkeypatch):
+    """8 lines in shards of 4: both close inside the pass, so both run early and may be done before the
+    verdict."""
     backend = FakeBackend()
 
     def worker(batch_id, flush):
@@ -117,13 +119,13 @@ def test_all_shards_done_while_validating_still_finalize(tenant, eager, monkeypa
     _on_flush(monkeypatch, worker)
     finalize_sent = []
     monkeypatch.setattr(dispatch, "batch_finalize_enqueue", finalize_sent.append)
-    batch = _create(tenant, _lines(6))
+    batch = _create(tenant, _lines(8))
     services.batch_validate(batch_id=batch.id)
     # No shard is left to finalize the batch when it commits: validation's end asks for it.
     assert finalize_sent == [batch.id]
     assert batch_try_finalize(batch_id=batch.id)
     batch.refresh_from_db()
-    assert batch.status == BatchStatus.COMPLETED and batch.completed_lines == 6
+    assert batch.status == BatchStatus.COMPLETED and batch.completed_lines == 8
     assert UsageRecord.objects.filter(batch_id=batch.id).count() == 2
 
 
