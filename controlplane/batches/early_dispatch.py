@@ -51,7 +51,8 @@ def validation_attempt_begin(*, batch_id: str) -> int | None:
             return None
         attempt = row.validation_attempt + 1
         Batch.objects.filter(id=batch_id).update(validation_attempt=attempt)
-        shards_discard(batch_id=batch_id)
+        if attempt > 1:  # only an earlier attempt can have left shards
+            shards_discard(batch_id=batch_id)
     return attempt
 
 
