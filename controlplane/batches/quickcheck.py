@@ -212,5 +212,7 @@ def _values_fit(data: list[Any], datatype: str) -> bool:
                 return False
         return True
     if kind == "i":
-        return all(type(v) is int and low <= v <= high for v in data)
+        # Past int64 (UINT64 only), numpy infers uint64 or, beside smaller values, float64, which rounds:
+        # the checked parse decides those (hypothesis found [0, 2**64 - 1024] accepted here, refused there).
+        return all(type(v) is int and low <= v <= high for v in data) and (high <= _INT64[1] or max(data) <= _INT64[1])
     return False  # BOOL: the checked parse's 0/1 rules
