@@ -129,7 +129,7 @@ def batch_validate(*, batch_id: str) -> str | None:
     bug, an unreadable blob) is logged and fails the batch with a ``validation_error`` entry. Only a
     lost database connection is raised again: then nothing can be written, and the batch is left in
     ``validating`` for the rescuer's deadline on that state to pick up. Returns the batch's model when
-    its shards became runnable (the task tops up the model's slots at once), else None."""
+    its shards became runnable, else None."""
     batch = Batch.objects.select_related("tenant").get(id=batch_id)
     if batch.status != BatchStatus.VALIDATING:
         return None  # a redelivered task after the batch moved on, or cancelled while queued

@@ -11,19 +11,13 @@ from django.utils import timezone
 
 from controlplane.batches import finalize, retention, services, shards, storage_gc, validation_rescue
 from controlplane.core.logs import log_context_bind
-from controlplane.scheduling.slots import slots_topup
 from controlplane.webhooks.housekeeping import webhooks_housekeep
 
 
 @shared_task(name="batches.batch_validate")
 def batch_validate_task(batch_id: str) -> None:
     log_context_bind(batch_id=batch_id)
-    model = services.batch_validate(batch_id=batch_id)
-    if model:
-        # Here rather than through the top-up message the validation also sent (which then finds the slots
-        # full): one broker hop less between a valid file and its first shard running (a 100-line batch's
-        # create → completed is mostly such hops). A failure here is covered by that message and beat.
-        slots_topup(model_name=model)
+    services.batch_validate(batch_id=batch_id)
 
 
 @shared_task(name="batches.batch_finalize")
