@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import numpy as np  # noqa: E402
 
-from bench.hotpath import cpu_snapshot  # noqa: E402
+from bench.proctrees import cpu_snapshot  # noqa: E402
 
 WORDS = [
     "the",
