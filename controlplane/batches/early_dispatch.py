@@ -118,7 +118,7 @@ def shards_discard(*, batch_id: str) -> int:
     """Inside the transaction that ends a validating batch (or starts a new attempt): its shards go, with
     the counts their commits added; their parts are deleted once that transaction commits."""
     shards = Shard.objects.filter(batch_id=batch_id)
-    parts = [name for name in shards.exclude(part_name="").values_list("part_name", flat=True)]
+    parts = list(shards.exclude(part_name="").values_list("part_name", flat=True))
     deleted, _ = shards.delete()
     if deleted:
         Batch.objects.filter(id=batch_id).update(completed_lines=0, failed_lines=0, prompt_tokens=0)

@@ -121,23 +121,22 @@ def batch_create(
     return batch
 
 
-def batch_validate(*, batch_id: str) -> str | None:
+def batch_validate(*, batch_id: str) -> None:
     """Stream the input once; either every shard is created and the batch is in_progress, or the
     batch is failed with line-numbered errors. Nothing in between is ever visible.
 
     No input leaves the batch in ``validating``: a bad line is a line error, and any other failure (a
     bug, an unreadable blob) is logged and fails the batch with a ``validation_error`` entry. Only a
     lost database connection is raised again: then nothing can be written, and the batch is left in
-    ``validating`` for the rescuer's deadline on that state to pick up. Returns the batch's model when
-    its shards became runnable, else None."""
+    ``validating`` for the rescuer's deadline on that state to pick up."""
     batch = Batch.objects.select_related("tenant").get(id=batch_id)
     if batch.status != BatchStatus.VALIDATING:
-        return None  # a redelivered task after the batch moved on, or cancelled while queued
+        return  # a redelivered task after the batch moved on, or cancelled while queued
     attempt = validation_attempt_begin(batch_id=batch.id)
     if attempt is None:
-        return None
+        return
     try:
-        return _batch_validate_input(batch, attempt)
+        _batch_validate_input(batch, attempt)
     except ValidationSuperseded:
         logger.info("batch=%s validation attempt %s superseded", batch.id, attempt)
     except (OperationalError, InterfaceError):
@@ -150,7 +149,6 @@ def batch_validate(*, batch_id: str) -> str | None:
             [validation_error_entry(batch.id, f"Validation stopped on an internal error ({type(exc).__name__})")],
             attempt=attempt,
         )
-    return None
 
 
 def validation_error_entry(batch_id: str, what_happened: str) -> dict[str, Any]:
@@ -166,7 +164,7 @@ def validation_error_entry(batch_id: str, what_happened: str) -> dict[str, Any]:
     }
 
 
-def _batch_validate_input(batch: Batch, attempt: int) -> str | None:
+def _batch_validate_input(batch: Batch, attempt: int) -> None:
     input_file = File.objects.filter(id=batch.input_file_id, tenant_id=batch.tenant_id).first()
     if input_file is None:
         batch_validation_fail(
@@ -181,7 +179,7 @@ def _batch_validate_input(batch: Batch, attempt: int) -> str | None:
             ],
             attempt=attempt,
         )
-        return None
+        return
     early = EarlyShards(batch_id=batch.id, attempt=attempt)
     with blob_open(input_file.storage_name) as stream:
         result = validate_input(
@@ -208,11 +206,11 @@ def _batch_validate_input(batch: Batch, attempt: int) -> str | None:
                 },
             ]
         batch_validation_fail(batch, errors, attempt=attempt)
-        return None
+        return
     over_quota = _enqueued_quota_error(batch, result.total, result.work_units)
     if over_quota is not None:
         batch_validation_fail(batch, [over_quota], attempt=attempt)
-        return None
+        return
     now = timezone.now()
     with transaction.atomic():
         moved = Batch.objects.filter(id=batch.id, status=BatchStatus.VALIDATING, validation_attempt=attempt).update(
@@ -225,7 +223,7 @@ def _batch_validate_input(batch: Batch, attempt: int) -> str | None:
             model_snapshot=result.model_snapshot,
         )
         if moved != 1:
-            return None  # cancelled or expired while we validated (its shards went with it), or superseded
+            return  # cancelled or expired while we validated (its shards went with it), or superseded
         # The shards not yet added early, and the ledger rows of those that ran while the file was checked.
         Shard.objects.bulk_create(shard_rows(batch.id, result.shards[early.added :]))
         held = held_usage_record(batch_id=batch.id)
@@ -242,7 +240,6 @@ def _batch_validate_input(batch: Batch, attempt: int) -> str | None:
         if early.added:
             # Its last shard may have closed (committed, or dead) while it validated: nobody else would look.
             dispatch.batch_finalize_enqueue(batch.id)
-    return result.model
 
 
 def _enqueued_quota_error(batch: Batch, lines: int, work: int) -> dict[str, Any] | None:
