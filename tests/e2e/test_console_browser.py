@@ -118,7 +118,10 @@ def test_viewer_sees_no_action_operator_clicks_one_and_the_audit_log_shows_it(e2
         assert rows.count() == 1
         assert "operator-e2e" in rows.first.inner_text() and "tenant" in rows.first.inner_text()
         rows.first.locator("a").first.click()
-        details = operator.locator("body").inner_text()
+        # The click returns once navigation starts; wait for the entry's page before reading it.
+        operator.wait_for_url(re.compile(r"/admin/console/auditentry/\d+/change/"))
+        operator.wait_for_selector("#content-main")
+        details = operator.locator("#content-main").inner_text()
         assert "Pause: dispatch no new shards" in details and '"outcome": "done"' in details
     finally:
         # Back to normal, by clicking too (and audited as such).
@@ -126,6 +129,7 @@ def test_viewer_sees_no_action_operator_clicks_one_and_the_audit_log_shows_it(e2
         operator.check("#result_list input.action-select")
         operator.select_option("select[name=action]", "resume")
         operator.click("button[name=index]")
+        operator.wait_for_selector(".messagelist")  # the action's answer: the row is written by then
         operator.context.close()
     assert e2e.sql("SELECT paused FROM tenants_tenant WHERE name = 'browser-tenant'") == [(False,)]
     assert e2e.sql("SELECT action FROM console_auditentry WHERE actor = 'operator-e2e' ORDER BY id") == [
