@@ -183,15 +183,16 @@ FILE_MAX_BYTES = env_int("FILE_MAX_BYTES", 1024**3, minimum=1)  # 1 GiB, as Open
 BATCH_MAX_LINE_BYTES = env_int("BATCH_MAX_LINE_BYTES", 1024 * 1024, minimum=1)
 API_MAX_JSON_BYTES = env_int("API_MAX_JSON_BYTES", 1024 * 1024, minimum=1)  # JSON request bodies (413 above)
 BATCH_MAX_LINES = env_int("BATCH_MAX_LINES", 5_000_000, minimum=1)
-# Idempotency-Key on POST /v1/files and /v1/batches (controlplane/core/idempotency.py): how long a key
-# holds its answer (OpenAI and Stripe keep 24 h), and how long a same-key request waits for one in flight
-# before a retryable 409.
+# Idempotency-Key on POST /v1/files and /v1/batches (core/idempotency.py): how long a key holds its answer
+# (OpenAI and Stripe keep 24 h), how long a same-key request waits for one in flight before a retryable 409.
 IDEMPOTENCY_KEY_TTL_SECONDS = env_int("IDEMPOTENCY_KEY_TTL_SECONDS", 24 * 3600, minimum=1)
 IDEMPOTENCY_WAIT_SECONDS = env_float("IDEMPOTENCY_WAIT_SECONDS", 10.0)
 IDEMPOTENCY_PRUNE_INTERVAL_SECONDS = env_int("IDEMPOTENCY_PRUNE_INTERVAL_SECONDS", 3600, minimum=1)
 OUTBOX_RELAY_INTERVAL_SECONDS = env_float("OUTBOX_RELAY_INTERVAL_SECONDS", 1.0)  # retry of a failed send
-# Shards run while the rest of their file is validated, invisible until it is valid (batches/early_dispatch.py).
+# Shards run while the rest of their file is validated, invisible until it is valid (batches/early_dispatch.py);
+# tensor shards run from the arrays validation kept of their lines, not from their JSON (batches/columns.py).
 BATCH_EARLY_DISPATCH = env_bool("BATCH_EARLY_DISPATCH", True)
+BATCH_SHARD_COLUMNS = env_bool("BATCH_SHARD_COLUMNS", True)
 # Bounds on a shard, which is sized by time (SCHEDULER_SHARD_SECONDS) below them. Cheap rows hit the line
 # bound: 4,096 identity lines/shard ran 43k lines/s end to end vs 29k at 1,024 with a newcomer's slowdown
 # behind a flood 1.42× (8,192: 46k but 2.56×; docs/PERFORMANCE.md). Bytes bound a worker's memory per shard.
@@ -242,8 +243,7 @@ STORAGE_GC_INTERVAL_SECONDS = env_float("STORAGE_GC_INTERVAL_SECONDS", 600.0)
 STORAGE_GC_SCAN_LIMIT = env_int("STORAGE_GC_SCAN_LIMIT", 10_000, minimum=1)
 
 # --- Scheduling (docs/ARCHITECTURE.md, "Scheduling") -------------------------------------------
-# "fair": priority classes, weighted fair share, deadlines. "fifo": oldest batch first (the baseline
-# the fairness benchmark compares against).
+# "fair": priority classes, weighted fair share, deadlines. "fifo": oldest first (the fairness bench's baseline).
 SCHEDULER_POLICY = env_choice("SCHEDULER_POLICY", "fair", ("fair", "fifo"))
 # A running shard cannot be preempted, so a newcomer waits at most about one shard per slot: shards
 # are cut to this much measured model time (0.25–1 s keeps per-shard overhead small and waits short).

@@ -109,6 +109,7 @@ def shard_rows(batch_id: str, plans: list[ShardPlan]) -> list[Shard]:
             end_byte=plan.end_byte,
             request_count=plan.request_count,
             work_units=plan.work_units,
+            columns_name=plan.columns_name,
         )
         for plan in plans
     ]
@@ -116,9 +117,9 @@ def shard_rows(batch_id: str, plans: list[ShardPlan]) -> list[Shard]:
 
 def shards_discard(*, batch_id: str) -> int:
     """Inside the transaction that ends a validating batch (or starts a new attempt): its shards go, with
-    the counts their commits added; their parts are deleted once that transaction commits."""
+    the counts their commits added; their parts and columns are deleted once that transaction commits."""
     shards = Shard.objects.filter(batch_id=batch_id)
-    parts = list(shards.exclude(part_name="").values_list("part_name", flat=True))
+    parts = [name for pair in shards.values_list("part_name", "columns_name") for name in pair if name]
     deleted, _ = shards.delete()
     if deleted:
         Batch.objects.filter(id=batch_id).update(completed_lines=0, failed_lines=0, prompt_tokens=0)

@@ -23,6 +23,7 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from controlplane.batches.backend import InferenceBackend
+from controlplane.batches.columns import columns_load
 from controlplane.batches.fastparse import ValidatedTensorLines
 from controlplane.batches.finalize import batch_try_finalize
 from controlplane.batches.lines import iter_lines
@@ -156,7 +157,14 @@ def _release_when_database_answers(shard: Shard) -> None:
 def _produce_part(shard: Shard, model: CatalogueModel, backend: InferenceBackend, keeper: LeaseKeeper) -> PartSummary:
     if shard.batch.model_snapshot:
         model = pinned_model(shard.batch.model_snapshot)  # the entry the batch was validated against
-    lines = _read_shard(shard)
+    # Columns: the arrays validation kept of a tensor shard's lines (batches/columns.py); else parse them.
+    columns = columns_load(shard, model) if shard.columns_name else None
+    if columns is not None:
+        model_name = shard.batch.model  # every line names it (validation refuses mixed models)
+        lines = {n: ParsedLine(c, model_name, None) for n, c in zip(columns.numbers, columns.custom_ids, strict=True)}
+        calls = columns.calls(model.max_batch_size, [spec["name"] for spec in model.outputs])
+    else:
+        lines, calls = _read_shard(shard), None
     Shard.objects.filter(id=shard.id, attempt=shard.attempt).update(triton_server=backend.server[:200])
     try:
         backend.prepare(model.triton_name)  # may load the model: seconds, under the keeper's renewals
@@ -165,7 +173,7 @@ def _produce_part(shard: Shard, model: CatalogueModel, backend: InferenceBackend
         raise TransientTritonError(f"model {model.triton_name!r} could not be prepared: {exc}") from exc
     if keeper.lost.is_set():
         raise LeaseLost()
-    runner = _ShardRunner(shard, model, lines, backend, keeper)
+    runner = _ShardRunner(shard, model, lines, backend, keeper, calls)
     entries, stopped = runner.run()
     return _write_part(shard, runner, entries, stopped)
 
@@ -233,8 +241,10 @@ class _ShardRunner:
         lines: dict[int, ParsedLine],
         backend: InferenceBackend,
         keeper: LeaseKeeper,
+        calls: list[Call] | None = None,
     ):
         self.shard = shard
+        self.calls = calls  # already packed (from the shard's columns)
         self.keeper = keeper
         self.model = model
         self.lines = lines
@@ -248,7 +258,9 @@ class _ShardRunner:
 
     def run(self) -> tuple[list[bytes], bool]:
         """The part's entries in line order, and whether a stop left some lines out."""
-        if self.model.kind == ModelKind.EMBEDDINGS:
+        if self.calls is not None:
+            calls = self.calls
+        elif self.model.kind == ModelKind.EMBEDDINGS:
             calls = pack_embeddings(self.lines, self.model.max_batch_size, min_calls=settings.DISPATCH_INFLIGHT_CALLS)
         else:
             calls = pack_tensors(self.lines, self.model.max_batch_size)

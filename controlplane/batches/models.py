@@ -149,6 +149,8 @@ class Shard(models.Model):
     lease_owner = models.CharField(max_length=200, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     part_name = models.CharField(max_length=500, blank=True, default="")
+    # The arrays validation kept of the shard's lines (batches/columns.py); blank: the run parses its lines.
+    columns_name = models.CharField(max_length=500, blank=True, default="", db_default="")
     completed_lines = models.PositiveIntegerField(default=0)
     failed_lines = models.PositiveIntegerField(default=0)
     prompt_tokens = models.PositiveBigIntegerField(default=0)

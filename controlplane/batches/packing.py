@@ -175,16 +175,26 @@ def _stack_raw(pending: list[tuple[int, Any]]) -> dict[str, np.ndarray] | None:
     inputs = {}
     for i, name in enumerate(first.names):
         flat = list(chain.from_iterable(request.values[i] for _, request in pending))
-        kinds = set(map(type, flat))
-        inferred = _INFERRED.get(kinds.pop()) if len(kinds) == 1 else (np.float64 if not kinds else None)
-        if inferred is None:
+        array = stack_values(flat, first.datatypes[i], (rows, *first.shapes[i][1:]))
+        if array is None:
             return None
-        try:
-            array = np.array(flat, dtype=inferred)
-        except OverflowError:
-            return None
-        inputs[name] = array.astype(KSERVE_DTYPES[first.datatypes[i]]).reshape((rows, *first.shapes[i][1:]))
+        inputs[name] = array
     return inputs
+
+
+def stack_values(flat: list[Any], datatype: str, shape: tuple[int, ...]) -> np.ndarray | None:
+    """Many lines' values of one input as one array of ``shape``, equal to casting each line's own list
+    (what the checked parse does) when every value has one Python type; None otherwise (mixed types, an
+    integer past int64), and the caller casts line by line."""
+    kinds = set(map(type, flat))
+    inferred = _INFERRED.get(kinds.pop()) if len(kinds) == 1 else (np.float64 if not kinds else None)
+    if inferred is None:
+        return None
+    try:
+        array = np.array(flat, dtype=inferred)
+    except OverflowError:
+        return None
+    return array.astype(KSERVE_DTYPES[datatype]).reshape(shape)
 
 
 @dataclass(frozen=True, slots=True)

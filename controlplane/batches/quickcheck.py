@@ -62,6 +62,7 @@ class FastLane:
         text = endpoint == Endpoint.EMBEDDINGS
         # A model of the other kind than the endpoint's is never accepted here (the checked parse says why).
         self.units: Callable[[dict[str, Any]], int | None] | None = None
+        self.body: dict[str, Any] = {}
         if text and model.kind == ModelKind.EMBEDDINGS:
             self.units = self._embedding_units
         elif not text and model.kind == ModelKind.TENSOR:
@@ -91,7 +92,10 @@ class FastLane:
         ):
             return None
         units = self.units(body)
-        return None if units is None else LineFacts(custom_id, self.model_name, units)
+        if units is None:
+            return None
+        self.body = body  # the accepted line's body, for validation's shard columns (batches/columns.py)
+        return LineFacts(custom_id, self.model_name, units)
 
     def _embedding_units(self, body: dict[str, Any]) -> int | None:
         given = body.get("input")

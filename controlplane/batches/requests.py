@@ -100,7 +100,8 @@ class ParsedLine(NamedTuple):
 
     custom_id: str
     model_name: str
-    request: EmbeddingRequest | TensorRequest | RawTensorRequest
+    # None for a line run from its shard's columns (batches/columns.py): its call was packed from them.
+    request: EmbeddingRequest | TensorRequest | RawTensorRequest | None
 
 
 def work_units(parsed: ParsedLine) -> int:
@@ -110,6 +111,7 @@ def work_units(parsed: ParsedLine) -> int:
     request = parsed.request
     if isinstance(request, (TensorRequest, RawTensorRequest)):
         return request.rows
+    assert request is not None, "a parsed line carries its request"
     return sum(len(text) // 4 + 2 for text in request.texts)
 
 

@@ -13,6 +13,7 @@ from django.db.models import Q, Sum
 from django.utils import timezone
 
 from controlplane.batches.admission import batch_admit
+from controlplane.batches.columns import BatchColumns
 from controlplane.batches.early_dispatch import (
     EarlyShards,
     ValidationSuperseded,
@@ -39,7 +40,7 @@ from controlplane.core.jsontext import bad_text
 from controlplane.files.lifecycle import expires_after_parse
 from controlplane.files.models import File
 from controlplane.files.selectors import file_get
-from controlplane.files.storage import blob_open
+from controlplane.files.storage import blob_delete, blob_open, blob_save
 from controlplane.tenants.models import Tenant
 from controlplane.webhooks.services import batch_event_emit
 
@@ -181,6 +182,7 @@ def _batch_validate_input(batch: Batch, attempt: int) -> None:
         )
         return
     early = EarlyShards(batch_id=batch.id, attempt=attempt)
+    columns = BatchColumns(batch_id=batch.id, attempt=attempt, save=blob_save, delete=blob_delete)
     with blob_open(input_file.storage_name) as stream:
         result = validate_input(
             stream,
@@ -192,6 +194,7 @@ def _batch_validate_input(batch: Batch, attempt: int) -> None:
             shard_seconds=settings.SCHEDULER_SHARD_SECONDS,
             min_shard_lines=settings.SCHEDULER_SHARD_MIN_LINES,
             on_shard=early if settings.BATCH_EARLY_DISPATCH else None,
+            columns_for=columns if settings.BATCH_SHARD_COLUMNS else None,
         )
     if not result.ok:
         errors = result.errors
@@ -206,10 +209,12 @@ def _batch_validate_input(batch: Batch, attempt: int) -> None:
                 },
             ]
         batch_validation_fail(batch, errors, attempt=attempt)
+        columns.discard()
         return
     over_quota = _enqueued_quota_error(batch, result.total, result.work_units)
     if over_quota is not None:
         batch_validation_fail(batch, [over_quota], attempt=attempt)
+        columns.discard()
         return
     now = timezone.now()
     with transaction.atomic():
@@ -223,7 +228,9 @@ def _batch_validate_input(batch: Batch, attempt: int) -> None:
             model_snapshot=result.model_snapshot,
         )
         if moved != 1:
-            return  # cancelled or expired while we validated (its shards went with it), or superseded
+            # Cancelled or expired while we validated (its shards went with it), or superseded.
+            transaction.on_commit(columns.discard)
+            return
         # The shards not yet added early, and the ledger rows of those that ran while the file was checked.
         Shard.objects.bulk_create(shard_rows(batch.id, result.shards[early.added :]))
         held = held_usage_record(batch_id=batch.id)

@@ -5,6 +5,7 @@ The service writes blobs under three prefixes only, and a row names each one it 
     files/<tenant id>/<file id>                          uploads              File.storage_name
     results/<tenant id>/<batch id>_<kind>_<hex>.jsonl    output, error files  File.storage_name
     parts/<batch id>/<index>.attempt<n>.jsonl            shard parts          Shard.part_name
+    parts/<batch id>/<index>.columns<n>.bin              shard columns        Shard.columns_name
 
 (files/services.py, batches/finalize.py, batches/execution.py). Anything else in storage is not ours and
 is never touched. A blob is written before the row that names it is committed (a crash in between leaves
@@ -37,18 +38,19 @@ _LOOKUP_CHUNK = 500
 
 
 def parts_collect(*, now: datetime, limit: int = PARTS_PER_RUN) -> int:
-    """Delete the part blobs of batches that ended more than STORAGE_GC_GRACE_SECONDS ago (finalization
-    has copied their lines into the output and error files); returns how many. The shard row forgets its
-    part first, then the blob goes: a crash in between leaves an orphan blob, collected later."""
+    """Delete the part and columns blobs of batches that ended more than STORAGE_GC_GRACE_SECONDS ago
+    (finalization has copied their lines into the output and error files); returns how many. The shard row
+    forgets its blob first, then the blob goes: a crash in between leaves an orphan blob, collected later."""
     cutoff = now - timedelta(seconds=settings.STORAGE_GC_GRACE_SECONDS)
-    ended = Batch.objects.filter(ended_before(cutoff))
-    parts = Shard.objects.filter(batch__in=ended).exclude(part_name="").values_list("id", "part_name")[:limit]
+    ended = Shard.objects.filter(batch__in=Batch.objects.filter(ended_before(cutoff)))
     collected = 0
-    for shard_id, part_name in list(parts):
-        # Conditional: only the run that clears the name deletes the blob.
-        if Shard.objects.filter(id=shard_id, part_name=part_name).update(part_name="") == 1:
-            blob_delete(part_name)
-            collected += 1
+    for field in ("part_name", "columns_name"):
+        named = ended.exclude(**{field: ""}).values_list("id", field)[: limit - collected]
+        for shard_id, name in list(named):
+            # Conditional: only the run that clears the name deletes the blob.
+            if Shard.objects.filter(id=shard_id, **{field: name}).update(**{field: ""}) == 1:
+                blob_delete(name)
+                collected += 1
     if collected:
         logger.info("deleted %d part blobs of ended batches", collected)
     return collected
@@ -117,10 +119,11 @@ def _named(blobs: list[str], *, directory: str | None = None) -> set[str]:
     for start in range(0, len(blobs), _LOOKUP_CHUNK):
         chunk = blobs[start : start + _LOOKUP_CHUNK]
         named.update(File.objects.filter(storage_name__in=chunk).values_list("storage_name", flat=True))
-        shards = Shard.objects.filter(part_name__in=chunk)
-        if directory is not None and directory.startswith("parts/"):
-            shards = shards.filter(batch_id=directory.removeprefix("parts/"))
-        named.update(shards.values_list("part_name", flat=True))
+        for field in ("part_name", "columns_name"):
+            shards = Shard.objects.filter(**{f"{field}__in": chunk})
+            if directory is not None and directory.startswith("parts/"):
+                shards = shards.filter(batch_id=directory.removeprefix("parts/"))
+            named.update(shards.values_list(field, flat=True))
     return named
 
 

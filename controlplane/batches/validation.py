@@ -7,12 +7,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from controlplane.batches.columns import ColumnCollector
 from controlplane.batches.custom_ids import CustomIds
 from controlplane.batches.lines import iter_lines
 from controlplane.batches.pinning import model_snapshot
 from controlplane.batches.quickcheck import FastLane, LineFacts
 from controlplane.batches.requests import LineIssue, ModelResolver, parse_line, work_units
 from controlplane.core.errors import quote, storable_text
+from controlplane.fleet.models import CatalogueModel
 
 # The batch's errors list stays readable: the first problems name their lines, a count says the rest.
 MAX_REPORTED_ERRORS = 100
@@ -27,6 +29,7 @@ class ShardPlan:
     end_byte: int
     request_count: int
     work_units: int
+    columns_name: str = ""  # the shard's columns blob, if it has one (batches/columns.py)
 
 
 @dataclass
@@ -63,12 +66,15 @@ def validate_input(
     min_shard_lines: int = 1,
     shard_bytes: int | None = None,
     on_shard: Callable[[ShardPlan, ValidationResult], None] | None = None,
+    columns_for: Callable[[CatalogueModel], ColumnCollector | None] | None = None,
 ) -> ValidationResult:
     """Check every line and plan the shards. A shard closes when its estimated model time (work units ×
     the model's measured seconds per unit) reaches ``shard_seconds``, but never below
     ``min_shard_lines`` or above ``shard_lines`` lines; it also closes once it holds ``shard_bytes`` of
     input; ``shard_seconds`` 0 sizes by lines alone. ``on_shard`` hears of each shard as it closes, with
-    the result so far (batches/early_dispatch.py runs them while the rest is checked)."""
+    the result so far (batches/early_dispatch.py runs them while the rest is checked). ``columns_for`` gives
+    the collector that keeps each shard's lines as columns for its run (batches/columns.py), once the model
+    is known."""
     result = ValidationResult()
     resolver = ModelResolver()
     # Every accepted line's id, ~20 bytes each; duplicates are found after the pass (batches/custom_ids.py).
@@ -79,13 +85,15 @@ def validate_input(
     shard_budget = float("inf")  # work units per shard, known once the model is
     last_line, last_end = 0, 0
     lane: FastLane | None = None  # once the first line named the batch's model: the fast lane for it
+    columns: ColumnCollector | None = None
 
     def close_shard(*, last: bool = False) -> None:
         nonlocal shard_start, shard_count, shard_work
         if shard_start is not None and shard_count:
-            plan = ShardPlan(
-                len(result.shards), shard_start[0], last_line, shard_start[1], last_end, shard_count, shard_work
-            )
+            index = len(result.shards)
+            # Written before anything can run the shard (on_shard adds it to the database).
+            name = columns.close(index=index, request_count=shard_count) if columns is not None else ""
+            plan = ShardPlan(index, shard_start[0], last_line, shard_start[1], last_end, shard_count, shard_work, name)
             result.shards.append(plan)
             if on_shard is not None and not last:  # the last one goes with the verdict, a moment later
                 on_shard(plan, result)
@@ -104,6 +112,7 @@ def validate_input(
             )
             break
         facts = lane.check(line.data) if lane is not None else None
+        laned = facts is not None  # then lane.body is this line's
         if facts is None:
             try:
                 parsed = parse_line(line.data, endpoint=endpoint, resolver=resolver)
@@ -118,6 +127,9 @@ def validate_input(
             if model is not None:
                 lane = FastLane(endpoint=endpoint, model=model)
                 result.model_snapshot = model_snapshot(model)
+                if columns_for is not None:
+                    columns = columns_for(model)
+                    laned = lane.check(line.data) is not None  # the first line through the lane as well
             if shard_seconds > 0 and model is not None and model.seconds_per_work_unit > 0:
                 shard_budget = shard_seconds / model.seconds_per_work_unit
         elif facts.model_name != result.model:
@@ -130,6 +142,11 @@ def validate_input(
             )
             mixed_lines.append(line.number)
             continue
+        if columns is not None:
+            if laned:
+                columns.add(line.number, facts.custom_id, lane.body)  # type: ignore[union-attr]
+            else:
+                columns.spoil()
         if shard_start is None:
             shard_start = (line.number, line.start)
         units = facts.units
