@@ -20,6 +20,7 @@ import numpy as np
 _BITS_PER_LINE = 16
 _FIRST_BITS = 2**17
 _MAX_BITS = 2**27
+_blake2b = hashlib.blake2b  # looked up once: add() runs for every line of every file
 
 
 class CustomIds:
@@ -29,9 +30,15 @@ class CustomIds:
         self._digests = bytearray()
         self._lines = array("I")
         self._maybe: dict[int, str] = {}  # line → id, for lines whose bit was already set
+        self._grow_at = self._grow_threshold()
+
+    def _grow_threshold(self) -> int:
+        """Lines past which the bitmap doubles (none once it is at its largest)."""
+        bits = len(self._seen) * 8
+        return bits // _BITS_PER_LINE if bits < _MAX_BITS else 2**63
 
     def add(self, custom_id: str, line: int) -> None:
-        digest = hashlib.blake2b(custom_id.encode(), digest_size=16).digest()
+        digest = _blake2b(custom_id.encode(), digest_size=16).digest()
         bit = int.from_bytes(digest, "little") & self._mask  # the low bits: the first 4 bytes, as _grow reads them
         byte, flag = bit >> 3, 1 << (bit & 7)
         if self._seen[byte] & flag:
@@ -40,7 +47,7 @@ class CustomIds:
             self._seen[byte] |= flag
         self._digests += digest
         self._lines.append(line)
-        if len(self._lines) * _BITS_PER_LINE > len(self._seen) * 8 and len(self._seen) * 8 < _MAX_BITS:
+        if len(self._lines) > self._grow_at:
             self._grow()
 
     def _grow(self) -> None:
@@ -50,6 +57,7 @@ class CustomIds:
         seen = np.zeros(bits // 8, dtype=np.uint8)
         np.bitwise_or.at(seen, values >> 3, (1 << (values & 7)).astype(np.uint8))
         self._seen, self._mask = bytearray(seen.tobytes()), bits - 1
+        self._grow_at = self._grow_threshold()
 
     def duplicates(self) -> list[tuple[int, int, str]]:
         """``(line, first line with the same id, the id)`` for every line whose id an earlier line used, in

@@ -16,8 +16,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import orjson
@@ -36,8 +35,7 @@ _FLOAT_FROM_BIG_INT = float(2**64)
 _INT64 = (-(2**63), 2**63 - 1)
 
 
-@dataclass(frozen=True, slots=True)
-class LineFacts:
+class LineFacts(NamedTuple):  # one per line of every file: a tuple builds in a third of a frozen dataclass's time
     custom_id: str
     model_name: str
     units: int

@@ -1,0 +1,40 @@
+"""Duplicate custom_ids in packed form (batches/custom_ids.py) against a plain dict, across the bitmap's
+doublings (it starts at 2**17 bits and doubles every 8,192 lines)."""
+
+from __future__ import annotations
+
+import random
+
+from controlplane.batches.custom_ids import CustomIds
+
+
+def _reference(ids: list[str]) -> list[tuple[int, int, str]]:
+    first: dict[str, int] = {}
+    found = []
+    for line, custom_id in enumerate(ids, start=1):
+        if custom_id in first:
+            found.append((line, first[custom_id], custom_id))
+        else:
+            first[custom_id] = line
+    return found
+
+
+def test_duplicates_across_the_bitmap_growth_equal_a_plain_dict():
+    rng = random.Random(7)
+    ids = [f"req-{i}" for i in range(40_000)]
+    for line in rng.sample(range(1, len(ids)), 300):  # repeats of earlier ids, before and after each doubling
+        ids[line] = ids[rng.randrange(line)]
+    table = CustomIds()
+    for line, custom_id in enumerate(ids, start=1):
+        table.add(custom_id, line)
+    assert table.duplicates() == _reference(ids)
+
+
+def test_no_duplicates_and_a_single_line():
+    table = CustomIds()
+    for line in range(1, 20_000):
+        table.add(str(line), line)
+    assert table.duplicates() == []
+    one = CustomIds()
+    one.add("x", 1)
+    assert one.duplicates() == []
