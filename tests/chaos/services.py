@@ -11,7 +11,9 @@ initdb refuses to run as root, so as root the cluster is created and run as the 
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -155,3 +157,12 @@ class ThrowawayRedis:
         with contextlib.suppress(Exception):
             self.kill()
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def queued(self, queue: str = "control") -> list[tuple[str, list]]:
+        """(task name, args) of each message waiting on a queue (Celery's Redis transport: one list per queue)."""
+        out = []
+        for raw in redis.Redis(port=self.port).lrange(queue, 0, -1):
+            envelope = json.loads(raw)
+            args = json.loads(base64.b64decode(envelope["body"]))[0]
+            out.append((envelope["headers"]["task"], args))
+        return out

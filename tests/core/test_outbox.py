@@ -21,49 +21,10 @@ from django.utils import timezone
 from controlplane.batches.models import Batch, BatchStatus
 from controlplane.core import dispatch
 from controlplane.core.models import OutboxMessage
-from deploy.local.stack import find_free_port
 from tests.batches.helpers import embedding_line, jsonl
+from tests.chaos.services import ThrowawayRedis
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs the redis-server binary")
-
-
-class ThrowawayRedis:
-    def __init__(self) -> None:
-        self.port = find_free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                redis.Redis(port=self.port).ping()
-                return
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
-
-    def queued(self, queue: str = "control") -> list[tuple[str, list]]:
-        """(task name, args) of each message waiting on a queue."""
-        out = []
-        for raw in redis.Redis(port=self.port).lrange(queue, 0, -1):
-            envelope = json.loads(raw)
-            args = json.loads(base64.b64decode(envelope["body"]))[0]
-            out.append((envelope["headers"]["task"], args))
-        return out
 
 
 @pytest.fixture
@@ -71,10 +32,10 @@ def broker(monkeypatch) -> Iterator[ThrowawayRedis]:
     server = ThrowawayRedis()
     # Celery lets CELERY_BROKER_URL (set by `make test`) override the constructor's broker: drop it here.
     monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
-    app = Celery("outbox-test", broker=server.url)
+    app = Celery("outbox-test", broker=server.url())
     monkeypatch.setattr(dispatch, "current_app", app)
     yield server
-    server.stop()
+    server.destroy()
 
 
 def _create_batch(api) -> object:
