@@ -15,8 +15,8 @@ as the issue's quick/full figures are defined), on one stack (Postgres + Redis +
 Peak RSS of the web, shard worker, control worker and beat process trees is sampled every 0.2 s while a
 batch runs: each tree's sum and its largest single process (the issue's bound is per process). CPU seconds
 per tree (the stack's processes, tritonserver with its stubs, the host's Postgres and Redis) show where the
-cores went. `--profile` records the shard worker with py-spy during the largest size (top entries printed
-and written to var/bench-hotpath/profile-*.txt).
+cores went. `--profile [worker|control]` records the shard worker (or the control worker) with py-spy during
+the largest size (top entries printed and written to var/bench-hotpath/profile-*.txt).
 
 The last line is machine-readable:
   HOTPATH lines=<largest size> e2e_lines_per_s=<x> inprocess_lines_per_s=<r> ratio=<x ÷ r>
@@ -213,15 +213,16 @@ class Bench:
             cpu={name: cpu_after[name] - cpu_before.get(name, 0.0) for name in cpu_after},
         )
 
-    def profile(self, content: bytes, lines: int, out: Path) -> str:
-        """py-spy over the worker's process tree while one batch runs; returns the top of the profile."""
+    def profile(self, content: bytes, lines: int, out: Path, tree: str = "worker") -> str:
+        """py-spy over one process tree (the shard worker's, or the control worker's: validation and
+        finalization) while one batch runs; returns the top of the profile."""
         py_spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
         if py_spy is None:
             return "py-spy is not installed: no profile"
         raw = out.with_suffix(".raw.txt")
         recorder = subprocess.Popen(
-            [py_spy, "record", "--pid", str(self.pids()["worker"]), "--subprocesses", "--format", "raw",
-             "--rate", "50", "--output", str(raw), "--nonblocking"],
+            [py_spy, "record", "--pid", str(self.pids()[tree]), "--subprocesses", "--format", "raw",
+             "--rate", "100", "--output", str(raw), "--nonblocking"],
             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
         )  # fmt: skip
         time.sleep(1.0)  # let it attach
@@ -276,7 +277,11 @@ def main() -> int:
     parser.add_argument("--sizes", help="comma-separated line counts instead of the defaults")
     parser.add_argument("--repeat", type=int, default=3, help="runs per size up to 100k; the median is reported")
     parser.add_argument(
-        "--profile", action="store_true", help="record the shard worker with py-spy at the largest size"
+        "--profile",
+        nargs="?",
+        const="worker",
+        choices=("worker", "control"),
+        help="record the shard worker (or the control worker) with py-spy at the largest size",
     )
     args = parser.parse_args()
     # The issue's figures: 100k lines for the quick run, 1M (a ~1 GB-class memory check) for the full one.
@@ -319,7 +324,8 @@ def main() -> int:
             runs.append(median)
         if args.profile:
             largest = sizes[-1]
-            profile_text = bench.profile(corpora[largest], largest, var_dir / f"profile-{largest}.txt")
+            out = var_dir / f"profile-{args.profile}-{largest}.txt"
+            profile_text = bench.profile(corpora[largest], largest, out, tree=args.profile)
     finally:
         bench.stop()
 
