@@ -52,8 +52,8 @@ ADMIN_DB_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 # The benchmark flushes its broker DB: BENCH_BROKER_URL moves it off a DB something else on the host uses.
 BROKER_URL = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/4")
 TERMINAL = ("completed", "failed", "cancelled", "expired")
-# The identity model's max_batch_size (triton_models/identity/config.pbtxt): the reference stacks as many
-# rows per call as a shard's call would.
+# Rows the reference stacks per call: the identity model's max_batch_size when the reference was frozen. The
+# served model now takes 1,024 (triton_models/identity/config.pbtxt); the reference stays as it was.
 CALL_ROWS = 256
 
 

@@ -25,7 +25,7 @@ SEED = [
         "name": "identity",
         "triton_name": "identity",
         "kind": "tensor",
-        "max_batch_size": 256,
+        "max_batch_size": 1024,
         "inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [-1]}],
         "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "dims": [-1]}],
         # Declared until measured: lets the first reconcile size a flood before any shard has finished.

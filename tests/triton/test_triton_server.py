@@ -36,7 +36,7 @@ def test_identity_round_trips_a_batch(identity: TritonClient) -> None:
 def test_identity_model_info(identity: TritonClient) -> None:
     assert identity.model_info("identity") == ModelInfo(
         name="identity",
-        max_batch_size=256,
+        max_batch_size=1024,
         inputs=(TensorSpec("INPUT0", "FP32", (-1,)),),
         outputs=(TensorSpec("OUTPUT0", "FP32", (-1,)),),
     )
