@@ -22,6 +22,7 @@ class FakeBackend:
     permanent errors; ``transient_failures`` makes the next N calls fail as if the server were down."""
 
     server = "fake:0"
+    instances: int | None = None  # not known: shards are split into DISPATCH_INFLIGHT_CALLS calls
 
     def __init__(self, *, transient_failures: int = 0, on_call: object = None):
         self.transient_failures = transient_failures

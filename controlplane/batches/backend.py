@@ -31,6 +31,8 @@ class NoCapacity(TransientTritonError):
 
 class InferenceBackend(Protocol):
     server: str
+    # Model instances behind it (None: not known): a shard is split into at most this many calls.
+    instances: int | None
 
     def prepare(self, triton_model: str) -> None: ...
 
@@ -58,6 +60,7 @@ class TritonBackend:
     def __init__(self, client: TritonClient, server: str):
         self.client = client
         self.server = server
+        self.instances: int | None = None
         self._loaded: set[str] = set()
 
     def prepare(self, triton_model: str) -> None:
@@ -79,6 +82,7 @@ class FleetBackend:
         if not routes:
             raise NoCapacity(f"model {triton_model!r} has no ready placement yet")
         self.server = ",".join(r.name for r in routes)
+        self.instances: int | None = sum(r.weight for r in routes)
         self._avoid: set[int] = set()
         self._lock = threading.Lock()
 

@@ -186,3 +186,33 @@ def test_transient_failures_release_the_shard_without_spending_attempts(tenant, 
     assert batch.status == BatchStatus.COMPLETED
     assert (batch.completed_lines, batch.failed_lines) == (1, 0)
     assert batch.error_file_id is None
+
+
+@pytest.mark.parametrize(("instances", "calls"), [(None, 3), (1, 1), (2, 2), (8, 3)])
+def test_a_shard_is_split_over_the_model_instances_and_no_further(tenant, eager, settings, instances, calls):
+    """DISPATCH_INFLIGHT_CALLS (3) calls at most; fewer when the backend knows of fewer instances (Triton's
+    batcher does not split a call, so a finer split only makes its executions smaller)."""
+    settings.SHARD_MAX_LINES = 12
+    batch = _create(tenant, [embedding_line(f"r-{i}", f"text {i}") for i in range(12)])
+    services.batch_validate(batch_id=batch.id)
+    backend = FakeBackend()
+    backend.instances = instances
+    batch = _run_all(batch, backend)
+    assert batch.status == BatchStatus.COMPLETED and batch.completed_lines == 12
+    assert len(backend.calls) == calls
+
+
+def test_the_fleet_backend_counts_the_ready_instances_it_routes_to(catalogue):
+    from controlplane.batches.backend import backend_for_model
+    from controlplane.fleet import routing
+    from controlplane.fleet.models import CatalogueModel, Placement, PlacementStatus, TritonServer
+
+    routing._cache.clear()
+    model = CatalogueModel.objects.get(name="identity")
+    for host, instances in ((1, 2), (2, 1)):
+        server = TritonServer.objects.create(name=f"gpu-{host}", grpc_url=f"10.0.0.{host}:8001")
+        Placement.objects.create(model=model, server=server, instances=instances, status=PlacementStatus.READY)
+    loading = TritonServer.objects.create(name="c", grpc_url="10.0.0.9:8001")
+    Placement.objects.create(model=model, server=loading, instances=4, status=PlacementStatus.LOADING)
+    assert backend_for_model("identity").instances == 3  # the loading placement gets no calls yet
+    routing._cache.clear()
