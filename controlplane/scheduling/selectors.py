@@ -152,8 +152,8 @@ def model_ranking(*, model: CatalogueModel, now: datetime) -> tuple[list[policy.
     """Runnable batches of a model in the order the next claims will serve them, and the throughput used."""
     throughput = model_throughput(model, model_slot_cap(model))
     candidates = runnable_candidates(model=model, now=now, throughput=throughput)
-    if not candidates:
-        return [], throughput
+    if len(candidates) < 2:  # rank never drops one: a lone batch needs no shares or clock (two queries a claim)
+        return candidates, throughput
     shares = tenant_shares(c.tenant_id for c in candidates)
     ranked = policy.rank(candidates, shares, system_clock(), now.timestamp(), policy_config())
     return ranked, throughput
