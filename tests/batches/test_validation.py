@@ -168,7 +168,7 @@ def test_error_list_is_capped_but_counted(catalogue):
         (lambda b: b["inputs"][0].update(name="INPUT9"), "invalid_input_name"),
         (lambda b: b["inputs"][0].update(datatype="INT64"), "invalid_datatype"),
         (lambda b: b["inputs"][0].update(shape=[2]), "invalid_shape"),
-        (lambda b: b["inputs"][0].update(shape=[300, 1]), "invalid_shape"),
+        (lambda b: b["inputs"][0].update(shape=[2000, 1]), "invalid_shape"),  # rows past max_batch_size
         (lambda b: b["inputs"][0].update(data=[1.0]), "invalid_data"),
         (lambda b: b["inputs"][0].update(data=["a", "b", "c"]), "invalid_data"),
         (lambda b: b.update(inputs=[]), "invalid_inputs"),
