@@ -13,7 +13,7 @@ from pathlib import Path
 import dj_database_url
 
 from controlplane.console import console_settings
-from controlplane.core import logs, openapi_settings
+from controlplane.core import fs_broker, logs, openapi_settings
 from controlplane.core.env import (
     SECRET_KEY_FILENAME,
     env_bool,
@@ -309,17 +309,9 @@ FLEET_SCALING = scaling_settings.from_env()  # fleet size, pools, registration: 
 _broker_dir = VAR_DIR / "broker"
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
-    for _sub in ("queue", "processed", "control"):
-        (_broker_dir / _sub).mkdir(parents=True, exist_ok=True)
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "data_folder_in": str(_broker_dir / "queue"),
-        "data_folder_out": str(_broker_dir / "queue"),
-        "processed_folder": str(_broker_dir / "processed"),
-        "control_folder": str(_broker_dir / "control"),
-        "store_processed": False,
-        # The filesystem transport polls; 50 ms keeps a 100-line batch well under a second end to end.
-        "polling_interval": 0.05,
-    }
+    # kombu's filesystem transport, whose message files are never read half-written (core/fs_broker.py).
+    CELERY_BROKER_TRANSPORT = fs_broker.TRANSPORT
+    CELERY_BROKER_TRANSPORT_OPTIONS = fs_broker.transport_options(_broker_dir)
 else:
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         # Redis re-delivers an unacked task only after this; the shard rescuer is the faster path, so
