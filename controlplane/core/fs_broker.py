@@ -15,7 +15,7 @@ import logging
 import os
 import uuid
 from pathlib import Path
-from time import monotonic
+from time import monotonic_ns
 from typing import Any
 
 from kombu.exceptions import ChannelError
@@ -47,7 +47,9 @@ def transport_options(broker_dir: Path) -> dict[str, Any]:
 class Channel(filesystem.Channel):
     # kombu's own bases disagree on the second parameter's name (message, payload); filesystem's is kept.
     def _put(self, queue: Any, payload: Any, **kwargs: Any) -> None:  # type: ignore[override]
-        name = f"{round(monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"  # kombu's naming: its consumers sort by it
+        # Consumers take files in name order: nanoseconds, zero-padded, keep one producer's messages in order
+        # (kombu's milliseconds left two messages of the same millisecond to their random uuids).
+        name = f"{monotonic_ns():020d}_{uuid.uuid4()}.{queue}.msg"
         final = os.path.join(self.data_folder_out, name)
         partial = final + _PARTIAL
         try:

@@ -24,18 +24,23 @@ def _queue_dir(connection) -> str:
     return connection.transport_options["data_folder_in"]
 
 
-def test_messages_go_round_trip_through_kombu(connection):
+def test_messages_go_round_trip_through_kombu_in_order(connection):
     queue = connection.SimpleQueue("control")
-    queue.put({"task": 1})
-    queue.put({"task": 2})
-    assert [queue.get(timeout=1).payload for _ in range(2)] == [{"task": 1}, {"task": 2}]
+    for n in range(50):  # many within one millisecond: their order must not be left to chance
+        queue.put({"task": n})
+    got = []
+    for _ in range(50):
+        message = queue.get(timeout=1)
+        got.append(message.payload["task"])
+        message.ack()
+    assert got == list(range(50))
     queue.close()
 
 
 def test_a_torn_message_file_is_dropped_and_the_next_one_delivered(connection, caplog):
     channel = connection.default_channel
     # What kombu's own producer leaves between creating the file and writing it (or when it is killed there).
-    open(os.path.join(_queue_dir(connection), "1_torn.control.msg"), "wb").close()
+    open(os.path.join(_queue_dir(connection), f"{0:020d}_torn.control.msg"), "wb").close()
     channel._put("control", {"after": True})
     with caplog.at_level(logging.ERROR, logger="controlplane.core.fs_broker"):
         assert channel._get("control") == {"after": True}
