@@ -105,9 +105,12 @@ def _charge(*, tenant_id: int, weight: float, work: float, now: datetime) -> Non
     SchedulerClock.objects.filter(name="default").update(vtime=new_system.vtime, vtime_at=now)
 
 
-def shard_settle(*, shard_id: int) -> None:
+def shard_settle(*, shard_id: int, cycle_seconds: float | None = None) -> None:
     """After a shard committed: correct the tenant's charge with the measured work (the tokenizer's count
-    for text) and fold the shard's measured seconds per work unit into the model's estimate."""
+    for text) and fold the shard's measured seconds per work unit into the model's estimate. ``cycle_seconds``
+    is what the shard cost its slot, claim and commit included (the slot runner measures it): a slot's
+    throughput is shards per cycle, and with small shards the claim and commit are a large part of it (an
+    e2e deadline test saw promotions come too late when only started → finished was counted)."""
     row = (
         Shard.objects.filter(id=shard_id, status=ShardStatus.SUCCEEDED)
         .values(
@@ -145,7 +148,9 @@ def shard_settle(*, shard_id: int) -> None:
                     vtime_at=now,
                     served_work_units=F("served_work_units") + (measured - row["work_units"]),
                 )
-    if row["started_at"] and row["finished_at"]:
+    if cycle_seconds is not None:
+        _speed_update(model_name=row["batch__model"], seconds_per_unit=cycle_seconds / measured)
+    elif row["started_at"] and row["finished_at"]:
         seconds = (row["finished_at"] - row["started_at"]).total_seconds()
         _speed_update(model_name=row["batch__model"], seconds_per_unit=seconds / measured)
 

@@ -61,6 +61,7 @@ def _run_shards(
     ran = 0
     deadline = time.monotonic() + settings.SCHEDULER_SLOT_BUDGET_SECONDS
     while time.monotonic() < deadline and not keeper.lost.is_set():
+        cycle_started = time.monotonic()  # what a shard costs its slot: routing, claim, run, commit
         try:
             backend = backend_factory(model.triton_name)
         except TransientTritonError as exc:
@@ -75,7 +76,7 @@ def _run_shards(
         outcome = shard_execute(shard=shard, model=model, backend=backend)
         ran += 1
         if outcome == "succeeded":
-            shard_settle(shard_id=shard.id)
+            shard_settle(shard_id=shard.id, cycle_seconds=time.monotonic() - cycle_started)
         if outcome == "deferred":
             return ran, True  # Triton is away: the slot ends rather than claim shards it cannot run
     return ran, False

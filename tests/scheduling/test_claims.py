@@ -203,3 +203,26 @@ def test_a_busy_batch_row_does_not_hide_its_shards(quiet):
         observer.close()
     thread.join(10)
     assert claimed and claimed[0] is not None and claimed[0].batch_id == batch.id
+
+
+def test_the_speed_estimate_counts_what_a_shard_cost_its_slot(quiet):
+    """shard_settle folds the slot's whole cycle (claim and commit included) into seconds per work unit when
+    the runner measured it, else the shard's own started → finished."""
+    from controlplane.batches.shards import PartSummary, shard_commit
+    from controlplane.scheduling.claims import shard_settle
+
+    tenant = new_tenant("speed")
+    runnable_batch(tenant, 4)  # two shards of two rows
+    CatalogueModel.objects.filter(name="identity").update(seconds_per_work_unit=0.5)
+
+    def settled(cycle_seconds):
+        shard = shard_claim_next(model=_identity(), owner="t")
+        assert shard_commit(shard_id=shard.id, attempt=shard.attempt, summary=PartSummary("p", 2, 0, 0, False))
+        shard_settle(shard_id=shard.id, cycle_seconds=cycle_seconds)
+        return _identity().seconds_per_work_unit
+
+    # 2 rows in a 2 s cycle: 1 s a row, smoothed (0.3) from 0.5 → 0.65.
+    assert settled(2.0) == pytest.approx(0.3 * 1.0 + 0.7 * 0.5)
+    # Without a cycle, the shard's own (instant) run pulls the estimate down (by at most 4× a step).
+    before = _identity().seconds_per_work_unit
+    assert settled(None) < before
