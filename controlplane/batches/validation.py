@@ -143,9 +143,9 @@ def validate_input(
             mixed_lines.append(line.number)
             continue
         if columns is not None:
-            if laned:
+            if laned and not result.error_count:
                 columns.add(line.number, facts.custom_id, lane.body)  # type: ignore[union-attr]
-            else:
+            else:  # a line only the checked parse took, or a file that will fail: no columns
                 columns.spoil()
         if shard_start is None:
             shard_start = (line.number, line.start)

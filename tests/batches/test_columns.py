@@ -279,3 +279,18 @@ def test_the_collector_keeps_live_columns_and_deletes_those_of_ended_batches(ten
 
 def test_columns_names_carry_the_validation_attempt():
     assert columns_module.columns_name("batch_x", 3, 2) == "parts/batch_x/000003.columns2.bin"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_file_with_an_error_writes_no_columns_after_it(tenant, quiet, monkeypatch):
+    saved = []
+
+    def counting_save(name, content):
+        saved.append(name)
+        return blob_save(name, content)
+
+    monkeypatch.setattr(services, "blob_save", counting_save)
+    bad = {"custom_id": "bad", "method": "POST", "url": "/v2/infer", "body": {"model": "identity"}}
+    batch = _validated(tenant, [*_lines(20)[:4], bad, *_lines(20)[5:]])  # one good shard, then the error
+    assert batch.status == BatchStatus.FAILED
+    assert [name.rsplit("/", 1)[1] for name in saved] == ["000000.columns1.bin"]  # the shard before the error only
