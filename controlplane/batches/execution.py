@@ -158,7 +158,7 @@ def _produce_part(shard: Shard, model: CatalogueModel, backend: InferenceBackend
     if shard.batch.model_snapshot:
         model = pinned_model(shard.batch.model_snapshot)  # the entry the batch was validated against
     # Columns: the arrays validation kept of a tensor shard's lines (batches/columns.py); else parse them.
-    columns = columns_load(shard, model) if shard.columns_name else None
+    columns = columns_load(shard, model)
     if columns is not None:
         model_name = shard.batch.model  # every line names it (validation refuses mixed models)
         lines = {n: ParsedLine(c, model_name, None) for n, c in zip(columns.numbers, columns.custom_ids, strict=True)}

@@ -148,10 +148,10 @@ def shard_settle(*, shard_id: int, cycle_seconds: float | None = None) -> None:
                     vtime_at=now,
                     served_work_units=F("served_work_units") + (measured - row["work_units"]),
                 )
-    if cycle_seconds is not None:
-        _speed_update(model_name=row["batch__model"], seconds_per_unit=cycle_seconds / measured)
-    elif row["started_at"] and row["finished_at"]:
+    seconds = cycle_seconds
+    if seconds is None and row["started_at"] and row["finished_at"]:
         seconds = (row["finished_at"] - row["started_at"]).total_seconds()
+    if seconds is not None:
         _speed_update(model_name=row["batch__model"], seconds_per_unit=seconds / measured)
 
 
