@@ -4,13 +4,13 @@ current. On GPU hosts memory comes from Triton's own /metrics; on CPU hosts GPUs
 from __future__ import annotations
 
 import logging
-import re
 from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane.fleet.gpu_metrics import parse_gpu_metrics
 from controlplane.fleet.models import Gpu, PlacementEvent, ServerState, TritonServer
 from controlplane.triton.client import TritonClient, metrics_text
 
@@ -18,9 +18,6 @@ logger = logging.getLogger(__name__)
 
 # Two missed heartbeats in a row mark a server unhealthy: one can be a GC pause, two is an outage.
 UNHEALTHY_AFTER_FAILURES = 2
-_METRIC = re.compile(
-    r'^(nv_gpu_memory_total_bytes|nv_gpu_memory_used_bytes|nv_gpu_utilization)\{[^}]*gpu_uuid="([^"]+)"[^}]*\}\s+([0-9.eE+-]+)$'
-)
 
 
 @transaction.atomic
@@ -50,16 +47,6 @@ def server_set_operator_state(*, server: TritonServer, state: str | None, actor:
             actor=actor,
             reason=f"operator set {state or 'normal scheduling'}",
         )
-
-
-def parse_gpu_metrics(text: str) -> list[dict[str, float]]:
-    """Triton's Prometheus text → per-GPU totals, in the order GPUs appear (Triton lists them by index)."""
-    by_uuid: dict[str, dict[str, float]] = {}
-    for line in text.splitlines():
-        match = _METRIC.match(line.strip())
-        if match:
-            by_uuid.setdefault(match.group(2), {})[match.group(1)] = float(match.group(3))
-    return list(by_uuid.values())
 
 
 # Three seconds: Triton answers /metrics from memory; a slower answer means the server is in trouble.

@@ -23,7 +23,8 @@ from django.utils import timezone
 
 from controlplane.batches.models import Shard, ShardStatus
 from controlplane.core.errors import Conflict, DomainError, ValidationFailed
-from controlplane.fleet.inventory import gpus_store, metrics_fetch, parse_gpu_metrics, server_set_operator_state
+from controlplane.fleet.gpu_metrics import parse_gpu_metrics
+from controlplane.fleet.inventory import gpus_store, metrics_fetch, server_set_operator_state
 from controlplane.fleet.models import Gpu, Placement, PlacementEvent, PlacementStatus, ServerState, TritonServer
 
 logger = logging.getLogger(__name__)

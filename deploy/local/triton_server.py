@@ -136,6 +136,15 @@ def build_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def has_nvidia_gpu() -> bool:
+    """An NVIDIA driver with a device is present (the device nodes the driver creates); LOCAL_TRITON_GPU=0/1
+    overrides the guess."""
+    forced = os.environ.get("LOCAL_TRITON_GPU", "")
+    if forced in ("0", "1"):
+        return forced == "1"
+    return Path("/dev/nvidiactl").exists() and Path("/dev/nvidia0").exists()
+
+
 def server_command(
     model_repository: Path | str,
     http_port: int,
@@ -159,8 +168,9 @@ def server_command(
         f"--http-port={http_port}",
         f"--grpc-port={grpc_port}",
         f"--metrics-port={metrics_port}",
-        # No GPU/DCGM here; GPU metrics would only log failures.
-        "--allow-gpu-metrics=false",
+        # GPU metrics (per-GPU memory and utilisation, the fleet's GPU inventory) where there is an NVIDIA
+        # GPU; elsewhere they would only log failures.
+        f"--allow-gpu-metrics={'true' if has_nvidia_gpu() else 'false'}",
         # Server readiness = "the process answers". One tenant's broken model must not make the whole
         # server look down to the circuit breaker; model readiness is checked per model.
         "--strict-readiness=false",

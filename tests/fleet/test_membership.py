@@ -16,7 +16,8 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from controlplane.batches.models import Shard, ShardStatus
-from controlplane.fleet.inventory import parse_gpu_metrics, server_register
+from controlplane.fleet.gpu_metrics import parse_gpu_metrics
+from controlplane.fleet.inventory import server_register
 from controlplane.fleet.membership import server_drain
 from controlplane.fleet.models import Gpu, Placement, PlacementEvent, ServerState, TritonServer
 

@@ -9,6 +9,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import pytest
+
 from controlplane.triton.client import TritonClient
 from deploy.local.triton_server import (
     REPO_ROOT,
@@ -16,6 +18,7 @@ from deploy.local.triton_server import (
     free_port,
     log_tail,
     prepare_backend_dir,
+    server_command,
     wait_until_ready,
 )
 
@@ -28,6 +31,19 @@ def test_prepare_backend_dir_is_idempotent(tmp_path: Path) -> None:
     stub_inode = (python_dir / "triton_python_backend_stub").stat().st_ino
     prepare_backend_dir(tmp_path / "backends")
     assert (python_dir / "triton_python_backend_stub").stat().st_ino == stub_inode, "unchanged file was copied again"
+
+
+def test_gpu_metrics_follow_the_host_unless_overridden(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def command() -> list[str]:
+        return server_command(tmp_path, 1, 2, 3, tmp_path)
+
+    monkeypatch.setenv("LOCAL_TRITON_GPU", "1")
+    assert "--allow-gpu-metrics=true" in command()
+    monkeypatch.setenv("LOCAL_TRITON_GPU", "0")
+    assert "--allow-gpu-metrics=false" in command()
+    monkeypatch.delenv("LOCAL_TRITON_GPU")
+    on_gpu_host = Path("/dev/nvidiactl").exists() and Path("/dev/nvidia0").exists()
+    assert f"--allow-gpu-metrics={str(on_gpu_host).lower()}" in command()
 
 
 def test_env_puts_interpreter_libdir_first_and_site_packages_on_path() -> None:

@@ -152,7 +152,58 @@ def test_served_on_the_runtime_the_install_prepared(minilm: TritonClient, triton
     from deploy.local.inprocess import served_runtime
 
     loaded = [line for line in triton_server.log_tail(400).splitlines() if "minilm instance" in line]
-    assert loaded and all(f"on {served_runtime()} with" in line for line in loaded), loaded
+    assert loaded and all(f"on {served_runtime()} (cpu) with" in line for line in loaded), loaded
+
+
+@pytest.mark.parametrize(
+    ("runtime", "exists", "device", "providers", "expected"),
+    [
+        ("auto", True, "cpu", ["CPUExecutionProvider"], "onnx"),
+        ("auto", False, "cpu", ["CPUExecutionProvider"], None),
+        ("torch", True, "cpu", ["CPUExecutionProvider"], None),
+        # A GPU instance runs ONNX Runtime only where it has the CUDA provider; else torch on that GPU.
+        ("auto", True, "cuda:1", ["CPUExecutionProvider"], None),
+        ("auto", True, "cuda:1", ["CUDAExecutionProvider", "CPUExecutionProvider"], "onnx"),
+        ("onnxruntime", True, "cuda:0", ["CUDAExecutionProvider", "CPUExecutionProvider"], "onnx"),
+        ("onnxruntime", True, "cuda:0", ["CPUExecutionProvider"], RuntimeError),
+        ("onnxruntime", False, "cpu", ["CPUExecutionProvider"], FileNotFoundError),
+        ("tensorrt", True, "cpu", ["CPUExecutionProvider"], ValueError),
+    ],
+)
+def test_runtime_choice_per_instance_device(
+    tmp_path: Path, runtime: str, exists: bool, device: str, providers: list[str], expected: Any
+) -> None:
+    from deploy.local.inprocess import load_minilm_core
+
+    core = load_minilm_core()
+    graph = tmp_path / "model.onnx"
+    if exists:
+        graph.write_bytes(b"graph")
+    if isinstance(expected, type):
+        with pytest.raises(expected):
+            core.choose_onnx_file(runtime, graph, device, providers)
+    else:
+        assert core.choose_onnx_file(runtime, graph, device, providers) == (graph if expected else None)
+
+
+def test_instance_device_follows_the_instance_kind() -> None:
+    from deploy.local.inprocess import load_minilm_core
+
+    core = load_minilm_core()
+    assert core.instance_device("GPU", "3") == "cuda:3"
+    assert core.instance_device("CPU", 0) == "cpu"
+    assert core.instance_device("MODEL", 0) == "cpu"
+
+
+def test_gpu_instance_without_cuda_fails_to_load_instead_of_running_on_the_cpu() -> None:
+    import torch
+
+    from deploy.local.inprocess import load_minilm_core
+
+    if torch.cuda.is_available():
+        pytest.skip("this host has a CUDA device; build_engines/gpu_check.sh runs the GPU instance")
+    with pytest.raises(RuntimeError, match="sees no CUDA device"):
+        load_minilm_core().MiniLMEncoder(device="cuda:0")
 
 
 def test_the_two_in_process_runtimes_agree() -> None:

@@ -52,7 +52,38 @@ def _chunks(order: list[int], lengths: list[int], size: int, max_padding: float 
     return chunks
 
 
-def onnx_session(onnx_file: Path, threads: int | None):
+def instance_device(kind: str, device_id: int | str) -> str:
+    """The torch-style device of a Triton instance: "cuda:<id>" for a KIND_GPU instance, else "cpu"."""
+    return f"cuda:{int(device_id)}" if kind == "GPU" else "cpu"
+
+
+def choose_onnx_file(runtime: str, onnx_path: Path, device: str, ort_providers: Sequence[str]) -> Path | None:
+    """The RUNTIME parameter → the ONNX graph to run (ONNX Runtime), or None for torch.
+
+    "auto": ONNX Runtime when the exported graph (model.onnx, written by `make install`) is there and, on a
+    GPU, this onnxruntime has the CUDA provider; else torch (on the instance's device either way: a KIND_GPU
+    instance never silently computes on the CPU). "onnxruntime" requires both; "torch" ignores the graph.
+    """
+    on_gpu = device.startswith("cuda")
+    if runtime == "torch":
+        return None
+    if runtime not in ("auto", "onnxruntime"):
+        raise ValueError(f"RUNTIME must be auto, onnxruntime or torch, not {runtime!r}")
+    cuda_ok = "CUDAExecutionProvider" in ort_providers
+    if runtime == "onnxruntime":
+        if not onnx_path.exists():
+            raise FileNotFoundError(
+                f"RUNTIME onnxruntime needs {onnx_path}: run `make install` (build_engines export minilm)"
+            )
+        if on_gpu and not cuda_ok:
+            raise RuntimeError(
+                "RUNTIME onnxruntime on a KIND_GPU instance needs onnxruntime-gpu (no CUDAExecutionProvider)"
+            )
+        return onnx_path
+    return onnx_path if onnx_path.exists() and (cuda_ok or not on_gpu) else None
+
+
+def onnx_session(onnx_file: Path, threads: int | None, device: str = "cpu"):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -62,21 +93,29 @@ def onnx_session(onnx_file: Path, threads: int | None):
     # Idle intra-op threads sleep instead of spinning: on a host whose cores the control plane shares, a
     # spinning pool takes CPU from the workers and Triton (docs/PERFORMANCE.md, "MiniLM runtime").
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
+    providers: list = ["CPUExecutionProvider"]
+    if device.startswith("cuda"):
+        providers.insert(0, ("CUDAExecutionProvider", {"device_id": int(device.split(":")[1])}))
+    return ort.InferenceSession(str(onnx_file), options, providers=providers)
 
 
 class MiniLMEncoder:
-    """``onnx_file`` given: ONNX Runtime runs the pass; None: torch."""
+    """``onnx_file`` given: ONNX Runtime runs the pass; None: torch. ``device``: "cpu" or "cuda:<id>"."""
 
     def __init__(
-        self, model_dir: str | Path | None = None, threads: int | None = None, onnx_file: Path | None = None
+        self,
+        model_dir: str | Path | None = None,
+        threads: int | None = None,
+        onnx_file: Path | None = None,
+        device: str = "cpu",
     ) -> None:
         path = Path(model_dir) if model_dir else default_model_dir()
         self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
         self.runtime = "onnxruntime" if onnx_file is not None else "torch"
+        self.device = device
         if onnx_file is not None:
-            self.session = onnx_session(onnx_file, threads)
+            self.session = onnx_session(onnx_file, threads, device)
             return
         # torch only for the torch runtime: an ONNX Runtime instance never loads it (~200 MB less per stub).
         import torch
@@ -85,7 +124,9 @@ class MiniLMEncoder:
         if threads:
             # Process-wide: a Triton instance is its own stub process, so this sizes exactly one model.
             torch.set_num_threads(threads)
-        self.model = AutoModel.from_pretrained(path, local_files_only=True).float().eval()
+        if device != "cpu" and not torch.cuda.is_available():
+            raise RuntimeError(f"a KIND_GPU instance ({device}) but torch {torch.__version__} sees no CUDA device")
+        self.model = AutoModel.from_pretrained(path, local_files_only=True).float().eval().to(device)
 
     def token_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """Word-piece ids with [CLS]/[SEP], truncated to MAX_TOKENS, unpadded."""
@@ -140,12 +181,12 @@ class MiniLMEncoder:
         import torch
 
         with torch.inference_mode():
-            ids_t = torch.from_numpy(input_ids)
-            mask_t = torch.from_numpy(mask)
+            ids_t = torch.from_numpy(input_ids).to(self.device)
+            mask_t = torch.from_numpy(mask).to(self.device)
             hidden = self.model(
                 input_ids=ids_t, attention_mask=mask_t, token_type_ids=torch.zeros_like(ids_t)
             ).last_hidden_state
             # Mean over real tokens only: padding must not dilute short texts.
             weights = mask_t.unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
-            return torch.nn.functional.normalize(pooled, p=2, dim=1).numpy()
+            return torch.nn.functional.normalize(pooled, p=2, dim=1).cpu().numpy()

@@ -33,17 +33,12 @@ def _parameter(config, key, default):
     return value if value else default
 
 
-def _onnx_file(runtime):
-    """RUNTIME "auto": ONNX Runtime when the exported graph (model.onnx, written by `make install`) is next to
-    this file, else torch; "onnxruntime" requires it; "torch" ignores it."""
-    path = Path(__file__).resolve().with_name("model.onnx")
-    if runtime == "torch":
-        return None
-    if runtime == "onnxruntime" and not path.exists():
-        raise FileNotFoundError(f"RUNTIME onnxruntime needs {path}: run `make install` (build_engines export minilm)")
-    if runtime not in ("auto", "onnxruntime"):
-        raise ValueError(f"RUNTIME must be auto, onnxruntime or torch, not {runtime!r}")
-    return path if path.exists() else None
+def _ort_providers():
+    try:
+        import onnxruntime
+    except ImportError:  # torch-only environment: the graph cannot run anyway
+        return []
+    return onnxruntime.get_available_providers()
 
 
 def _invalid(message):
@@ -55,12 +50,20 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         threads = int(_parameter(config, "INTRA_OP_THREADS", "2"))
         model_dir = _parameter(config, "MODEL_DIR", None)
-        onnx_file = _onnx_file(_parameter(config, "RUNTIME", "auto"))
+        core = _load_core()
+        # KIND_GPU: Triton names the instance's GPU; the pass runs there (torch or ONNX Runtime's CUDA provider).
+        device = core.instance_device(args.get("model_instance_kind", "CPU"), args.get("model_instance_device_id", 0))
+        onnx_file = core.choose_onnx_file(
+            _parameter(config, "RUNTIME", "auto"),
+            Path(__file__).resolve().with_name("model.onnx"),
+            device,
+            _ort_providers(),
+        )
         started = time.monotonic()
-        self.encoder = _load_core().MiniLMEncoder(model_dir=model_dir, threads=threads, onnx_file=onnx_file)
+        self.encoder = core.MiniLMEncoder(model_dir=model_dir, threads=threads, onnx_file=onnx_file, device=device)
         pb_utils.Logger.log_info(
             f"minilm instance {args['model_instance_name']} loaded in {time.monotonic() - started:.2f}s "
-            f"on {self.encoder.runtime} with {threads} intra-op threads"
+            f"on {self.encoder.runtime} ({device}) with {threads} intra-op threads"
         )
 
     @staticmethod
