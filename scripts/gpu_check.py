@@ -1,0 +1,476 @@
+"""The serving half of the GPU paths, checked on a machine with an NVIDIA GPU in one unattended run.
+
+    python3 scripts/gpu_check.py OUT_DIR [--pack .gpu] [--kind KIND_GPU] [--budget 420]
+
+Steps (each OK / SKIPPED / FAILED with its reason; a failing step never stops the next):
+  env        python, torch, CUDA device, driver; where the python stub's libpython is
+  nvml       the GPU inventory as NVML reports it (nvidia-ml-py)
+  triton     the pip-bundled tritonserver started by deploy.local.triton_server (GPU metrics on)
+  metrics    Triton's /metrics read by the fleet's own parser (controlplane/fleet/gpu_metrics.py), vs NVML
+  identity   `identity` loaded with the reconciler's KIND_GPU instance_group override; a call echoes
+  minilm     `minilm` CPU instance, then reloaded as KIND_GPU: same texts, embeddings agree; the stub holds
+             GPU memory (NVML's process list) and its log names the device
+  bench      texts/s: in-process torch on the GPU (batches of 64, length-sorted) vs Triton KIND_GPU with 1
+             and 4 instances (16 concurrent HTTP clients of 64 texts), vs in-process on the CPU
+  runtimes   ONNX Runtime's providers and TensorRT's presence (what build_engines/gpu_check.sh would use)
+Writes OUT_DIR/gpu_check.json and the server log; ends with one line `GPUCHECK key=value ...`.
+
+``--pack`` is scripts/gpu_pack.py's folder, for machines without this project's environment: the server,
+the stub and the (float16, pruned) MiniLM weights are unpacked from it. ``--kind KIND_CPU`` dry-runs every
+step on a CPU host (no NVML, no GPU metrics, CPU instances).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import http.client
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import threading
+import time
+import traceback
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+UNPACK = Path("/tmp/gpu_check")
+BATCH = 64  # triton_models/minilm max_batch_size: what the control plane sends per call
+CLIENTS = 16
+
+
+class Skip(Exception):
+    """The step cannot run here; the message says why."""
+
+
+class Check:
+    def __init__(self, out: Path, budget_s: float) -> None:
+        self.out, self.deadline = out, time.monotonic() + budget_s
+        self.rows: list[dict[str, Any]] = []
+        self.facts: dict[str, Any] = {}
+
+    def step(self, name: str, fn: Callable[[], str]) -> bool:
+        started = time.monotonic()
+        if started > self.deadline - 10:
+            status, detail = "SKIPPED", "overall budget used up"
+        else:
+            try:
+                status, detail = "OK", fn()
+            except Skip as exc:
+                status, detail = "SKIPPED", str(exc)
+            except Exception as exc:  # noqa: BLE001 - every step reports, none stops the run
+                status, detail = "FAILED", f"{type(exc).__name__}: {exc}"
+                (self.out / f"{name}.traceback.txt").write_text(traceback.format_exc())
+        row = {"step": name, "status": status, "seconds": round(time.monotonic() - started, 1), "detail": detail}
+        self.rows.append(row)
+        print(f"[{status}] {name} ({row['seconds']} s): {detail}", flush=True)
+        return status == "OK"
+
+
+# --- HTTP to Triton (standard library only: the GPU machine has no tritonclient) -------------------------
+
+
+def _post(base: str, path: str, body: dict[str, Any], timeout: float = 300) -> dict[str, Any]:
+    request = urllib.request.Request(f"{base}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            raw = response.read()
+    except urllib.error.HTTPError as exc:
+        raise RuntimeError(f"{path}: HTTP {exc.code} {exc.read().decode(errors='replace')[:400]}") from exc
+    return json.loads(raw) if raw else {}
+
+
+def _get(base: str, path: str) -> Any:
+    with urllib.request.urlopen(f"{base}{path}", timeout=30) as response:
+        raw = response.read().decode()
+    return json.loads(raw) if path.startswith("/v2") else raw
+
+
+def load(base: str, name: str, config: dict[str, Any]) -> dict[str, Any]:
+    _post(base, f"/v2/repository/models/{name}/load", {"parameters": {"config": json.dumps(config)}})
+    return _get(base, f"/v2/models/{name}/config")
+
+
+def gpu_groups(kind: str, count: int) -> list[dict[str, Any]]:
+    # What controlplane.fleet.reconciler._instance_groups writes for a real GPU server; on a CPU dry run the
+    # same instances as KIND_CPU.
+    return (
+        [{"count": count, "kind": "KIND_GPU", "gpus": [0]}]
+        if kind == "KIND_GPU"
+        else [{"count": count, "kind": "KIND_CPU"}]
+    )
+
+
+def groups_text(config: dict[str, Any]) -> str:
+    return ", ".join(f"{g['count']}x {g['kind']} gpus {g.get('gpus', [])}" for g in config["instance_group"])
+
+
+def embed_json(base: str, model: str, texts: list[str]) -> tuple[Any, list[int]]:
+    import numpy as np
+
+    body = {"inputs": [{"name": "TEXT", "shape": [len(texts), 1], "datatype": "BYTES", "data": texts}]}
+    outputs = {o["name"]: o for o in _post(base, f"/v2/models/{model}/infer", body)["outputs"]}
+    embedding = np.asarray(outputs["EMBEDDING"]["data"], dtype=np.float32).reshape(len(texts), -1)
+    return embedding, [int(t) for t in outputs["TOKENS"]["data"]]
+
+
+class BinaryClient:
+    """One keep-alive connection asking for EMBEDDING as binary data: the client stays cheap next to the server."""
+
+    def __init__(self, host: str, port: int, model: str) -> None:
+        self.conn = http.client.HTTPConnection(host, port, timeout=300)
+        self.path = f"/v2/models/{model}/infer"
+
+    def call(self, texts: list[str]) -> int:
+        body = json.dumps(
+            {
+                "inputs": [{"name": "TEXT", "shape": [len(texts), 1], "datatype": "BYTES", "data": texts}],
+                "outputs": [{"name": "EMBEDDING", "parameters": {"binary_data": True}}],
+            }
+        ).encode()
+        self.conn.request("POST", self.path, body, {"Content-Type": "application/json"})
+        response = self.conn.getresponse()
+        raw = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"infer: HTTP {response.status} {raw[:300]!r}")
+        header = int(response.getheader("Inference-Header-Content-Length") or len(raw))
+        if len(raw) - header != len(texts) * 384 * 4:
+            raise RuntimeError(f"infer: {len(raw) - header} bytes of EMBEDDING for {len(texts)} texts")
+        return len(texts)
+
+
+def served_throughput(base: str, model: str, texts: list[str], seconds: float) -> float:
+    host, port = base.removeprefix("http://").split(":")
+    calls = [texts[i : i + BATCH] for i in range(0, len(texts), BATCH)]
+    clients = [BinaryClient(host, int(port), model) for _ in range(CLIENTS)]
+    for client in clients[:2]:
+        client.call(calls[0])  # warm-up
+    stop = time.monotonic() + seconds
+    done = [0] * CLIENTS
+
+    def worker(k: int) -> None:
+        i = k
+        while time.monotonic() < stop:
+            done[k] += clients[k].call(calls[i % len(calls)])
+            i += CLIENTS
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        list(pool.map(worker, range(CLIENTS)))
+    return sum(done) / (time.monotonic() - started)
+
+
+def gpu_utilisation_during(seconds: float) -> Callable[[], float | None]:
+    """Sample nvidia-smi's utilisation a few times in the background; the returned function gives the mean."""
+    samples: list[float] = []
+
+    def sample() -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            try:
+                out = subprocess.run(
+                    ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-i", "0"],
+                    capture_output=True,
+                    text=True,
+                    timeout=5,
+                ).stdout.strip()
+                samples.append(float(out))
+            except (OSError, ValueError, subprocess.SubprocessError):
+                return
+            time.sleep(1.0)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    return lambda: (thread.join(seconds + 6), sum(samples) / len(samples) if samples else None)[1]
+
+
+# --- the run --------------------------------------------------------------------------------------------
+
+
+def unpack(pack: Path) -> tuple[Path | None, Path | None]:
+    """Unpack the server (where this Python has no nvidia-pytriton) and the weights from scripts/gpu_pack.py's
+    folder; return the folder to put on the path (or None) and the weights' folder (or None)."""
+    site = UNPACK / "site"
+    if importlib.util.find_spec("pytriton") is None and (pack / "triton.tar.xz").exists():
+        if not (site / "pytriton").exists():
+            with tarfile.open(pack / "triton.tar.xz") as tar:
+                tar.extractall(site, filter="tar")
+        sys.path.insert(0, str(site))
+        importlib.invalidate_caches()
+    weights = UNPACK / "minilm"
+    if (pack / "minilm.tar.xz").exists() and not weights.exists():
+        with tarfile.open(pack / "minilm.tar.xz") as tar:
+            tar.extractall(UNPACK, filter="tar")
+    return (site if str(site) in sys.path else None), (weights if weights.exists() else None)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--pack", type=Path, default=REPO_ROOT / ".gpu")
+    parser.add_argument("--kind", default="KIND_GPU", choices=["KIND_GPU", "KIND_CPU"])
+    parser.add_argument("--budget", type=float, default=420.0, help="seconds for the whole run")
+    parser.add_argument("--bench-seconds", type=float, default=12.0)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    check, facts = Check(args.out, args.budget), {}
+    check.facts = facts
+    on_gpu = args.kind == "KIND_GPU"
+    device = "cuda:0" if on_gpu else "cpu"
+    site, weights = unpack(args.pack)
+    texts_file = args.pack / "texts.json"
+    texts = json.loads(texts_file.read_text()) if texts_file.exists() else None
+    configs_file = args.pack / "configs.json"
+    if configs_file.exists():
+        configs = json.loads(configs_file.read_text())
+    else:
+        from controlplane.triton.client import repository_model_config
+
+        configs = {n: repository_model_config(REPO_ROOT / "triton_models", n) for n in ("identity", "minilm")}
+
+    def env() -> str:
+        import torch
+
+        facts.update(python=sys.version.split()[0], torch=torch.__version__, cuda=torch.cuda.is_available())
+        libdir = sysconfig.get_config_var("LIBDIR") or ""
+        libpython = Path(libdir) / f"libpython{sys.version_info.major}.{sys.version_info.minor}.so.1.0"
+        facts["libpython"] = str(libpython) if libpython.exists() else f"missing in {libdir!r}"
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            facts.update(
+                gpu=props.name,
+                capability=f"{props.major}.{props.minor}",
+                gpu_memory_gib=round(props.total_memory / 2**30, 1),
+            )
+        smi = (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,compute_cap", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if on_gpu
+            else None
+        )
+        facts["nvidia_smi"] = smi.stdout.strip() if smi else "not asked (CPU dry run)"
+        if on_gpu and not torch.cuda.is_available():
+            raise RuntimeError("torch sees no CUDA device")
+        return f"python {facts['python']}, torch {facts['torch']}, {facts.get('gpu', 'no GPU')}, {facts['nvidia_smi']}; stub libpython {facts['libpython']}"
+
+    def nvml() -> str:
+        if not on_gpu:
+            raise Skip("CPU dry run")
+        import pynvml
+
+        pynvml.nvmlInit()
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            gpus.append(
+                {
+                    "index": i,
+                    "name": pynvml.nvmlDeviceGetName(handle),
+                    "uuid": pynvml.nvmlDeviceGetUUID(handle),
+                    "total_bytes": int(memory.total),
+                    "used_bytes": int(memory.used),
+                }
+            )
+        facts["nvml"] = gpus
+        return "; ".join(
+            f"GPU {g['index']} {g['name']} {g['total_bytes'] / 2**30:.1f} GiB ({g['used_bytes'] / 2**20:.0f} MiB used)"
+            for g in gpus
+        )
+
+    check.step("env", env)
+    check.step("nvml", nvml)
+
+    from deploy.local.triton_server import running_local_server
+
+    model_repo = UNPACK / "model_repo"
+    import shutil
+
+    shutil.rmtree(model_repo, ignore_errors=True)
+    for name in ("identity", "minilm"):
+        shutil.copytree(
+            REPO_ROOT / "triton_models" / name,
+            model_repo / name,
+            ignore=shutil.ignore_patterns("__pycache__", "model.onnx"),
+        )
+    # The python stubs import the model code's dependencies through PYTHONPATH (deploy.local.triton_server).
+    paths = [str(REPO_ROOT), *([str(site)] if site else []), os.environ.get("PYTHONPATH", "")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    os.environ["LOCAL_TRITON_GPU"] = "1" if on_gpu else "0"
+    log_path = args.out / "tritonserver.log"
+    try:
+        with running_local_server(model_repo, log_path=log_path, timeout_s=120) as server:
+            base = server.http_url
+            check.step("triton", lambda: f"{_get(base, '/v2')['version']} ready at {base}")
+            run_served_steps(check, base, server.metrics_url, configs, texts, weights, args, device)
+    except Exception as exc:  # noqa: BLE001
+        check.rows.append(
+            {"step": "triton", "status": "FAILED", "seconds": 0, "detail": f"{type(exc).__name__}: {exc}"}
+        )
+        print(f"[FAILED] triton: {exc}", flush=True)
+
+    def runtimes() -> str:
+        import onnxruntime
+
+        providers = onnxruntime.get_available_providers()
+        facts["ort_providers"] = providers
+        trt = importlib.util.find_spec("tensorrt")
+        facts["tensorrt"] = bool(trt)
+        return f"onnxruntime {onnxruntime.__version__} providers {providers}; tensorrt module {'present' if trt else 'absent'}"
+
+    check.step("runtimes", runtimes)
+    report = {"facts": facts, "steps": check.rows}
+    (args.out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
+    print()
+    for row in check.rows:
+        print(f"{row['step']:<10} {row['status']:<8} {row['seconds']:>6}  {row['detail'][:150]}")
+    counts = {s: sum(r["status"] == s for r in check.rows) for s in ("OK", "SKIPPED", "FAILED")}
+    figures = " ".join(f"{k}={v}" for k, v in facts.items() if k.endswith(("_per_s", "_cosine", "_ratio")))
+    print(
+        f"GPUCHECK kind={args.kind} ok={counts['OK']} skipped={counts['SKIPPED']} failed={counts['FAILED']} {figures}"
+    )
+    return 1 if counts["FAILED"] else 0
+
+
+def run_served_steps(
+    check: Check,
+    base: str,
+    metrics_url: str,
+    configs: dict,
+    texts: dict | None,
+    weights: Path | None,
+    args: argparse.Namespace,
+    device: str,
+) -> None:
+    import numpy as np
+
+    facts, on_gpu = check.facts, args.kind == "KIND_GPU"
+
+    def metrics() -> str:
+        if not on_gpu:
+            raise Skip("CPU dry run: Triton exposes no GPU metrics")
+        spec = importlib.util.spec_from_file_location(
+            "gpu_metrics", REPO_ROOT / "controlplane" / "fleet" / "gpu_metrics.py"
+        )
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        text = _get(metrics_url.rstrip("/").removesuffix("/metrics"), "/metrics")
+        gpus = module.parse_gpu_metrics(text)
+        facts["triton_gpus"] = gpus
+        if not gpus:
+            lines = [line for line in text.splitlines() if line.startswith("nv_gpu")][:5]
+            raise RuntimeError(f"no per-GPU memory lines in /metrics (nv_gpu lines: {lines})")
+        nvml = facts.get("nvml", [])
+        totals = [g.get("nv_gpu_memory_total_bytes", 0) for g in gpus]
+        if nvml and (
+            len(gpus) != len(nvml) or any(abs(t - n["total_bytes"]) > 2**26 for t, n in zip(totals, nvml, strict=True))
+        ):
+            raise RuntimeError(f"Triton reports {totals}, NVML {[n['total_bytes'] for n in nvml]}")
+        return f"{len(gpus)} GPU(s) parsed, totals {[round(t / 2**30, 1) for t in totals]} GiB (match NVML)"
+
+    def identity() -> str:
+        config = copy.deepcopy(configs["identity"])
+        config["instance_group"] = gpu_groups(args.kind, 1)
+        served = load(base, "identity", config)
+        rows = np.arange(12, dtype=np.float32).reshape(3, 4)
+        body = {"inputs": [{"name": "INPUT0", "shape": [3, 4], "datatype": "FP32", "data": rows.ravel().tolist()}]}
+        out = _post(base, "/v2/models/identity/infer", body)["outputs"][0]
+        if out["data"] != rows.ravel().tolist():
+            raise RuntimeError(f"identity returned {out['data']}")
+        return f"{groups_text(served)}; echoed a [3, 4] call"
+
+    def minilm() -> str:
+        if weights is None or texts is None:
+            raise Skip("no MiniLM weights in the pack (scripts/gpu_pack.py)")
+        config = copy.deepcopy(configs["minilm"])
+        config["parameters"]["MODEL_DIR"] = {"string_value": str(weights)}
+        config["instance_group"] = [{"count": 1, "kind": "KIND_CPU"}]
+        load(base, "minilm", config)
+        on_cpu, tokens_cpu = embed_json(base, "minilm", texts["parity"])
+        config["instance_group"] = gpu_groups(args.kind, 1)
+        served = load(base, "minilm", config)
+        on_dev, tokens_dev = embed_json(base, "minilm", texts["parity"])
+        cosine = float(np.min(np.sum(on_cpu * on_dev, axis=1)))
+        vs_full = float(np.min(np.sum(np.asarray(texts["reference"], dtype=np.float32) * on_dev, axis=1)))
+        facts.update(minilm_gpu_vs_cpu_cosine=round(cosine, 6), minilm_packed_vs_full_cosine=round(vs_full, 6))
+        log = Path(check.out / "tritonserver.log").read_text(errors="replace")
+        placed = [line.split("minilm instance", 1)[1].strip() for line in log.splitlines() if "minilm instance" in line]
+        holders = []
+        if on_gpu:
+            import pynvml
+
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            holders = [
+                (p.pid, int(p.usedGpuMemory or 0) // 2**20) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            ]
+            facts["gpu_processes_mib"] = holders
+        if tokens_cpu != tokens_dev or cosine < 0.9999:
+            raise RuntimeError(
+                f"GPU instance disagrees with the CPU one: min cosine {cosine}, tokens {tokens_cpu} vs {tokens_dev}"
+            )
+        if on_gpu and not any("cuda:0" in line for line in placed):
+            raise RuntimeError(f"no instance log line names cuda:0: {placed}")
+        return f"{groups_text(served)}; min cosine GPU vs CPU instance {cosine:.6f}, vs full fp32 model {vs_full:.4f}; {placed[-1] if placed else ''}; GPU processes (pid, MiB) {holders}"
+
+    def bench() -> str:
+        if weights is None or texts is None:
+            raise Skip("no MiniLM weights in the pack")
+        from bench.run import corpus
+        from deploy.local.inprocess import load_minilm_core
+
+        corpus_texts = corpus(texts["corpus_size"])
+        core = load_minilm_core()
+        results = []
+        for dev in dict.fromkeys([device, "cpu"]):
+            encoder = core.MiniLMEncoder(model_dir=weights, device=dev)
+            sample = corpus_texts if dev != "cpu" else corpus_texts[:2000]
+            encoder.embed(sample[:256], batch_size=BATCH)
+            if dev != "cpu":
+                import torch
+
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+            encoder.embed(sample, batch_size=BATCH)
+            rate = len(sample) / (time.perf_counter() - started)
+            facts[f"inprocess_{dev.split(':')[0]}_texts_per_s"] = round(rate)
+            results.append(f"in-process {dev} {rate:,.0f}/s")
+            del encoder
+        config = copy.deepcopy(configs["minilm"])
+        config["parameters"]["MODEL_DIR"] = {"string_value": str(weights)}
+        for count in (1, 4):
+            config["instance_group"] = gpu_groups(args.kind, count)
+            load(base, "minilm", config)
+            utilisation = gpu_utilisation_during(args.bench_seconds) if on_gpu else (lambda: None)
+            rate = served_throughput(base, "minilm", corpus_texts, args.bench_seconds)
+            used = utilisation()
+            facts[f"triton_{count}x_texts_per_s"] = round(rate)
+            facts[f"triton_{count}x_gpu_util"] = used
+            results.append(f"Triton {count}x {rate:,.0f}/s (GPU busy {used if used is None else round(used)}%)")
+        key = f"inprocess_{device.split(':')[0]}_texts_per_s"
+        best = max(facts["triton_1x_texts_per_s"], facts["triton_4x_texts_per_s"])
+        facts["triton_vs_inprocess_ratio"] = round(best / facts[key], 3)
+        return "; ".join(results)
+
+    check.step("metrics", metrics)
+    check.step("identity", identity)
+    check.step("minilm", minilm)
+    check.step("bench", bench)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
