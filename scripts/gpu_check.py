@@ -206,6 +206,10 @@ def unpack(pack: Path) -> tuple[Path | None, Path | None]:
                 tar.extractall(site, filter="tar")
         sys.path.insert(0, str(site))
         importlib.invalidate_caches()
+    stub_site = UNPACK / "stub_site"
+    if (pack / "numpy_stub.tar.xz").exists() and not stub_site.exists():
+        with tarfile.open(pack / "numpy_stub.tar.xz") as tar:
+            tar.extractall(stub_site, filter="tar")
     weights = UNPACK / "minilm"
     if (pack / "minilm.tar.xz").exists() and not weights.exists():
         with tarfile.open(pack / "minilm.tar.xz") as tar:
@@ -309,7 +313,12 @@ def main() -> int:
             ignore=shutil.ignore_patterns("__pycache__", "model.onnx"),
         )
     # The python stubs import the model code's dependencies through PYTHONPATH (deploy.local.triton_server).
-    paths = [str(REPO_ROOT), *([str(site)] if site else []), os.environ.get("PYTHONPATH", "")]
+    # Triton 2.51's stub needs numpy 1.x (scripts/gpu_pack.py): first on the stubs' path when this Python has 2.x.
+    import numpy
+
+    stub_numpy = [str(UNPACK / "stub_site")] if numpy.__version__ >= "2" and (UNPACK / "stub_site").exists() else []
+    facts["stub_numpy"] = "1.x from the pack" if stub_numpy else numpy.__version__
+    paths = [*stub_numpy, str(REPO_ROOT), *([str(site)] if site else []), os.environ.get("PYTHONPATH", "")]
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     os.environ["LOCAL_TRITON_GPU"] = "1" if on_gpu else "0"
     log_path = args.out / "tritonserver.log"
@@ -369,8 +378,15 @@ def run_served_steps(
         )
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        text = _get(metrics_url.rstrip("/").removesuffix("/metrics"), "/metrics")
-        gpus = module.parse_gpu_metrics(text)
+        # Triton reads its GPUs on its first metrics poll (every 2 s by default); until then totals are 0.
+        started = time.monotonic()
+        while True:
+            text = _get(metrics_url.rstrip("/").removesuffix("/metrics"), "/metrics")
+            gpus = module.parse_gpu_metrics(text)
+            if any(g.get("nv_gpu_memory_total_bytes") for g in gpus) or time.monotonic() - started > 15:
+                break
+            time.sleep(0.25)
+        facts["metrics_first_totals_after_s"] = round(time.monotonic() - started, 2)
         facts["triton_gpus"] = gpus
         if not gpus:
             lines = [line for line in text.splitlines() if line.startswith("nv_gpu")][:5]
@@ -381,7 +397,10 @@ def run_served_steps(
             len(gpus) != len(nvml) or any(abs(t - n["total_bytes"]) > 2**26 for t, n in zip(totals, nvml, strict=True))
         ):
             raise RuntimeError(f"Triton reports {totals}, NVML {[n['total_bytes'] for n in nvml]}")
-        return f"{len(gpus)} GPU(s) parsed, totals {[round(t / 2**30, 1) for t in totals]} GiB (match NVML)"
+        return (
+            f"{len(gpus)} GPU(s) parsed, totals {[round(t / 2**30, 1) for t in totals]} GiB (match NVML), "
+            f"non-zero {facts['metrics_first_totals_after_s']} s after the server was ready"
+        )
 
     def identity() -> str:
         config = copy.deepcopy(configs["identity"])

@@ -9,6 +9,9 @@ download anything, into one folder small enough to travel with the repository (<
   weights; any other text would not. The full model would not fit beside the server.
 - ``texts.json``: the check's texts, with the full float32 model's embeddings of them computed here, so the
   GPU machine can measure how far the packed weights move the result.
+- ``numpy_stub.tar.xz``: numpy 1.26 for the python-backend stubs. Triton 2.51's stub is built against
+  numpy 1.x and misreads tensors under numpy 2 (BYTES inputs decode as garbage lengths, outputs mismatch
+  their size), which a GPU machine's own Python may well have; gpu_check.py puts it on the stubs' path only.
 - ``configs.json``: the repository configs of ``identity`` and ``minilm`` as the reconciler builds them
   (controlplane.triton.client.repository_model_config) before it sets ``instance_group``.
 
@@ -20,9 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
 import sys
 import tarfile
 import tempfile
+import zipfile
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -60,6 +65,25 @@ def pack_triton(out: Path, python: str) -> None:
     with tarfile.open(out / "triton.tar.xz", "w:xz") as tar:
         tar.add(dist, arcname="pytriton/tritonserver", filter=keep)
         tar.add(libs, arcname=libs.name, filter=keep)
+
+
+def pack_stub_numpy(out: Path, python: str) -> None:
+    import numpy
+
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
+             python, "--implementation", "cp", "--platform", "manylinux_2_17_x86_64", "--platform",
+             "manylinux2014_x86_64", "-d", tmp, f"numpy=={numpy.__version__}"],
+            check=True,
+        )  # fmt: skip
+        site = Path(tmp) / "site"
+        with zipfile.ZipFile(next(Path(tmp).glob("numpy-*.whl"))) as wheel:
+            wheel.extractall(site)
+        for folder in [*site.rglob("tests"), *(site / "numpy" / n for n in ("f2py", "distutils", "doc"))]:
+            shutil.rmtree(folder, ignore_errors=True)
+        with tarfile.open(out / "numpy_stub.tar.xz", "w:xz") as tar:
+            tar.add(site, arcname=".")
 
 
 def pack_minilm(out: Path, texts: list[str]) -> None:
@@ -111,6 +135,7 @@ def main() -> int:
     )
     pack_minilm(args.out, PARITY_TEXTS + corpus(args.corpus))
     pack_triton(args.out, args.python)
+    pack_stub_numpy(args.out, args.python)
     for path in sorted(args.out.iterdir()):
         print(f"{path}: {path.stat().st_size / 2**20:.1f} MiB")
     return 0

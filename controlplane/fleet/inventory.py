@@ -59,8 +59,11 @@ def metrics_fetch(url: str) -> str:
 
 
 def gpus_store(server: TritonServer, gpus: list[dict[str, float]]) -> None:
-    """Measured GPUs (parse_gpu_metrics order = index) replace the rows of those indices."""
+    """Measured GPUs (parse_gpu_metrics order = index) replace the rows of those indices. A GPU listed at 0
+    bytes (a just-restarted Triton before its first metrics poll) keeps its row as it was."""
     for index, metrics in enumerate(gpus):
+        if not metrics.get("nv_gpu_memory_total_bytes"):
+            continue
         Gpu.objects.update_or_create(
             server=server,
             index=index,

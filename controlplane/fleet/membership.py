@@ -79,7 +79,12 @@ def server_join(
     measured: list[dict[str, float]] = []
     if metrics_url:
         try:
-            measured = [g for g in parse_gpu_metrics(metrics_fetch(metrics_url)) if g.get("nv_gpu_memory_total_bytes")]
+            listed = parse_gpu_metrics(metrics_fetch(metrics_url))
+            measured = [g for g in listed if g.get("nv_gpu_memory_total_bytes")]
+            if listed and not measured:
+                # Seen on an H200 (docs/GPU.md): a just-started Triton lists its GPUs at 0 bytes until its first
+                # metrics poll (2 s by default). Not "no GPU": the orchestrator's retry reads the real sizes.
+                raise OSError(f"Triton lists {len(listed)} GPU(s) but has not measured them yet")
         except (OSError, ValueError) as exc:
             if not declared:
                 raise MetricsUnavailable(

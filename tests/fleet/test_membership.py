@@ -17,7 +17,7 @@ from rest_framework.test import APIClient
 
 from controlplane.batches.models import Shard, ShardStatus
 from controlplane.fleet.gpu_metrics import parse_gpu_metrics
-from controlplane.fleet.inventory import server_register
+from controlplane.fleet.inventory import gpus_store, server_register
 from controlplane.fleet.membership import server_drain
 from controlplane.fleet.models import Gpu, Placement, PlacementEvent, ServerState, TritonServer
 
@@ -197,6 +197,22 @@ def test_metrics_without_gpus_fall_back_to_declared_ones_or_refuse(fleet_api, me
     gone = _register_body(name="t2", grpc_url="h:2", metrics_url="http://127.0.0.1:9/metrics", gpu_memory_gib=[])
     response = fleet_api.post("/internal/fleet/servers", gone, format="json")
     assert response.status_code == 503 and response.json()["error"]["code"] == "metrics_unavailable"
+
+
+def test_gpus_listed_before_triton_measured_them_are_a_retry_not_a_refusal(fleet_api, metrics_server):
+    set_body, url = metrics_server
+    unmeasured = CAPTURED_GPU_METRICS.replace("12884901888.000000", "0.000000").replace("554696704.000000", "0")
+    set_body(unmeasured)
+    body = _register_body(metrics_url=url, gpu_memory_gib=[])
+    early = fleet_api.post("/internal/fleet/servers", body, format="json")
+    assert early.status_code == 503 and early.json()["error"]["code"] == "metrics_unavailable", early.content
+    assert not TritonServer.objects.exists()
+    set_body(CAPTURED_GPU_METRICS)
+    assert fleet_api.post("/internal/fleet/servers", body, format="json").status_code == 201
+    server = TritonServer.objects.get()
+    # A restarted Triton lists its GPUs at 0 bytes again for a moment: the heartbeat keeps the measured rows.
+    gpus_store(server, parse_gpu_metrics(unmeasured))
+    assert Gpu.objects.get().total_memory_bytes == 12884901888
 
 
 # -- drain -------------------------------------------------------------------------------------------------
