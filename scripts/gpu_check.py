@@ -206,15 +206,39 @@ def unpack(pack: Path) -> tuple[Path | None, Path | None]:
                 tar.extractall(site, filter="tar")
         sys.path.insert(0, str(site))
         importlib.invalidate_caches()
-    stub_site = UNPACK / "stub_site"
-    if (pack / "numpy_stub.tar.xz").exists() and not stub_site.exists():
-        with tarfile.open(pack / "numpy_stub.tar.xz") as tar:
-            tar.extractall(stub_site, filter="tar")
     weights = UNPACK / "minilm"
     if (pack / "minilm.tar.xz").exists() and not weights.exists():
         with tarfile.open(pack / "minilm.tar.xz") as tar:
             tar.extractall(UNPACK, filter="tar")
     return (site if str(site) in sys.path else None), (weights if weights.exists() else None)
+
+
+def numpy1_env(pack: Path) -> None:
+    """Re-run this script in a venv where numpy 1.x (the pack's) shadows this Python's numpy 2.
+
+    Triton 2.51's python stub is built against numpy 1 and misreads tensors under numpy 2. The stub ignores
+    PYTHONPATH: it finds its packages through the venv of the first `python3` on PATH, which
+    deploy.local.triton_server sets to this interpreter's. So this interpreter must be one whose site-packages
+    hold numpy 1 first; a .pth file adds the original environment (torch, transformers) behind it.
+    """
+    import numpy
+
+    if numpy.__version__ < "2" or os.environ.get("GPU_CHECK_NUMPY1") or not (pack / "numpy_stub.tar.xz").exists():
+        return
+    venv = UNPACK / "numpy1_venv"
+    if not venv.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        purelib = Path(sysconfig.get_paths(vars={"base": str(venv), "platbase": str(venv)})["purelib"])
+        with tarfile.open(pack / "numpy_stub.tar.xz") as tar:
+            tar.extractall(purelib, filter="tar")
+        here = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+        (purelib / "zz_original_env.pth").write_text("\n".join(here) + "\n")
+        # scipy (and sklearn over it) built for numpy 2 fail to import under numpy 1, and transformers imports
+        # sklearn whenever it is installed: hidden here, so transformers sees them as absent.
+        (purelib / "hide_numpy2_only.pth").write_text("import sys; sys.modules.update(scipy=None, sklearn=None)\n")
+    print(f"numpy {numpy.__version__} here: re-running under {venv} (numpy 1.x for Triton 2.51's stub)", flush=True)
+    os.environ["GPU_CHECK_NUMPY1"] = "1"
+    os.execv(str(venv / "bin" / "python"), [str(venv / "bin" / "python"), *sys.argv])
 
 
 def main() -> int:
@@ -232,6 +256,7 @@ def main() -> int:
     check.facts = facts
     on_gpu = args.kind == "KIND_GPU"
     device = "cuda:0" if on_gpu else "cpu"
+    numpy1_env(args.pack)
     site, weights = unpack(args.pack)
     texts_file = args.pack / "texts.json"
     texts = json.loads(texts_file.read_text()) if texts_file.exists() else None
@@ -313,13 +338,11 @@ def main() -> int:
             ignore=shutil.ignore_patterns("__pycache__", "model.onnx"),
         )
     # The python stubs import the model code's dependencies through PYTHONPATH (deploy.local.triton_server).
-    # Triton 2.51's stub needs numpy 1.x (scripts/gpu_pack.py): first on the stubs' path when this Python has 2.x.
+    paths = [str(REPO_ROOT), *([str(site)] if site else []), os.environ.get("PYTHONPATH", "")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     import numpy
 
-    stub_numpy = [str(UNPACK / "stub_site")] if numpy.__version__ >= "2" and (UNPACK / "stub_site").exists() else []
-    facts["stub_numpy"] = "1.x from the pack" if stub_numpy else numpy.__version__
-    paths = [*stub_numpy, str(REPO_ROOT), *([str(site)] if site else []), os.environ.get("PYTHONPATH", "")]
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    facts["numpy"] = numpy.__version__
     os.environ["LOCAL_TRITON_GPU"] = "1" if on_gpu else "0"
     log_path = args.out / "tritonserver.log"
     try:
@@ -404,14 +427,19 @@ def run_served_steps(
 
     def identity() -> str:
         config = copy.deepcopy(configs["identity"])
-        config["instance_group"] = gpu_groups(args.kind, 1)
-        served = load(base, "identity", config)
         rows = np.arange(12, dtype=np.float32).reshape(3, 4)
         body = {"inputs": [{"name": "INPUT0", "shape": [3, 4], "datatype": "FP32", "data": rows.ravel().tolist()}]}
-        out = _post(base, "/v2/models/identity/infer", body)["outputs"][0]
-        if out["data"] != rows.ravel().tolist():
-            raise RuntimeError(f"identity returned {out['data']}")
-        return f"{groups_text(served)}; echoed a [3, 4] call"
+        served = []
+        for groups in (
+            [{"count": 1, "kind": "KIND_CPU"}],
+            gpu_groups(args.kind, 1),
+        ):  # CPU first: tells GPU faults apart
+            config["instance_group"] = groups
+            served.append(groups_text(load(base, "identity", config)))
+            out = _post(base, "/v2/models/identity/infer", body)["outputs"][0]
+            if out["data"] != rows.ravel().tolist():
+                raise RuntimeError(f"identity on {served[-1]} returned {out['data']}")
+        return f"{' then '.join(served)}: each echoed a [3, 4] call"
 
     def minilm() -> str:
         if weights is None or texts is None:

@@ -110,18 +110,20 @@ class _FakePbUtils(types.ModuleType):
 
 
 class _FakeEncoder:
-    def __init__(self) -> None:
+    def __init__(self, device: str = "cpu") -> None:
+        self.device = device
         self.calls: list[list[str]] = []
+        self.max_paddings: list[float | None] = []
 
     def embed(
         self, texts: list[str], batch_size: int | None = None, max_padding: float | None = None
     ) -> tuple[np.ndarray, list[int]]:
-        assert max_padding is not None, "merged calls are cut where padding would grow"
         self.calls.append(list(texts))
+        self.max_paddings.append(max_padding)
         return np.array([[float(len(t))] * 384 for t in texts], dtype=np.float32), [len(t) for t in texts]
 
 
-def test_execute_one_pass_one_response_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
+def _minilm_model(monkeypatch: pytest.MonkeyPatch, device: str = "cpu") -> Any:
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", _FakePbUtils("triton_python_backend_utils"))
     path = Path(REPO_ROOT, "triton_models", "minilm", "1", "model.py")
     spec = importlib.util.spec_from_file_location("_minilm_model_under_test", path)
@@ -129,7 +131,20 @@ def test_execute_one_pass_one_response_per_request(monkeypatch: pytest.MonkeyPat
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     model = module.TritonPythonModel()
-    model.encoder = _FakeEncoder()
+    model.encoder = _FakeEncoder(device)
+    return model
+
+
+def test_merged_calls_are_cut_by_padding_on_cpu_and_run_in_one_pass_on_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    texts = {"TEXT": _FakePbUtils.Tensor("TEXT", np.array([[b"a"], [b"bbb"]], dtype=object))}
+    for device, expected in (("cpu", 1.25), ("cuda:0", None)):
+        model = _minilm_model(monkeypatch, device)
+        model.execute([texts])
+        assert model.encoder.max_paddings == [expected], device
+
+
+def test_execute_one_pass_one_response_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _minilm_model(monkeypatch)
     tensor = _FakePbUtils.Tensor
     requests = [
         {"TEXT": tensor("TEXT", np.array([[b"a"], [b"bbb"]], dtype=object))},
