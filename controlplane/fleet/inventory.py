@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from controlplane.fleet.gpu_metrics import parse_gpu_metrics
 from controlplane.fleet.models import Gpu, PlacementEvent, ServerState, TritonServer
+from controlplane.fleet.selectors import placed_bytes_per_gpu
 from controlplane.triton.client import TritonClient, metrics_text
 
 logger = logging.getLogger(__name__)
@@ -60,16 +61,21 @@ def metrics_fetch(url: str) -> str:
 
 def gpus_store(server: TritonServer, gpus: list[dict[str, float]]) -> None:
     """Measured GPUs (parse_gpu_metrics order = index) replace the rows of those indices. A GPU listed at 0
-    bytes (a just-restarted Triton before its first metrics poll) keeps its row as it was."""
+    bytes (a just-restarted Triton before its first metrics poll) keeps its row as it was.
+
+    Triton's used bytes include the instances the planner placed there; the planner counts those itself, so
+    only the rest is stored as used by others (counting both made a half-full GPU look full)."""
+    placed = placed_bytes_per_gpu(server=server)
     for index, metrics in enumerate(gpus):
         if not metrics.get("nv_gpu_memory_total_bytes"):
             continue
+        used = int(metrics.get("nv_gpu_memory_used_bytes", 0))
         Gpu.objects.update_or_create(
             server=server,
             index=index,
             defaults={
                 "total_memory_bytes": int(metrics.get("nv_gpu_memory_total_bytes", 0)),
-                "used_by_others_bytes": int(metrics.get("nv_gpu_memory_used_bytes", 0)),
+                "used_by_others_bytes": max(0, used - placed.get(index, 0)),
                 "utilization": metrics.get("nv_gpu_utilization"),
                 "declared": False,
                 "name": "nvidia",

@@ -138,6 +138,17 @@ def _gpu_indices(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip().isdigit()]
 
 
+def placed_bytes_per_gpu(*, server: TritonServer) -> dict[int, int]:
+    """GPU index → memory the planner's own ready or loading placements on ``server`` hold there (instances ×
+    memory_per_instance_bytes, on each GPU of a gang)."""
+    placed: dict[int, int] = defaultdict(int)
+    holding = Placement.objects.filter(server=server, status__in=_HOLDS_MEMORY).select_related("model")
+    for placement in holding:
+        for index in _gpu_indices(placement.gpus):
+            placed[index] += placement.instances * placement.model.memory_per_instance_bytes
+    return dict(placed)
+
+
 def fleet_overview(*, events: int = OVERVIEW_EVENTS) -> FleetOverview:
     """Every server with its GPUs, what sits on each GPU and how full it is, plus the latest events.
 

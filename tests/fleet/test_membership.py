@@ -19,7 +19,7 @@ from controlplane.batches.models import Shard, ShardStatus
 from controlplane.fleet.gpu_metrics import parse_gpu_metrics
 from controlplane.fleet.inventory import gpus_store, server_register
 from controlplane.fleet.membership import server_drain
-from controlplane.fleet.models import Gpu, Placement, PlacementEvent, ServerState, TritonServer
+from controlplane.fleet.models import CatalogueModel, Gpu, Placement, PlacementEvent, ServerState, TritonServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TOKEN = "fleet-token-for-tests"
@@ -213,6 +213,27 @@ def test_gpus_listed_before_triton_measured_them_are_a_retry_not_a_refusal(fleet
     # A restarted Triton lists its GPUs at 0 bytes again for a moment: the heartbeat keeps the measured rows.
     gpus_store(server, parse_gpu_metrics(unmeasured))
     assert Gpu.objects.get().total_memory_bytes == 12884901888
+
+
+def test_used_by_others_leaves_out_the_planners_own_instances(fleet_api, metrics_server, catalogue):
+    set_body, url = metrics_server
+    set_body(CAPTURED_GPU_METRICS)
+    assert (
+        fleet_api.post(
+            "/internal/fleet/servers", _register_body(metrics_url=url, gpu_memory_gib=[]), format="json"
+        ).status_code
+        == 201
+    )
+    server = TritonServer.objects.get()
+    minilm = CatalogueModel.objects.get(triton_name="minilm")
+    Placement.objects.create(model=minilm, server=server, gpus="0", instances=2, status="ready")
+    Placement.objects.create(model=minilm, server=server, gpus="1", instances=1, status="ready")  # another GPU
+    ours = 2 * minilm.memory_per_instance_bytes
+    gpus_store(server, parse_gpu_metrics(CAPTURED_GPU_METRICS.replace("554696704.000000", f"{554696704 + ours}")))
+    assert Gpu.objects.get(index=0).used_by_others_bytes == 554696704
+    # Triton reporting less than the planner's estimate never makes the GPU look bigger than it is.
+    gpus_store(server, parse_gpu_metrics(CAPTURED_GPU_METRICS.replace("554696704.000000", "1000")))
+    assert Gpu.objects.get(index=0).used_by_others_bytes == 0
 
 
 # -- drain -------------------------------------------------------------------------------------------------
