@@ -144,6 +144,38 @@ def test_mixed_value_types_in_one_call_are_cast_line_by_line():
     assert calls[0].inputs["A"][:, 0].tolist() == [big, 3]
 
 
+@pytest.mark.parametrize(
+    ("datatype", "data", "exact"),
+    [
+        ("INT64", [2**53 + 1, 1.0], [2**53 + 1, 1]),
+        ("UINT64", [2**64 - 1, 0.0], [2**64 - 1, 0]),
+        ("INT64", [-(2**63), 2.0], [-(2**63), 2]),
+        ("UINT64", [2**64, 0.0], None),  # out of range, however it is written
+        ("INT64", [2**53 + 1, 1.5], None),  # not a whole number
+    ],
+)
+def test_big_integers_beside_floats_keep_every_digit(datatype, data, exact):
+    """numpy infers float64 for ints beside a float, which rounds past 2**53: the checked parse and the fast
+    path both take such values exactly (or refuse them) instead of altering or wrongly refusing them."""
+    model = _model(datatype, 2)
+    body = {
+        "model": model.name,
+        "inputs": [
+            {"name": "A", "datatype": datatype, "shape": [1, 2], "data": data},
+            {"name": "B", "datatype": "FP32", "shape": [1, 0], "data": []},
+        ],
+    }
+    raw = json.dumps({"custom_id": "x", "method": "POST", "url": "/v2/infer", "body": body}).encode()
+    if exact is None:
+        with pytest.raises(LineIssue, match=r"out of range|must hold"):
+            parse_line(raw, endpoint="/v2/infer", resolver=ModelResolver(model))
+        return
+    checked = parse_line(raw, endpoint="/v2/infer", resolver=ModelResolver(model))
+    assert _arrays(checked.request)[0].ravel().tolist() == exact
+    fast = parse_validated_tensor_line(raw, model)
+    assert fast is not None and _arrays(fast.request)[0].ravel().tolist() == exact
+
+
 _COMPLETE = {
     "custom_id": "x",
     "method": "POST",
