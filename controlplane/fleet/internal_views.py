@@ -5,6 +5,7 @@ bearer token, compared in constant time; no token configured means the endpoints
 from __future__ import annotations
 
 import hmac
+import logging
 import re
 import time
 from typing import Any
@@ -17,8 +18,11 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.core.errors import DomainError, ValidationFailed
+from controlplane.fleet import tasks
 from controlplane.fleet.membership import DrainStatus, server_drain, server_join
 from controlplane.fleet.models import TritonServer
+
+logger = logging.getLogger(__name__)
 
 # A drain request waits at most this long per call (a PreStop hook calls again until 200): longer would
 # hold a web worker past gunicorn's timeout.
@@ -100,6 +104,16 @@ class ServerRegisterView(_FleetView):
         return Response(server_render(server, created=created), status=201 if created else 200)
 
 
+def _reconcile_soon() -> None:
+    """Move a draining server's models now rather than at beat's next reconcile (FLEET_RECONCILE_INTERVAL_SECONDS):
+    a PreStop hook waits on it. One reconcile runs at a time (its lock), so repeats cost nothing; without a
+    broker, beat's tick still does it."""
+    try:
+        tasks.fleet_reconcile_task.delay(actor="fleet_api:drain")
+    except Exception:  # any broker failure: the drain goes on, a few seconds slower
+        logger.exception("could not enqueue fleet.reconcile for a drain")
+
+
 class ServerDrainView(_FleetView):
     def post(self, request: Request, name: str) -> Response:
         raw = request.query_params.get("wait", "0")
@@ -113,6 +127,8 @@ class ServerDrainView(_FleetView):
             raise ValidationFailed("not a server name", param="name")
         deadline = time.monotonic() + wait
         status: DrainStatus = server_drain(name=name, actor="fleet_api")
+        if status.placements:
+            _reconcile_soon()
         while not status.drained and time.monotonic() < deadline:
             time.sleep(min(settings.FLEET_SCALING.drain_poll_s, max(0.0, deadline - time.monotonic())))
             status = server_drain(name=name, actor="fleet_api")

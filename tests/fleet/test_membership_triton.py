@@ -105,7 +105,11 @@ def test_a_drain_moves_the_placement_to_the_other_server_then_deregisters(two_se
     assert actions[-1] == ("server_leave", None)
 
 
-def test_a_drain_over_http_answers_202_until_the_placement_moved(two_servers, tenant):
+def test_a_drain_over_http_answers_202_until_the_placement_moved(two_servers, tenant, monkeypatch):
+    from controlplane.fleet.tasks import fleet_reconcile_task
+
+    enqueued: list[str] = []
+    monkeypatch.setattr(fleet_reconcile_task, "delay", lambda actor: enqueued.append(actor))
     first, second = two_servers
     _register("a", first)
     _demand(tenant)
@@ -116,7 +120,8 @@ def test_a_drain_over_http_answers_202_until_the_placement_moved(two_servers, te
     response = client.post("/internal/fleet/servers/a/drain?wait=0.5")
     assert response.status_code == 202 and response.json()["placements"] == 1
     assert TritonServer.objects.get(name="a").state == ServerState.DRAINING
-    fleet_reconcile(actor="beat")  # what beat does within FLEET_RECONCILE_INTERVAL_SECONDS
+    assert enqueued == ["fleet_api:drain"]
+    fleet_reconcile(actor=enqueued[0])  # what the worker does with it, at once rather than at beat's next tick
     response = client.post("/internal/fleet/servers/a/drain?wait=10")
     assert response.status_code == 200, response.content
     assert response.json()["state"] == "drained" and response.json()["pending_requests"] == 0
