@@ -279,6 +279,8 @@ def main() -> int:
             )
             ceiling_before = ceiling_after
             print(f"  end-to-end run {i + 1}: {repeats[-1]['e2e']:.1f} texts/s", flush=True)
+        # The planner may have given minilm a second instance under the flood (max_instances 2).
+        results["instances"] = sum(g.get("count", 1) for g in client.model_config("minilm").get("instance_group", []))
         repeats.sort(key=lambda run: run["e2e"] / run["inprocess"])
         results["e2e_ratios"] = [run["e2e"] / run["inprocess"] for run in repeats]
         results.update(repeats[len(repeats) // 2])
@@ -315,7 +317,8 @@ def main() -> int:
     print(f"{'(c) end-to-end: upload → batch → output file':<48}{results['e2e']:>10.1f}{e2e_vs_inprocess:>15.2f}")
     print(
         f"    model instance busy {100 * results['model_busy']:.0f} % of the end-to-end time, "
-        f"{results['texts_per_execution']:.1f} texts per execution; ceiling = mean of before and after"
+        f"{results['texts_per_execution']:.1f} texts per execution, {results['instances']} instance(s) at the end; "
+        "ceiling = mean of before and after"
     )
     print(
         f"    ratios of the {len(results['e2e_ratios'])} runs: " + ", ".join(f"{r:.2f}" for r in results["e2e_ratios"])

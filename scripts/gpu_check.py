@@ -11,7 +11,7 @@ Steps (each OK / SKIPPED / FAILED with its reason; a failing step never stops th
   minilm     `minilm` CPU instance, then reloaded as KIND_GPU: same texts, embeddings agree; the stub holds
              GPU memory (NVML's process list) and its log names the device
   bench      texts/s: in-process torch on the GPU (batches of 64, length-sorted) vs Triton KIND_GPU with 1
-             and 4 instances (16 concurrent HTTP clients of 64 texts), vs in-process on the CPU
+             , 4 and 8 instances (16 concurrent HTTP clients of 64 texts), vs in-process on the CPU
   runtimes   ONNX Runtime's providers and TensorRT's presence (what build_engines/gpu_check.sh would use)
 Writes OUT_DIR/gpu_check.json and the server log; ends with one line `GPUCHECK key=value ...`.
 
@@ -343,7 +343,16 @@ def main() -> int:
     import numpy
 
     facts["numpy"] = numpy.__version__
-    os.environ["LOCAL_TRITON_GPU"] = "1" if on_gpu else "0"
+    from deploy.local.triton_server import has_nvidia_gpu
+
+    # On a GPU the runner's own detection decides (checked here); a CPU dry run turns GPU metrics off.
+    os.environ.pop("LOCAL_TRITON_GPU", None)
+    facts["runner_detects_gpu"] = has_nvidia_gpu()
+    if not on_gpu:
+        os.environ["LOCAL_TRITON_GPU"] = "0"
+    elif not facts["runner_detects_gpu"]:
+        print("deploy.local.triton_server.has_nvidia_gpu() found no GPU: GPU metrics forced on", flush=True)
+        os.environ["LOCAL_TRITON_GPU"] = "1"
     log_path = args.out / "tritonserver.log"
     try:
         with running_local_server(model_repo, log_path=log_path, timeout_s=120) as server:
@@ -499,7 +508,7 @@ def run_served_steps(
             del encoder
         config = copy.deepcopy(configs["minilm"])
         config["parameters"]["MODEL_DIR"] = {"string_value": str(weights)}
-        for count in (1, 4):
+        for count in (1, 4, 8):
             config["instance_group"] = gpu_groups(args.kind, count)
             load(base, "minilm", config)
             utilisation = gpu_utilisation_during(args.bench_seconds) if on_gpu else (lambda: None)
@@ -509,7 +518,7 @@ def run_served_steps(
             facts[f"triton_{count}x_gpu_util"] = used
             results.append(f"Triton {count}x {rate:,.0f}/s (GPU busy {used if used is None else round(used)}%)")
         key = f"inprocess_{device.split(':')[0]}_texts_per_s"
-        best = max(facts["triton_1x_texts_per_s"], facts["triton_4x_texts_per_s"])
+        best = max(facts[f"triton_{n}x_texts_per_s"] for n in (1, 4, 8))
         facts["triton_vs_inprocess_ratio"] = round(best / facts[key], 3)
         return "; ".join(results)
 
