@@ -10,8 +10,8 @@ Steps (each OK / SKIPPED / FAILED with its reason; a failing step never stops th
   identity   `identity` loaded with the reconciler's KIND_GPU instance_group override; a call echoes
   minilm     `minilm` CPU instance, then reloaded as KIND_GPU: same texts, embeddings agree; the stub holds
              GPU memory (NVML's process list) and its log names the device
-  bench      texts/s: in-process torch on the GPU (batches of 64, length-sorted) vs Triton KIND_GPU with 1
-             , 4 and 8 instances (16 concurrent HTTP clients of 64 texts), vs in-process on the CPU
+  bench      texts/s: in-process torch on the GPU (batches of 64, length-sorted) vs Triton KIND_GPU with
+             1, 4 and 8 instances (16 concurrent HTTP clients of 64 texts), vs in-process on the CPU
   runtimes   ONNX Runtime's providers and TensorRT's presence (what build_engines/gpu_check.sh would use)
 Writes OUT_DIR/gpu_check.json and the server log; ends with one line `GPUCHECK key=value ...`.
 
