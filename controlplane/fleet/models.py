@@ -42,7 +42,8 @@ class CatalogueModel(models.Model):
     pin_server = models.ForeignKey("TritonServer", on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     pin_gpus = models.JSONField(default=list, blank=True)
     last_active_at = models.DateTimeField(null=True, blank=True)
-    # The pool (TritonServer.pool) whose servers the fleet-size loop adds for this model's backlog.
+    # The pool (TritonServer.pool) whose servers the fleet-size loop adds for this model's backlog, and the only
+    # servers the planner places it on.
     # db_default too: during a rolling upgrade the last release's INSERTs leave the column out (tests/deploy/
     # test_upgrade_contract.py); the same holds for the new TritonServer columns below.
     pool = models.CharField(max_length=64, default="default", db_default="default")

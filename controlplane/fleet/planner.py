@@ -27,6 +27,8 @@ may evict instances of idle models, least recently used first, never below their
 with pending or in-flight work are never evicted. The only exception is physics: if a GPU is already
 overcommitted (memory used by others grew), instances are removed there, idle LRU ones first.
 
+A model is placed only on servers of its pool (CatalogueModel.pool = TritonServer.pool).
+
 Server states: healthy gets new placements; cordoned keeps (and may shrink) what it has; draining keeps a
 model's placements only while that model has no capacity on healthy/cordoned servers (busy models are
 re-placed elsewhere first, make-before-break; idle ones are simply not re-placed beyond min_instances);
@@ -181,7 +183,7 @@ class _Planner:
         return sum(self.alloc[k] for k in self.keys(m, states))
 
     def pins_ok(self, prof: ModelProfile, sid: str, gpus: Sequence[int]) -> bool:
-        if prof.pin_server is not None and sid != prof.pin_server:
+        if self.srv[sid].pool != prof.pool or (prof.pin_server is not None and sid != prof.pin_server):
             return False
         return not prof.pin_gpus or set(gpus) <= set(prof.pin_gpus)
 
@@ -220,6 +222,8 @@ class _Planner:
                 self.why[p.key].append("server unhealthy")
             elif len(p.gpus) != prof.gpus_per_instance:
                 self.why[p.key].append(f"profile now needs {prof.gpus_per_instance} GPU(s) per instance")
+            elif self.srv[p.server_id].pool != prof.pool:
+                self.why[p.key].append(f"server is in pool {self.srv[p.server_id].pool!r}, the model in {prof.pool!r}")
             elif not self.pins_ok(prof, p.server_id, p.gpus):
                 self.why[p.key].append("placement violates the model's pins")
             else:

@@ -61,6 +61,7 @@ class ModelDemand:
 class Server:
     server_id: str
     state: ServerState = ServerState.HEALTHY
+    pool: str = "default"  # one kind of GPU node (TritonServer.pool)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", ServerState(self.state))
@@ -87,7 +88,8 @@ class ModelProfile:
     ``memory_per_instance_bytes`` is what ONE instance needs on EACH of its GPUs (what NVML shows per
     device); a gang model (``gpus_per_instance`` = k > 1) takes that much on each of k GPUs of one server.
     Pins: ``pin_server`` restricts the server; ``pin_gpus`` is the set of GPU indices the model may use
-    (a gang model pinned to exactly its k indices is placed on exactly those).
+    (a gang model pinned to exactly its k indices is placed on exactly those). ``pool``: only servers of that
+    pool take the model (the fleet-size loop adds servers to it for the model's backlog).
     """
 
     model: str
@@ -100,6 +102,7 @@ class ModelProfile:
     pin_gpus: tuple[int, ...] = ()
     # Servers where a load of this model recently failed: no new instances there until the backoff ends.
     avoid_servers: tuple[str, ...] = ()
+    pool: str = "default"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pin_gpus", _sorted_unique(tuple(self.pin_gpus), "pin_gpus"))

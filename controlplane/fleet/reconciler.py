@@ -158,6 +158,7 @@ def planner_inputs(now: float) -> tuple:
                 pin_server=m.pin_server.name if m.pin_server else None,
                 pin_gpus=tuple(m.pin_gpus or ()),
                 avoid_servers=tuple(failed[m.id]),
+                pool=m.pool,
             )
         )
     current = [
@@ -166,7 +167,7 @@ def planner_inputs(now: float) -> tuple:
             status__in=(PlacementStatus.READY, PlacementStatus.LOADING), instances__gt=0, model__is_enabled=True
         ).select_related("model")
     ]
-    inventory = [pt.Server(s.name, pt.ServerState(s.state)) for s in servers]
+    inventory = [pt.Server(s.name, pt.ServerState(s.state), s.pool) for s in servers]
     gpus = [
         pt.Gpu(names[g.server_id], g.index, g.total_memory_bytes, g.used_by_others_bytes) for g in Gpu.objects.all()
     ]

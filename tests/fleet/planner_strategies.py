@@ -64,6 +64,9 @@ class Scenario:
     def state(self, sid):
         return next(s.state for s in self.servers if s.server_id == sid)
 
+    def pool(self, sid):
+        return next(s.pool for s in self.servers if s.server_id == sid)
+
     def cap(self):
         return {(g.server_id, g.index): g.total_memory_bytes - g.used_by_others_bytes for g in self.gpus}
 
@@ -85,6 +88,7 @@ _PIN_GPUS = {
     2: st.sampled_from([()] * 6 + [(0, 1), (1, 2, 3)]),
 }
 _PIN_SERVER = st.sampled_from([None] * 5 + ["s0"])
+_POOL = st.sampled_from(["default"] * 4 + ["x"])
 _LOAD, _HI, _N_MODELS = st.sampled_from([0, 5, 30, 120]), st.integers(1, 4), st.integers(1, 5)
 _PENDING, _RATE = st.sampled_from([0, 0, 1, 100, 3_000, 50_000]), st.sampled_from([0, 5, 50, 500])
 _DEMAND_ROW = st.sampled_from([True, True, False])  # no row: implicitly idle
@@ -138,7 +142,7 @@ _PRESSURE = _Knobs(
 @st.composite
 def scenarios(draw, messy=False, pressure=False):
     kn = _PRESSURE if pressure else _MESSY if messy else _GENERAL
-    servers = tuple(Server(f"s{i}", draw(kn.state)) for i in range(draw(_N_SERVERS)))
+    servers = tuple(Server(f"s{i}", draw(kn.state), draw(_POOL)) for i in range(draw(_N_SERVERS)))
     gpus = []
     for s in servers:
         for i in range(draw(_N_GPUS)):
@@ -148,7 +152,17 @@ def scenarios(draw, messy=False, pressure=False):
     for j in range(draw(_N_MODELS)):
         k, lo = draw(_K), draw(_LO)
         profiles.append(
-            ModelProfile(f"m{j}", draw(kn.mem), draw(_LOAD), k, lo, draw(_HI), draw(_PIN_SERVER), draw(_PIN_GPUS[k]))
+            ModelProfile(
+                f"m{j}",
+                draw(kn.mem),
+                draw(_LOAD),
+                k,
+                lo,
+                draw(_HI),
+                draw(_PIN_SERVER),
+                draw(_PIN_GPUS[k]),
+                pool=draw(_POOL),
+            )
         )
         if draw(kn.demand_row):
             demands.append(ModelDemand(f"m{j}", draw(kn.pending), draw(_RATE), draw(kn.last), draw(_IN_FLIGHT)))
@@ -160,12 +174,17 @@ def scenarios(draw, messy=False, pressure=False):
         by_server[g.server_id].append(g.index)
     current, cap = {}, sc.cap()
     for mi, si, start, n in draw(kn.attempts):
-        prof, sid = profiles[mi % len(profiles)], servers[si % len(servers)].server_id
+        prof, server = profiles[mi % len(profiles)], servers[si % len(servers)]
+        sid = server.server_id
         idx = by_server[sid]
         if len(idx) < prof.gpus_per_instance:
             continue
         chosen = tuple(sorted(idx[(start + t) % len(idx)] for t in range(prof.gpus_per_instance)))
-        pins_ok = (prof.pin_server in (None, sid)) and (not prof.pin_gpus or set(chosen) <= set(prof.pin_gpus))
+        pins_ok = (
+            prof.pin_server in (None, sid)
+            and (not prof.pin_gpus or set(chosen) <= set(prof.pin_gpus))
+            and server.pool == prof.pool
+        )
         total = sum(v for (m, _, _), v in current.items() if m == prof.model)
         trial = Placement(prof.model, sid, chosen, n)
         used = sc.used([Placement(*k, v) for k, v in current.items()] + [trial])

@@ -64,6 +64,7 @@ def test_gang_and_pins(sc):
         assert all((p.server_id, i) in gpu_ids for i in p.gpus)
         assert prof.pin_server in (None, p.server_id)
         assert not prof.pin_gpus or set(p.gpus) <= set(prof.pin_gpus)
+        assert sc.pool(p.server_id) == prof.pool
 
 
 @SETTINGS
@@ -81,7 +82,7 @@ def test_work_gets_an_instance_if_it_fits_anywhere(sc):
         if not sc.demand(prof.model).busy or sc.count(out.placements, prof.model):
             continue
         for s in sc.servers:
-            if s.state is not H or prof.pin_server not in (None, s.server_id):
+            if s.state is not H or prof.pin_server not in (None, s.server_id) or s.pool != prof.pool:
                 continue
             room = [
                 g.index

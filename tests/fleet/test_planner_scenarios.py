@@ -242,6 +242,20 @@ def test_pins_are_honoured():
     assert any(n.startswith("too_big_for_b:") for n in out.notes)
 
 
+def test_a_model_goes_only_to_servers_of_its_pool():
+    servers = [Server("big", pool="h100"), Server("small", pool="t4")]
+    gpus = [Gpu("big", 0, 80, 70), Gpu("small", 0, 80)]  # best fit alone would pick the fuller "big"
+    profiles = [ModelProfile("emb", 5, 5, pool="t4"), ModelProfile("llm", 20, 5, pool="h100")]
+    out = run([busy("emb"), busy("llm")], servers=servers, gpus=gpus, profiles=profiles)
+    assert out.placements == (P("emb", "small", (0,), 1),)
+    assert any(n.startswith("llm:") for n in out.notes), "no h100 server can hold it: queued, not put on a t4"
+    # The model's pool changed (an operator edited it): its placement elsewhere is replaced by one in the pool.
+    moved = run([busy("emb")], servers=servers, gpus=gpus, profiles=[ModelProfile("emb", 5, 5, pool="h100")],
+                current=[P("emb", "small", (0,), 1)])  # fmt: skip
+    assert moved.placements == (P("emb", "big", (0,), 1),)
+    assert any("pool 't4', the model in 'h100'" in c.reason for c in moved.changes)
+
+
 # -- server states -------------------------------------------------------------------------------------
 
 

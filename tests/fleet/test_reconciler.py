@@ -94,3 +94,17 @@ def test_a_recent_failed_load_is_passed_to_the_planner_as_a_server_to_avoid(cata
     profiles = {p.model: p for p in planner_inputs(time.time())[3]}
     assert profiles["identity"].avoid_servers == ("t-oom",)
     assert profiles["scale2"].avoid_servers == ()
+
+
+def test_pools_reach_the_planner(catalogue):
+    import time
+
+    from controlplane.fleet.models import TritonServer
+    from controlplane.fleet.reconciler import planner_inputs
+
+    server_register(name="t-t4", grpc_url="127.0.0.1:2", gpu_memory_bytes=[1024**3])
+    TritonServer.objects.filter(name="t-t4").update(pool="t4")
+    CatalogueModel.objects.filter(triton_name="identity").update(pool="t4")
+    _, servers, _, profiles, _, _ = planner_inputs(time.time())
+    assert [s.pool for s in servers if s.server_id == "t-t4"] == ["t4"]
+    assert {p.model: p.pool for p in profiles}["identity"] == "t4"
