@@ -29,8 +29,14 @@ class TritonPythonModel:
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         providers = ["CPUExecutionProvider"]
-        # A KIND_GPU instance gets the CUDA provider on its assigned device when this onnxruntime has it.
-        if args.get("model_instance_kind") == "GPU" and "CUDAExecutionProvider" in ort.get_available_providers():
+        # A KIND_GPU instance runs on the CUDA provider on its assigned device, or fails to load: it never
+        # silently computes on the CPU while the planner counts it on a GPU.
+        if args.get("model_instance_kind") == "GPU":
+            if "CUDAExecutionProvider" not in ort.get_available_providers():
+                raise RuntimeError(
+                    f"a KIND_GPU instance needs onnxruntime-gpu; onnxruntime {ort.__version__} has only "
+                    f"{ort.get_available_providers()}"
+                )
             device = int(args.get("model_instance_device_id", 0))
             providers.insert(0, ("CUDAExecutionProvider", {"device_id": device}))
         onnx_file = Path(__file__).with_name(params.get("onnx_file", "model.onnx"))

@@ -133,6 +133,24 @@ def ort_model(built, monkeypatch):
     model.finalize()
 
 
+def test_ort_model_on_a_gpu_instance_without_cuda_fails_to_load(built, monkeypatch):
+    import onnxruntime
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("this onnxruntime has CUDA; scripts/gpu_check.py covers GPU instances")
+    stub = types.ModuleType("triton_python_backend_utils")
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", stub)
+    model_dir = built.models / "minilm_ort"
+    module_spec = importlib.util.spec_from_file_location("emitted_minilm_ort_gpu", model_dir / "1" / "model.py")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    config = json_format.MessageToDict(_config(model_dir / "config.pbtxt"), preserving_proto_field_name=True)
+    with pytest.raises(RuntimeError, match="needs onnxruntime-gpu"):
+        module.TritonPythonModel().initialize(
+            {"model_config": json.dumps(config), "model_instance_kind": "GPU", "model_instance_device_id": "0"}
+        )
+
+
 def _request(texts):
     return {"TEXT": _Stub.Tensor("TEXT", np.array([[t.encode()] for t in texts], dtype=object))}
 
