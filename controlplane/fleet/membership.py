@@ -80,17 +80,20 @@ def server_join(
     if metrics_url:
         try:
             listed = parse_gpu_metrics(metrics_fetch(metrics_url))
-            measured = [g for g in listed if g.get("nv_gpu_memory_total_bytes")]
-            if listed and not measured:
-                # Seen on an H200 (docs/GPU.md): a just-started Triton lists its GPUs at 0 bytes until its first
-                # metrics poll (2 s by default). Not "no GPU": the orchestrator's retry reads the real sizes.
-                raise OSError(f"Triton lists {len(listed)} GPU(s) but has not measured them yet")
         except (OSError, ValueError) as exc:
             if not declared:
                 raise MetricsUnavailable(
                     f"{metrics_url} did not answer ({exc}) and no GPU memory was declared"
                 ) from exc
             logger.warning("metrics of %s unavailable (%s): using the declared GPUs", name, exc)
+            listed = []
+        measured = [g for g in listed if g.get("nv_gpu_memory_total_bytes")]
+        if listed and not measured:
+            # Seen on an H200 (docs/GPU.md): a just-started Triton lists its GPUs at 0 bytes until its first
+            # metrics poll (2 s by default). A GPU host, so never its declared stand-ins: the caller retries.
+            raise MetricsUnavailable(
+                f"Triton at {metrics_url} lists {len(listed)} GPU(s) but has not measured them yet; register again"
+            )
     if not measured and not declared:
         raise ValidationFailed(
             "no GPU found in Triton's metrics and none declared (gpu_memory_gib)", param="gpu_memory_gib"

@@ -207,6 +207,9 @@ def test_gpus_listed_before_triton_measured_them_are_a_retry_not_a_refusal(fleet
     early = fleet_api.post("/internal/fleet/servers", body, format="json")
     assert early.status_code == 503 and early.json()["error"]["code"] == "metrics_unavailable", early.content
     assert not TritonServer.objects.exists()
+    # Declared sizes do not stand in for GPUs that Triton lists: a GPU host must run KIND_GPU instances.
+    declared = fleet_api.post("/internal/fleet/servers", _register_body(metrics_url=url), format="json")
+    assert declared.status_code == 503 and not TritonServer.objects.exists()
     set_body(CAPTURED_GPU_METRICS)
     assert fleet_api.post("/internal/fleet/servers", body, format="json").status_code == 201
     server = TritonServer.objects.get()
