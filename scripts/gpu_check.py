@@ -24,28 +24,33 @@ from __future__ import annotations
 
 import argparse
 import copy
-import http.client
 import importlib.util
 import json
 import os
 import subprocess
 import sys
 import sysconfig
-import tarfile
-import threading
 import time
 import traceback
-import urllib.request
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
-UNPACK = Path("/tmp/gpu_check")
-BATCH = 64  # triton_models/minilm max_batch_size: what the control plane sends per call
-CLIENTS = 16
+
+from gpu_check_env import UNPACK, numpy1_env, unpack  # noqa: E402 - beside this script
+from gpu_check_http import (  # noqa: E402
+    BATCH,
+    embed_json,
+    get,
+    gpu_groups,
+    gpu_utilisation_during,
+    groups_text,
+    load,
+    post,
+    served_throughput,
+)
 
 
 class Skip(Exception):
@@ -74,171 +79,6 @@ class Check:
         self.rows.append(row)
         print(f"[{status}] {name} ({row['seconds']} s): {detail}", flush=True)
         return status == "OK"
-
-
-# --- HTTP to Triton (standard library only: the GPU machine has no tritonclient) -------------------------
-
-
-def _post(base: str, path: str, body: dict[str, Any], timeout: float = 300) -> dict[str, Any]:
-    request = urllib.request.Request(f"{base}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            raw = response.read()
-    except urllib.error.HTTPError as exc:
-        raise RuntimeError(f"{path}: HTTP {exc.code} {exc.read().decode(errors='replace')[:400]}") from exc
-    return json.loads(raw) if raw else {}
-
-
-def _get(base: str, path: str) -> Any:
-    with urllib.request.urlopen(f"{base}{path}", timeout=30) as response:
-        raw = response.read().decode()
-    return json.loads(raw) if path.startswith("/v2") else raw
-
-
-def load(base: str, name: str, config: dict[str, Any]) -> dict[str, Any]:
-    _post(base, f"/v2/repository/models/{name}/load", {"parameters": {"config": json.dumps(config)}})
-    return _get(base, f"/v2/models/{name}/config")
-
-
-def gpu_groups(kind: str, count: int) -> list[dict[str, Any]]:
-    # What controlplane.fleet.reconciler._instance_groups writes for a real GPU server; on a CPU dry run the
-    # same instances as KIND_CPU.
-    return (
-        [{"count": count, "kind": "KIND_GPU", "gpus": [0]}]
-        if kind == "KIND_GPU"
-        else [{"count": count, "kind": "KIND_CPU"}]
-    )
-
-
-def groups_text(config: dict[str, Any]) -> str:
-    return ", ".join(f"{g['count']}x {g['kind']} gpus {g.get('gpus', [])}" for g in config["instance_group"])
-
-
-def embed_json(base: str, model: str, texts: list[str]) -> tuple[Any, list[int]]:
-    import numpy as np
-
-    body = {"inputs": [{"name": "TEXT", "shape": [len(texts), 1], "datatype": "BYTES", "data": texts}]}
-    outputs = {o["name"]: o for o in _post(base, f"/v2/models/{model}/infer", body)["outputs"]}
-    embedding = np.asarray(outputs["EMBEDDING"]["data"], dtype=np.float32).reshape(len(texts), -1)
-    return embedding, [int(t) for t in outputs["TOKENS"]["data"]]
-
-
-class BinaryClient:
-    """One keep-alive connection asking for EMBEDDING as binary data: the client stays cheap next to the server."""
-
-    def __init__(self, host: str, port: int, model: str) -> None:
-        self.conn = http.client.HTTPConnection(host, port, timeout=300)
-        self.path = f"/v2/models/{model}/infer"
-
-    def call(self, texts: list[str]) -> int:
-        body = json.dumps(
-            {
-                "inputs": [{"name": "TEXT", "shape": [len(texts), 1], "datatype": "BYTES", "data": texts}],
-                "outputs": [{"name": "EMBEDDING", "parameters": {"binary_data": True}}],
-            }
-        ).encode()
-        self.conn.request("POST", self.path, body, {"Content-Type": "application/json"})
-        response = self.conn.getresponse()
-        raw = response.read()
-        if response.status != 200:
-            raise RuntimeError(f"infer: HTTP {response.status} {raw[:300]!r}")
-        header = int(response.getheader("Inference-Header-Content-Length") or len(raw))
-        if len(raw) - header != len(texts) * 384 * 4:
-            raise RuntimeError(f"infer: {len(raw) - header} bytes of EMBEDDING for {len(texts)} texts")
-        return len(texts)
-
-
-def served_throughput(base: str, model: str, texts: list[str], seconds: float) -> float:
-    host, port = base.removeprefix("http://").split(":")
-    calls = [texts[i : i + BATCH] for i in range(0, len(texts), BATCH)]
-    clients = [BinaryClient(host, int(port), model) for _ in range(CLIENTS)]
-    for client in clients[:2]:
-        client.call(calls[0])  # warm-up
-    stop = time.monotonic() + seconds
-    done = [0] * CLIENTS
-
-    def worker(k: int) -> None:
-        i = k
-        while time.monotonic() < stop:
-            done[k] += clients[k].call(calls[i % len(calls)])
-            i += CLIENTS
-
-    started = time.monotonic()
-    with ThreadPoolExecutor(CLIENTS) as pool:
-        list(pool.map(worker, range(CLIENTS)))
-    return sum(done) / (time.monotonic() - started)
-
-
-def gpu_utilisation_during(seconds: float) -> Callable[[], float | None]:
-    """Sample nvidia-smi's utilisation a few times in the background; the returned function gives the mean."""
-    samples: list[float] = []
-
-    def sample() -> None:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            try:
-                out = subprocess.run(
-                    ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-i", "0"],
-                    capture_output=True,
-                    text=True,
-                    timeout=5,
-                ).stdout.strip()
-                samples.append(float(out))
-            except (OSError, ValueError, subprocess.SubprocessError):
-                return
-            time.sleep(1.0)
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    return lambda: (thread.join(seconds + 6), sum(samples) / len(samples) if samples else None)[1]
-
-
-# --- the run --------------------------------------------------------------------------------------------
-
-
-def unpack(pack: Path) -> tuple[Path | None, Path | None]:
-    """Unpack the server (where this Python has no nvidia-pytriton) and the weights from scripts/gpu_pack.py's
-    folder; return the folder to put on the path (or None) and the weights' folder (or None)."""
-    site = UNPACK / "site"
-    if importlib.util.find_spec("pytriton") is None and (pack / "triton.tar.xz").exists():
-        if not (site / "pytriton").exists():
-            with tarfile.open(pack / "triton.tar.xz") as tar:
-                tar.extractall(site, filter="tar")
-        sys.path.insert(0, str(site))
-        importlib.invalidate_caches()
-    weights = UNPACK / "minilm"
-    if (pack / "minilm.tar.xz").exists() and not weights.exists():
-        with tarfile.open(pack / "minilm.tar.xz") as tar:
-            tar.extractall(UNPACK, filter="tar")
-    return (site if str(site) in sys.path else None), (weights if weights.exists() else None)
-
-
-def numpy1_env(pack: Path) -> None:
-    """Re-run this script in a venv where numpy 1.x (the pack's) shadows this Python's numpy 2.
-
-    Triton 2.51's python stub is built against numpy 1 and misreads tensors under numpy 2. The stub ignores
-    PYTHONPATH: it finds its packages through the venv of the first `python3` on PATH, which
-    deploy.local.triton_server sets to this interpreter's. So this interpreter must be one whose site-packages
-    hold numpy 1 first; a .pth file adds the original environment (torch, transformers) behind it.
-    """
-    import numpy
-
-    if numpy.__version__ < "2" or os.environ.get("GPU_CHECK_NUMPY1") or not (pack / "numpy_stub.tar.xz").exists():
-        return
-    venv = UNPACK / "numpy1_venv"
-    if not venv.exists():
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-        purelib = Path(sysconfig.get_paths(vars={"base": str(venv), "platbase": str(venv)})["purelib"])
-        with tarfile.open(pack / "numpy_stub.tar.xz") as tar:
-            tar.extractall(purelib, filter="tar")
-        here = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
-        (purelib / "zz_original_env.pth").write_text("\n".join(here) + "\n")
-        # scipy (and sklearn over it) built for numpy 2 fail to import under numpy 1, and transformers imports
-        # sklearn whenever it is installed: hidden here, so transformers sees them as absent.
-        (purelib / "hide_numpy2_only.pth").write_text("import sys; sys.modules.update(scipy=None, sklearn=None)\n")
-    print(f"numpy {numpy.__version__} here: re-running under {venv} (numpy 1.x for Triton 2.51's stub)", flush=True)
-    os.environ["GPU_CHECK_NUMPY1"] = "1"
-    os.execv(str(venv / "bin" / "python"), [str(venv / "bin" / "python"), *sys.argv])
 
 
 def main() -> int:
@@ -337,7 +177,7 @@ def main() -> int:
             model_repo / name,
             ignore=shutil.ignore_patterns("__pycache__", "model.onnx"),
         )
-    # The python stubs import the model code's dependencies through PYTHONPATH (deploy.local.triton_server).
+    # For this script's own children (the stubs find their packages through the venv on PATH instead).
     paths = [str(REPO_ROOT), *([str(site)] if site else []), os.environ.get("PYTHONPATH", "")]
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     import numpy
@@ -357,7 +197,7 @@ def main() -> int:
     try:
         with running_local_server(model_repo, log_path=log_path, timeout_s=120) as server:
             base = server.http_url
-            check.step("triton", lambda: f"{_get(base, '/v2')['version']} ready at {base}")
+            check.step("triton", lambda: f"{get(base, '/v2')['version']} ready at {base}")
             run_served_steps(check, base, server.metrics_url, configs, texts, weights, args, device)
     except Exception as exc:  # noqa: BLE001
         check.rows.append(
@@ -413,7 +253,7 @@ def run_served_steps(
         # Triton reads its GPUs on its first metrics poll (every 2 s by default); until then totals are 0.
         started = time.monotonic()
         while True:
-            text = _get(metrics_url.rstrip("/").removesuffix("/metrics"), "/metrics")
+            text = get(metrics_url.rstrip("/").removesuffix("/metrics"), "/metrics")
             gpus = module.parse_gpu_metrics(text)
             if any(g.get("nv_gpu_memory_total_bytes") for g in gpus) or time.monotonic() - started > 15:
                 break
@@ -445,7 +285,7 @@ def run_served_steps(
         ):  # CPU first: tells GPU faults apart
             config["instance_group"] = groups
             served.append(groups_text(load(base, "identity", config)))
-            out = _post(base, "/v2/models/identity/infer", body)["outputs"][0]
+            out = post(base, "/v2/models/identity/infer", body)["outputs"][0]
             if out["data"] != rows.ravel().tolist():
                 raise RuntimeError(f"identity on {served[-1]} returned {out['data']}")
         return f"{' then '.join(served)}: each echoed a [3, 4] call"

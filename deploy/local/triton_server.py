@@ -120,7 +120,9 @@ def build_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     if env.get("LD_LIBRARY_PATH"):
         lib_dirs.append(env["LD_LIBRARY_PATH"])
     env["LD_LIBRARY_PATH"] = ":".join(lib_dirs)
-    # The stub embeds the base interpreter, not the venv: model.py finds torch/transformers through this.
+    # The stub embeds the base interpreter. The 3.11 and 3.12 stubs of this wheel were seen to ignore
+    # PYTHONPATH and to find the venv (torch, transformers) through the first python3 on PATH, set below;
+    # PYTHONPATH is kept for stubs that do read it.
     python_path = _site_packages()
     if env.get("PYTHONPATH"):
         python_path.append(env["PYTHONPATH"])
