@@ -132,7 +132,8 @@ class Run:
 
 
 class Bench:
-    def __init__(self, var_dir: Path):
+    def __init__(self, var_dir: Path, warm_models: tuple[str, ...] = ("identity",)):
+        self.warm_models = warm_models
         self.db_name = f"cp_bench_hot_{uuid.uuid4().hex[:6]}"
         self.db_url = ADMIN_DB_URL.rsplit("/", 1)[0] + f"/{self.db_name}"
         self.var_dir = var_dir
@@ -155,7 +156,7 @@ class Bench:
             "BATCH_MAX_LINES": str(10_000_000),
         }
         self.stack = Stack(
-            var_dir=self.var_dir / "stack", web_port=find_free_port(), env=env, warm_models=("identity",)
+            var_dir=self.var_dir / "stack", web_port=find_free_port(), env=env, warm_models=self.warm_models
         )
         self.stack.start()
         key = self.stack.manage("tenant_create", f"hot-{uuid.uuid4().hex[:6]}").stdout.strip().splitlines()[-1]
@@ -175,14 +176,14 @@ class Bench:
         keys = ("status", "created", "in_progress", "finalizing", "completed", "ok", "failed", "output")
         return dict(zip(keys, row, strict=True))
 
-    def run(self, content: bytes, lines: int) -> Run:
+    def run(self, content: bytes, lines: int, endpoint: str = "/v2/infer") -> Run:
         cpu_pids = self.pids() | {"triton": self.stack.procs["triton"].pid}
         cpu_before = cpu_snapshot(cpu_pids)
         with RssSampler(self.pids()) as rss:
             started = time.perf_counter()
             file_id = self.sdk.files.create(file=("hot.jsonl", io.BytesIO(content)), purpose="batch").id
             uploaded = time.perf_counter()
-            batch = self.sdk.batches.create(input_file_id=file_id, endpoint="/v2/infer", completion_window="24h")
+            batch = self.sdk.batches.create(input_file_id=file_id, endpoint=endpoint, completion_window="24h")
             while True:
                 row = self.batch_row(batch.id)
                 if row["status"] in TERMINAL:

@@ -104,3 +104,14 @@ def test_model_statistics_count_inferences(identity: TritonClient) -> None:
     stats = identity.model_statistics("identity")["model_stats"][0]
     assert stats["name"] == "identity"
     assert int(stats["inference_count"]) >= 3
+
+
+def test_embed_stub_answers_like_minilm(triton_client: TritonClient) -> None:
+    """bench/embeddings.py's stand-in for a GPU-fast encoder: MiniLM's interface, a unit vector per text and
+    [CLS] + words + [SEP] as TOKENS."""
+    triton_client.ensure_loaded("embed_stub")
+    texts = np.array([[b"a b c"], [b"d"], [b""]], dtype=np.object_)
+    out = triton_client.infer("embed_stub", {"TEXT": texts}, ["EMBEDDING", "TOKENS"])
+    assert out["EMBEDDING"].shape == (3, 384) and out["EMBEDDING"].dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(out["EMBEDDING"], axis=1), 1.0, atol=1e-5)
+    assert out["TOKENS"].ravel().tolist() == [5, 3, 2]
