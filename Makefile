@@ -66,6 +66,7 @@ bench: install
 	$(PY) bench/placement.py
 	$(PY) bench/fairness.py
 	$(PY) bench/hotpath.py
+	$(PY) bench/embeddings.py
 
 bench-quick: install
 	bash scripts/ensure_services.sh
@@ -73,6 +74,7 @@ bench-quick: install
 	$(PY) bench/placement.py --quick
 	$(PY) bench/fairness.py --quick
 	$(PY) bench/hotpath.py --quick
+	$(PY) bench/embeddings.py --quick
 
 clean:
 	rm -rf var build_engines/out
