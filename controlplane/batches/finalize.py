@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-import tempfile
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import IO
@@ -25,9 +24,11 @@ from controlplane.batches.records import error_record
 from controlplane.batches.services import batch_terminal_notify, event_record
 from controlplane.files.lifecycle import file_expiry_set
 from controlplane.files.models import File
-from controlplane.files.storage import blob_delete, blob_open, blob_read_range, blob_save
+from controlplane.files.storage import blob_delete, blob_open, blob_read_range, blob_save_spooled, blob_spool
 
 logger = logging.getLogger(__name__)
+
+KINDS = ("output", "error")
 
 FINALIZABLE = (BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING)
 
@@ -165,7 +166,8 @@ def batch_finalize(*, batch_id: str) -> None:
         return
     completed = failed = 0
     lost_parts: list[int] = []
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    names = {kind: f"results/{batch.tenant_id}/{batch.id}_{kind}_{secrets.token_hex(4)}.jsonl" for kind in KINDS}
+    with blob_spool(names["output"]) as out, blob_spool(names["error"]) as err:
         for shard in Shard.objects.filter(batch_id=batch_id).order_by("index"):
             # Streamed line by line from storage into local temporary files: memory stays flat in the
             # size of parts and results, and the uploads below read those files in bounded chunks.
@@ -176,7 +178,10 @@ def batch_finalize(*, batch_id: str) -> None:
                 else:
                     err.write(payload)
                     failed += 1
-        files = [_store_result(batch, out, "output", completed), _store_result(batch, err, "error", failed)]
+        files = [
+            _store_result(batch, out, "output", completed, names["output"]),
+            _store_result(batch, err, "error", failed, names["error"]),
+        ]
     # Keyed by the column's type (str | None): no stop reason, or one not listed, means it ran to the end.
     terminal_by_stop_reason: dict[str | None, BatchStatus] = {
         StopReason.CANCEL: BatchStatus.CANCELLED,
@@ -217,14 +222,12 @@ def batch_finalize(*, batch_id: str) -> None:
                 blob_delete(file.storage_name)
 
 
-def _store_result(batch: Batch, content: IO[bytes], kind: str, lines: int) -> File | None:
-    """Save one result blob under a fresh name and return its (unsaved) File row."""
+def _store_result(batch: Batch, content: IO[bytes], kind: str, lines: int, name: str) -> File | None:
+    """Save one result blob (written to its spool) under ``name`` and return its (unsaved) File row."""
     if lines == 0:
         return None
     size = content.tell()
-    content.seek(0)
-    name = f"results/{batch.tenant_id}/{batch.id}_{kind}_{secrets.token_hex(4)}.jsonl"
-    blob_save(name, content)
+    blob_save_spooled(name, content)
     return File(
         tenant_id=batch.tenant_id,
         filename=f"{batch.id}_{kind}.jsonl",

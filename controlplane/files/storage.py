@@ -8,13 +8,17 @@ a web or worker process holds one buffer per open blob whatever the file's size.
 
 from __future__ import annotations
 
+import contextlib
 import io
-from collections.abc import Callable
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import IO, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 from django.core.files import File as DjangoFile
-from django.core.files.storage import Storage, storages
+from django.core.files.storage import FileSystemStorage, Storage, storages
 from storages.backends.s3 import S3Storage
 from storages.utils import clean_name
 
@@ -35,6 +39,37 @@ def blob_save(name: str, content: IO[bytes]) -> str:
         storage.delete(saved)
         raise RuntimeError(f"blob {name!r} already exists")
     return saved
+
+
+@contextlib.contextmanager
+def blob_spool(name: str) -> Iterator[IO[bytes]]:
+    """A scratch file for content that ``blob_save_spooled`` will store under ``name``. On local storage it
+    is written beside that blob (``name`` + ".spool", under the same prefix), so storing it is a link rather
+    than a second copy of what may be a gigabyte, and a crash leaves it where the orphan collector finds it
+    (batches/storage_gc.py). On S3 it is a local temporary file that the upload reads."""
+    storage = blob_storage()
+    path = Path(storage.path(f"{name}.spool")) if isinstance(storage, FileSystemStorage) else None
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    spool = open(path, "w+b") if path is not None else tempfile.TemporaryFile()  # noqa: SIM115 - closed below
+    try:
+        yield spool
+    finally:
+        spool.close()
+        if path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+
+def blob_save_spooled(name: str, spool: IO[bytes]) -> str:
+    """Store a ``blob_spool(name)`` file under ``name`` (which must not exist yet, as for blob_save)."""
+    spool.flush()
+    storage = blob_storage()
+    if isinstance(storage, FileSystemStorage) and getattr(spool, "name", None) == storage.path(f"{name}.spool"):
+        os.link(spool.name, storage.path(name))  # FileExistsError on a clash: a bug we want to see
+        return name
+    spool.seek(0)
+    return blob_save(name, spool)
 
 
 def blob_delete(name: str) -> None:
