@@ -12,7 +12,6 @@ Whose fault a failure is decides what it costs (shards.shard_release):
 from __future__ import annotations
 
 import logging
-import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -54,7 +53,7 @@ from controlplane.batches.shards import (
 )
 from controlplane.core.database import when_database_answers
 from controlplane.files.models import File
-from controlplane.files.storage import blob_delete, blob_read_range, blob_save
+from controlplane.files.storage import blob_delete, blob_read_range, blob_save_spooled, blob_spool
 from controlplane.fleet.models import CatalogueModel, ModelKind
 from controlplane.metrics import registry as metrics
 from controlplane.triton.client import PermanentTritonError, TransientTritonError
@@ -359,10 +358,9 @@ class _ShardRunner:
 def _write_part(shard: Shard, runner: _ShardRunner, entries: list[bytes], stopped: bool) -> PartSummary:
     # The attempt in the name keeps a stale attempt's part from ever replacing the committed one.
     name = f"parts/{shard.batch_id}/{shard.index:06d}.attempt{shard.attempt}.jsonl"
-    with tempfile.TemporaryFile() as tmp:
-        tmp.writelines(entries)
-        tmp.seek(0)
-        blob_save(name, tmp)
+    with blob_spool(name) as spool:  # written once: on local storage linked into place, not copied
+        spool.writelines(entries)
+        blob_save_spooled(name, spool)
     return PartSummary(
         part_name=name, completed=runner.completed, failed=runner.failed, prompt_tokens=runner.tokens, stopped=stopped
     )

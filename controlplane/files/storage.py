@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import secrets
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -44,14 +45,16 @@ def blob_save(name: str, content: IO[bytes]) -> str:
 @contextlib.contextmanager
 def blob_spool(name: str) -> Iterator[IO[bytes]]:
     """A scratch file for content that ``blob_save_spooled`` will store under ``name``. On local storage it
-    is written beside that blob (``name`` + ".spool", under the same prefix), so storing it is a link rather
+    is written beside that blob (``name`` + ".<hex>.spool", under the same prefix), so storing it is a link rather
     than a second copy of what may be a gigabyte, and a crash leaves it where the orphan collector finds it
     (batches/storage_gc.py). On S3 it is a local temporary file that the upload reads."""
     storage = blob_storage()
-    path = Path(storage.path(f"{name}.spool")) if isinstance(storage, FileSystemStorage) else None
+    # A name of its own (never shared with another writer of the same blob name), created exclusively.
+    local = isinstance(storage, FileSystemStorage)
+    path = Path(storage.path(f"{name}.{secrets.token_hex(4)}.spool")) if local else None
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-    spool = open(path, "w+b") if path is not None else tempfile.TemporaryFile()  # noqa: SIM115 - closed below
+    spool = open(path, "x+b") if path is not None else tempfile.TemporaryFile()  # noqa: SIM115 - closed below
     try:
         yield spool
     finally:
@@ -65,8 +68,10 @@ def blob_save_spooled(name: str, spool: IO[bytes]) -> str:
     """Store a ``blob_spool(name)`` file under ``name`` (which must not exist yet, as for blob_save)."""
     spool.flush()
     storage = blob_storage()
-    if isinstance(storage, FileSystemStorage) and getattr(spool, "name", None) == storage.path(f"{name}.spool"):
-        os.link(spool.name, storage.path(name))  # FileExistsError on a clash: a bug we want to see
+    spooled = Path(str(getattr(spool, "name", "")))
+    target = Path(storage.path(name)) if isinstance(storage, FileSystemStorage) else None
+    if target is not None and spooled.parent == target.parent and spooled.name.startswith(f"{target.name}."):
+        os.link(spooled, target)  # FileExistsError on a clash: a bug we want to see
         return name
     spool.seek(0)
     return blob_save(name, spool)
