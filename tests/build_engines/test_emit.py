@@ -8,6 +8,7 @@ import importlib.util
 import json
 import sys
 import types
+from typing import Any
 
 import numpy as np
 import pytest
@@ -116,8 +117,8 @@ class _Stub:
         return request.get(name)
 
 
-@pytest.fixture
-def ort_model(built, monkeypatch):
+def _emitted_ort_model(built, monkeypatch) -> tuple[Any, str]:
+    """The emitted minilm_ort model.py (with a stub of Triton's utils) and its config as Triton passes it."""
     stub = types.ModuleType("triton_python_backend_utils")
     for name in ("TritonError", "Tensor", "InferenceResponse", "get_input_tensor_by_name"):
         setattr(stub, name, getattr(_Stub, name))
@@ -127,8 +128,14 @@ def ort_model(built, monkeypatch):
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     config = json_format.MessageToDict(_config(model_dir / "config.pbtxt"), preserving_proto_field_name=True)
+    return module, json.dumps(config)
+
+
+@pytest.fixture
+def ort_model(built, monkeypatch):
+    module, config = _emitted_ort_model(built, monkeypatch)
     model = module.TritonPythonModel()
-    model.initialize({"model_config": json.dumps(config), "model_instance_kind": "CPU"})
+    model.initialize({"model_config": config, "model_instance_kind": "CPU"})
     yield model
     model.finalize()
 
@@ -138,16 +145,10 @@ def test_ort_model_on_a_gpu_instance_without_cuda_fails_to_load(built, monkeypat
 
     if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
         pytest.skip("this onnxruntime has CUDA; scripts/gpu_check.py covers GPU instances")
-    stub = types.ModuleType("triton_python_backend_utils")
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", stub)
-    model_dir = built.models / "minilm_ort"
-    module_spec = importlib.util.spec_from_file_location("emitted_minilm_ort_gpu", model_dir / "1" / "model.py")
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    config = json_format.MessageToDict(_config(model_dir / "config.pbtxt"), preserving_proto_field_name=True)
+    module, config = _emitted_ort_model(built, monkeypatch)
     with pytest.raises(RuntimeError, match="needs onnxruntime-gpu"):
         module.TritonPythonModel().initialize(
-            {"model_config": json.dumps(config), "model_instance_kind": "GPU", "model_instance_device_id": "0"}
+            {"model_config": config, "model_instance_kind": "GPU", "model_instance_device_id": "0"}
         )
 
 
