@@ -169,8 +169,8 @@ def batch_finalize(*, batch_id: str) -> None:
     names = {kind: f"results/{batch.tenant_id}/{batch.id}_{kind}_{secrets.token_hex(4)}.jsonl" for kind in KINDS}
     with blob_spool(names["output"]) as out, blob_spool(names["error"]) as err:
         for shard in Shard.objects.filter(batch_id=batch_id).order_by("index"):
-            # Streamed line by line from storage into local temporary files: memory stays flat in the
-            # size of parts and results, and the uploads below read those files in bounded chunks.
+            # Streamed line by line from storage into the result spools: memory stays flat in the size of
+            # parts and results; storing a spool is a link on local storage, a chunked upload on S3.
             for _, kind, payload in _shard_entries(batch, shard, lost_parts):
                 if kind == "out":
                     out.write(payload)

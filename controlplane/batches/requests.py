@@ -90,7 +90,9 @@ class RawTensorRequest(NamedTuple):
     def arrays(self) -> tuple[np.ndarray, ...]:
         # Inferred first, then cast, exactly as the checked parse does (_tensor_array).
         return tuple(
-            _cast_inferred(values, np.asarray(values), np.dtype(KSERVE_DTYPES[datatype])).reshape(shape)
+            _exact_integers(values, np.asarray(values), np.dtype(KSERVE_DTYPES[datatype]))
+            .astype(KSERVE_DTYPES[datatype])
+            .reshape(shape)
             for values, datatype, shape in zip(self.values, self.datatypes, self.shapes, strict=True)
         )
 
@@ -312,8 +314,7 @@ def _tensor_array(data: Any, datatype: str, param: str) -> np.ndarray:
     if array.dtype.kind not in "biuf":
         raise LineIssue("invalid_data", f"{param} must hold only numbers (within range) for {datatype}.", param)
     target = np.dtype(KSERVE_DTYPES[datatype])
-    if array.dtype.kind == "f" and target.kind in "iu":
-        array = _exact_integers(data, array)
+    array = _exact_integers(data, array, target)
     if array.size:
         bad_value, want = _first_out_of_range(array, target)
         if bad_value is not None:
@@ -323,21 +324,16 @@ def _tensor_array(data: Any, datatype: str, param: str) -> np.ndarray:
     return array.astype(target)
 
 
-def _cast_inferred(data: list[Any], inferred: np.ndarray, target: np.dtype[Any]) -> np.ndarray:
-    """A validated line's values in ``target``, as _tensor_array casts them (without its checks)."""
-    if inferred.dtype.kind == "f" and target.kind in "iu":
-        inferred = _exact_integers(data, inferred)
-    return inferred.astype(target)
-
-
 # Integers beyond ±2**53 lose digits as float64, the type numpy infers for ints beside a float.
 _FLOAT_EXACT = 2**53
 
 
-def _exact_integers(data: list[Any], inferred: np.ndarray) -> np.ndarray:
-    """For an integer datatype whose values numpy inferred as floats (ints beside e.g. 1.0): when a big int
-    would have been rounded ([2**53 + 1, 1.0] → 2**53, [2**64 - 1, 0.0] → 2**64, out of range), the values as
-    exact Python ints (an object array); else ``inferred`` unchanged, whose float checks then apply."""
+def _exact_integers(data: list[Any], inferred: np.ndarray, target: np.dtype[Any]) -> np.ndarray:
+    """``inferred`` as it is, unless ``target`` is an integer type, numpy inferred floats (ints beside e.g. 1.0)
+    and a big int would be rounded ([2**53 + 1, 1.0] → 2**53, [2**64 - 1, 0.0] → 2**64, out of range): then the
+    values as exact Python ints (an object array). Both the checked parse and the fast path cast through this."""
+    if inferred.dtype.kind != "f" or target.kind not in "iu":
+        return inferred
     values = np.asarray(data, dtype=np.object_)
     if not any(type(v) is int and not -_FLOAT_EXACT <= v <= _FLOAT_EXACT for v in values.flat):
         return inferred
