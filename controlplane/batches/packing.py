@@ -74,14 +74,18 @@ def members_per_line(calls: list[Call]) -> dict[int, int]:
 
 def pack_embeddings(lines: dict[int, ParsedLine], max_batch_size: int, *, min_calls: int = 1) -> list[Call]:
     """``min_calls``: a small shard is still split into this many calls (the calls kept in flight), so
-    every model instance gets a share instead of one instance doing it all while the others idle."""
+    every model instance gets a share instead of one instance doing it all while the others idle. Calls
+    hold at most ``max_batch_size`` texts and differ in size by one at most."""
     items = [
         (len(text), number, slot, text)
         for number, parsed in lines.items()
         for slot, text in enumerate(_embedding(parsed).texts)
     ]
     items.sort(key=lambda item: (item[0], item[1], item[2]))
-    size = max(1, min(max_batch_size, math.ceil(len(items) / max(1, min_calls))))
+    # As few calls as max_batch_size allows (at least min_calls), evened out: 71 texts are 36 + 35, not
+    # 64 + a 7-text call that costs an execution of its own (a pass's fixed cost buys 7 texts).
+    count = max(1, min_calls, math.ceil(len(items) / max(1, max_batch_size)))
+    size = max(1, math.ceil(len(items) / count))
     calls = []
     for begin in range(0, len(items), size):
         chunk = items[begin : begin + size]

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deploy.local.orchestrator import Orchestrator, orchestrator_for
-from deploy.local.supervision import Restart, secret_key_ensure, supervise
+from deploy.local.supervision import Restart, niced, secret_key_ensure, supervise
 from deploy.local.triton_server import (
     free_port,
     log_tail,
@@ -60,6 +60,11 @@ class Stack:
     # on the fairness benchmark (2 cores) prefork doubled the identity flood's lines/s and halved the wait
     # of a small tenant's batch behind it. WORKER_POOL=threads is the comparison.
     worker_pool: str = field(default_factory=lambda: os.environ.get("WORKER_POOL", "prefork"))
+    # CPU niceness of the control plane's own processes (web, workers, beat); Triton keeps 0. On a host they
+    # share, the model server's intra-op threads then get the cores first: a two-thread pass stalls at each
+    # barrier when a worker takes one of its threads' cores (docs/PERFORMANCE.md, "MiniLM full corpus").
+    # The control plane still gets every cycle the model leaves idle. 0 turns it off.
+    control_plane_nice: int = field(default_factory=lambda: int(os.environ.get("LOCAL_CONTROL_PLANE_NICE", "10")))
     with_triton: bool = True
     with_beat: bool = True
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -136,7 +141,7 @@ class Stack:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_dir / f"{name}.log", "ab") as log:
             proc = subprocess.Popen(
-                cmd,
+                niced(cmd, self.control_plane_nice),
                 env={**self.child_env(), **self.process_env.get(name, {})},
                 cwd=REPO_ROOT,
                 stdin=subprocess.DEVNULL,

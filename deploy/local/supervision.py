@@ -1,5 +1,6 @@
 """The local runner's supervisor (deploy/local/stack.py starts it): the loop that restarts children that
-exit, how long a crashed child waits before its restart, and the var dir's signing key its children share."""
+exit, how long a crashed child waits before its restart, the var dir's signing key its children share, and
+the CPU priority they run at."""
 
 from __future__ import annotations
 
@@ -99,3 +100,14 @@ def supervise(
             backoff.started(name, started)
             record(Restart(name=name, returncode=code, delay_s=delay, at=started))
             logger.warning("restarted %s (restart %d in a row; log %s)", name, backoff.crashes[name], log_dir)
+
+
+def niced(cmd: list[str], nice: int) -> list[str]:
+    """``cmd`` at CPU niceness ``nice``. Each child starts its own session, and with the kernel's autogroup
+    scheduling (on by default) a session is scheduled as one group: plain nice would only rank processes
+    inside it, so the session's group gets the niceness too (where the kernel has autogroups). sh and nice
+    exec: the pid stays the command's own."""
+    if not nice:
+        return cmd
+    script = f'{{ echo {nice} > /proc/self/autogroup; }} 2>/dev/null; exec nice -n {nice} "$@"'
+    return ["sh", "-c", script, "niced", *cmd]

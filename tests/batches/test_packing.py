@@ -14,10 +14,12 @@ def _emb(texts: list[str]) -> dict[int, ParsedLine]:
     return {i + 1: ParsedLine(f"c{i}", "m", EmbeddingRequest((t,), "float")) for i, t in enumerate(texts)}
 
 
-def test_texts_are_sorted_by_length_and_capped_at_max_batch_size():
+def test_texts_are_sorted_by_length_and_capped_at_max_batch_size_in_even_calls():
     lines = _emb(["x" * (i * 7 % 50 + 1) for i in range(150)])
     calls = pack_embeddings(lines, 64)
-    assert [len(c.members) for c in calls] == [64, 64, 22]
+    assert [len(c.members) for c in calls] == [50, 50, 50], "three calls are needed; none is left a tail"
+    assert [len(c.members) for c in pack_embeddings(_emb(["t"] * 71), 64)] == [36, 35]
+    assert [len(c.members) for c in pack_embeddings(_emb(["t"] * 64), 64)] == [64]
     lengths = [len(row[0]) for c in calls for row in c.inputs["TEXT"]]
     assert lengths == sorted(lengths)
     assert sorted((m.line, m.slot) for c in calls for m in c.members) == [(n, 0) for n in range(1, 151)]

@@ -59,6 +59,29 @@ def _wait_restarted(stack: Stack, name: str, old_pid: int, timeout_s: float) -> 
     raise AssertionError(f"{name} not restarted within {timeout_s}s; restarts: {stack.restarts}")
 
 
+def _nice_of(pid: int) -> tuple[int, str | None]:
+    """The process's niceness and its session's autogroup niceness (None: the kernel has no autogroups)."""
+    autogroup = Path(f"/proc/{pid}/autogroup")
+    group = autogroup.read_text().split()[-1] if autogroup.exists() else None
+    return os.getpriority(os.PRIO_PROCESS, pid), group
+
+
+def test_control_plane_children_yield_the_cpu_to_the_model_server(stack):
+    # Before the crash tests: every child is the first of its name.
+    assert stack.control_plane_nice == 10, "the runner's default"
+    for name, proc in stack.procs.items():
+        nice, group = _nice_of(proc.pid)
+        assert nice == 10, name
+        assert group in (None, "10"), name  # plain nice alone would not reach across sessions
+    assert _nice_of(os.getpid())[0] == 0, "the runner itself (and Triton, started by it) keeps its priority"
+
+
+def test_niced_leaves_the_command_alone_at_zero() -> None:
+    from deploy.local.supervision import niced
+
+    assert niced(["celery", "worker"], 0) == ["celery", "worker"]
+
+
 def test_crashed_worker_and_beat_are_restarted_with_backoff_and_work_completes(stack):
     key = stack.manage("tenant_create", "supervised").stdout.strip().splitlines()[-1]
     client = OpenAI(base_url=f"{stack.base_url}/v1", api_key=key, max_retries=0, timeout=60)
