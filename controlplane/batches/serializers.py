@@ -3,12 +3,20 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from controlplane.batches.models import Batch, BatchStatus
+from controlplane.batches.models import Batch, BatchStatus, StopReason
 from controlplane.usage.selectors import Amount, batch_cost
 
 
 def _ts(value: datetime | None) -> int | None:
     return int(value.timestamp()) if value else None
+
+
+def public_status(batch: Batch) -> str:
+    """The status a tenant sees. A cancelled batch writes its files under ``finalizing`` like any other, but
+    OpenAI's documented path is in_progress → cancelling → cancelled, so it stays ``cancelling`` until then."""
+    if batch.status == BatchStatus.FINALIZING and batch.stop_reason == StopReason.CANCEL:
+        return BatchStatus.CANCELLING
+    return batch.status
 
 
 def batch_render(batch: Batch, *, queue: dict[str, Any] | None = None, cost: Amount | None = None) -> dict[str, Any]:
@@ -31,7 +39,7 @@ def batch_render(batch: Batch, *, queue: dict[str, Any] | None = None, cost: Amo
         "errors": batch.errors,
         "input_file_id": batch.input_file_id,
         "completion_window": batch.completion_window,
-        "status": batch.status,
+        "status": public_status(batch),
         "output_file_id": batch.output_file_id,
         "error_file_id": batch.error_file_id,
         "created_at": _ts(batch.created_at),

@@ -148,6 +148,19 @@ def test_cancel_keeps_finished_lines_and_accounts_for_the_rest(tenant, eager):
     }
 
 
+def test_a_cancelled_batch_writing_its_files_shows_cancelling_not_finalizing(tenant, eager):
+    """OpenAI's path is in_progress → cancelling → cancelled: the finalizing step stays internal."""
+    from controlplane.batches.serializers import batch_render
+
+    batch = _create(tenant, [embedding_line(f"r{i}", f"text {i}") for i in range(4)])
+    services.batch_validate(batch_id=batch.id)
+    services.batch_cancel(batch=Batch.objects.get(id=batch.id))
+    Batch.objects.filter(id=batch.id).update(status=BatchStatus.FINALIZING)  # as batch_try_finalize leaves it
+    assert batch_render(Batch.objects.get(id=batch.id))["status"] == "cancelling"
+    Batch.objects.filter(id=batch.id).update(stop_reason=None)
+    assert batch_render(Batch.objects.get(id=batch.id))["status"] == "finalizing"
+
+
 def test_expiry_marks_unfinished_lines_batch_expired(tenant, eager):
     from django.utils import timezone
 
