@@ -1,8 +1,9 @@
 """Benchmark harness: one run, one corpus, side-by-side figures and their ratios.
 
-  (a) in-process MiniLM, length-sorted batches of 64 — the ceiling on this machine: the runtime the served
-      model uses (ONNX Runtime when `make install` exported the graph) with the same total intra-op threads
-      (SERVED_THREADS); torch's ceiling is printed beside it
+  (a) in-process MiniLM, length-sorted batches of the model's max_batch_size — the ceiling on this machine:
+      the runtime the served model uses (ONNX Runtime when `make install` exported the graph) in one session
+      with the same total intra-op threads (SERVED_THREADS: instances × threads of its config); torch's
+      ceiling is printed beside it
   (b) a naive direct Triton client, one text per request, one request at a time
   (c) the full path: upload → batch → completed output file, through the REST API and the SDK; run three
       times (--repeat), each against the ceiling measured right before and right after it (this host's
@@ -94,17 +95,27 @@ def corpus(n: int, seed: int = 42) -> list[str]:
     return [" ".join(rng.choices(WORDS, k=k)) for k in lengths]
 
 
-# triton_models/minilm/config.pbtxt: one instance × INTRA_OP_THREADS 2.
-SERVED_THREADS = 2
+def served_shape() -> tuple[int, int]:
+    """(total intra-op threads, max_batch_size) of the served MiniLM, from triton_models/minilm/config.pbtxt:
+    its CPU instances × INTRA_OP_THREADS (one placed instance on a CPU server, fleet/reconciler.py)."""
+    from controlplane.triton.client import repository_model_config
+
+    config = repository_model_config(REPO_ROOT / "triton_models", "minilm")
+    instances = sum(int(g.get("count", 1)) for g in config.get("instance_group", []) if g.get("kind") == "KIND_CPU")
+    threads = int(config["parameters"]["INTRA_OP_THREADS"]["string_value"])
+    return max(1, instances) * threads, int(config["max_batch_size"])
+
+
+SERVED_THREADS, SERVED_MAX_BATCH = served_shape()
 
 
 def bench_inprocess(texts: list[str], runtime: str) -> float:
     from deploy.local.inprocess import InProcessMiniLM
 
     model = InProcessMiniLM(threads=SERVED_THREADS, runtime=runtime)
-    model.embed(texts[:64])  # warm-up
+    model.embed(texts[:SERVED_MAX_BATCH])  # warm-up
     start = time.perf_counter()
-    model.embed(texts, batch_size=64, sort_by_length=True)
+    model.embed(texts, batch_size=SERVED_MAX_BATCH, sort_by_length=True)
     return len(texts) / (time.perf_counter() - start)
 
 

@@ -230,7 +230,7 @@ def _apply_group(model: CatalogueModel, server: TritonServer, changes: list[pt.C
     try:
         if target:
             config = repository_model_config(settings.TRITON_MODEL_REPOSITORY, model.triton_name)
-            config["instance_group"] = _instance_groups(server, target)
+            config["instance_group"] = _instance_groups(server, target, cpu_per_instance=_cpu_per_instance(config))
             gang = [g for g in target if "," in g]
             if server.real_gpus and gang:
                 config.setdefault("parameters", {})["gpu_device_ids"] = {"string_value": ";".join(sorted(gang))}
@@ -290,7 +290,17 @@ def _current_rows(model: CatalogueModel, server: TritonServer) -> list[pt.Placem
     ]
 
 
-def _instance_groups(server: TritonServer, target: dict[str, int]) -> list[dict]:
+def _cpu_per_instance(config: dict) -> int:
+    """Triton instances one placed instance becomes on a CPU server: the repository config's KIND_CPU count
+    (1 without one). A config that asks for N single-thread CPU instances gets N per placed instance: N
+    stubs keep N cores busy without the barrier that one N-thread instance's intra-op threads meet at every
+    operator, which a core taken away by the control plane stalls (MiniLM on this 2-core host, two 1-thread
+    instances against one 2-thread: +21 % idle, +29 % beside 0.6 core of load; docs/PERFORMANCE.md)."""
+    counts = [int(g.get("count", 1)) for g in config.get("instance_group", []) if g.get("kind") == "KIND_CPU"]
+    return max(1, sum(counts)) if counts else 1
+
+
+def _instance_groups(server: TritonServer, target: dict[str, int], *, cpu_per_instance: int = 1) -> list[dict]:
     if server.real_gpus:
         groups = []
         for gpus, count in sorted(target.items()):
@@ -305,7 +315,7 @@ def _instance_groups(server: TritonServer, target: dict[str, int]) -> list[dict]
         return groups
     # Declared GPUs on a CPU host: the instances exist as CPU instances; the memory accounting is the
     # planner's, against the declared inventory.
-    return [{"count": sum(target.values()), "kind": "KIND_CPU"}]
+    return [{"count": sum(target.values()) * cpu_per_instance, "kind": "KIND_CPU"}]
 
 
 def _record_failure(

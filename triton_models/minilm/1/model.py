@@ -48,7 +48,7 @@ def _invalid(message):
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        threads = int(_parameter(config, "INTRA_OP_THREADS", "2"))
+        threads = int(_parameter(config, "INTRA_OP_THREADS", "1"))
         model_dir = _parameter(config, "MODEL_DIR", None)
         core = _load_core()
         # KIND_GPU: Triton names the instance's GPU; the pass runs there (torch or ONNX Runtime's CUDA provider).
