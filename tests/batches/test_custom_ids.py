@@ -38,3 +38,28 @@ def test_no_duplicates_and_a_single_line():
     one = CustomIds()
     one.add("x", 1)
     assert one.duplicates() == []
+
+
+def test_ids_sharing_the_first_eight_digest_bytes_still_find_every_duplicate(monkeypatch):
+    """The sort is on the first 8 bytes of each digest; two different ids that share them (forced here: the
+    digest keeps only 2 bits of entropy up front) must not hide a duplicate that interleaves with them."""
+    import hashlib
+
+    from controlplane.batches import custom_ids
+
+    def colliding(data: bytes, digest_size: int) -> hashlib.blake2b:
+        real = hashlib.blake2b(data, digest_size=digest_size).digest()
+
+        class Digest:
+            def digest(self) -> bytes:
+                return bytes(7) + bytes([real[0] & 3]) + real[8:]
+
+        return Digest()  # type: ignore[return-value]
+
+    monkeypatch.setattr(custom_ids, "_blake2b", colliding)
+    rng = random.Random(11)
+    ids = [f"c-{rng.randrange(50)}" for _ in range(400)]  # many repeats, interleaved, all on 4 first halves
+    table = CustomIds()
+    for line, custom_id in enumerate(ids, start=1):
+        table.add(custom_id, line)
+    assert table.duplicates() == _reference(ids)
