@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/controlplane
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
 
-.PHONY: install demo serve test test-unit lint chaos scale bench bench-quick clean
+.PHONY: install demo serve test test-unit lint chaos scale bench bench-quick bench-1g clean
 
 # requirements.txt, then the batchctl console script (pyproject.toml) as an editable install: setuptools is
 # pinned in requirements.txt, so the build needs no download.
@@ -75,6 +75,11 @@ bench-quick: install
 	$(PY) bench/fairness.py --quick
 	$(PY) bench/hotpath.py --quick
 	$(PY) bench/embeddings.py --quick
+
+# A 1 GB-class input (5.2M identity lines, 0.97 GiB, under FILE_MAX_BYTES): flat memory at the upload limit.
+bench-1g: install
+	bash scripts/ensure_services.sh
+	$(PY) bench/hotpath.py --sizes 10000,5200000 --repeat 1
 
 clean:
 	rm -rf var build_engines/out
