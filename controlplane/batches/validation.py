@@ -77,7 +77,8 @@ def validate_input(
     is known."""
     result = ValidationResult()
     resolver = ModelResolver()
-    # Every accepted line's id, ~20 bytes each; duplicates are found after the pass (batches/custom_ids.py).
+    # Every accepted line's id, 20 bytes each (spilled to files past a million); duplicates are found after
+    # the pass (batches/custom_ids.py).
     custom_ids = CustomIds()
     mixed_lines = array("I")  # lines that drew mixed_models: a duplicate line keeps only its duplicate error
     shard_start: tuple[int, int] | None = None  # (line, byte) of the open shard's first request

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from controlplane.batches.custom_ids import CustomIds
 
 
@@ -62,4 +64,24 @@ def test_ids_sharing_the_first_eight_digest_bytes_still_find_every_duplicate(mon
     table = CustomIds()
     for line, custom_id in enumerate(ids, start=1):
         table.add(custom_id, line)
+    assert table.duplicates() == _reference(ids)
+
+
+@pytest.mark.parametrize("spill_at", [1_000, 9_000])  # before and after the bitmap's first doubling
+def test_records_spilled_to_bucket_files_find_the_same_duplicates(monkeypatch, spill_at):
+    """Past SPILL_AT lines the records go to per-bucket temporary files and the duplicates are found one
+    bucket at a time: the same answer as a plain dict, including repeats whose first line was in memory."""
+    from controlplane.batches import custom_ids
+
+    monkeypatch.setattr(custom_ids, "SPILL_AT", spill_at)
+    monkeypatch.setattr(custom_ids, "BUCKET_BUFFER", 400)  # flushes every 20 records
+    rng = random.Random(3)
+    ids = [f"req-{i}" for i in range(30_000)]
+    for line in rng.sample(range(1, len(ids)), 400):
+        ids[line] = ids[rng.randrange(line)]
+    ids[-1] = ids[0]  # a repeat of the very first line, at the very end
+    table = CustomIds()
+    for line, custom_id in enumerate(ids, start=1):
+        table.add(custom_id, line)
+    assert table._buffers is not None  # it did spill
     assert table.duplicates() == _reference(ids)
