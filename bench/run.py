@@ -98,12 +98,11 @@ def corpus(n: int, seed: int = 42) -> list[str]:
 def served_shape() -> tuple[int, int]:
     """(total intra-op threads, max_batch_size) of the served MiniLM, from triton_models/minilm/config.pbtxt:
     its CPU instances × INTRA_OP_THREADS (one placed instance on a CPU server, fleet/reconciler.py)."""
-    from controlplane.triton.client import repository_model_config
+    from controlplane.triton.client import cpu_instances, repository_model_config
 
     config = repository_model_config(REPO_ROOT / "triton_models", "minilm")
-    instances = sum(int(g.get("count", 1)) for g in config.get("instance_group", []) if g.get("kind") == "KIND_CPU")
     threads = int(config["parameters"]["INTRA_OP_THREADS"]["string_value"])
-    return max(1, instances) * threads, int(config["max_batch_size"])
+    return cpu_instances(config) * threads, int(config["max_batch_size"])
 
 
 SERVED_THREADS, SERVED_MAX_BATCH = served_shape()

@@ -63,10 +63,11 @@ class CustomIds:
         record = digest + line.to_bytes(4, "little")
         self._count += 1
         if self._buffers is not None:
-            bucket = self._buffers[digest[15] % BUCKETS]
+            index = digest[15] % BUCKETS
+            bucket = self._buffers[index]
             bucket += record
             if len(bucket) >= BUCKET_BUFFER:
-                self._flush(digest[15] % BUCKETS)
+                self._flush(index)
             return
         self._records += record
         if self._count > self._grow_at:

@@ -33,7 +33,7 @@ from controlplane.fleet.models import (
     ServerState,
     TritonServer,
 )
-from controlplane.triton.client import TritonClient, TritonError, repository_model_config
+from controlplane.triton.client import TritonClient, TritonError, cpu_instances, repository_model_config
 
 logger = logging.getLogger(__name__)
 HOLDER = f"{socket.gethostname()}:{os.getpid()}"
@@ -230,7 +230,7 @@ def _apply_group(model: CatalogueModel, server: TritonServer, changes: list[pt.C
     try:
         if target:
             config = repository_model_config(settings.TRITON_MODEL_REPOSITORY, model.triton_name)
-            config["instance_group"] = _instance_groups(server, target, cpu_per_instance=_cpu_per_instance(config))
+            config["instance_group"] = _instance_groups(server, target, cpu_per_instance=cpu_instances(config))
             gang = [g for g in target if "," in g]
             if server.real_gpus and gang:
                 config.setdefault("parameters", {})["gpu_device_ids"] = {"string_value": ";".join(sorted(gang))}
@@ -290,17 +290,11 @@ def _current_rows(model: CatalogueModel, server: TritonServer) -> list[pt.Placem
     ]
 
 
-def _cpu_per_instance(config: dict) -> int:
-    """Triton instances one placed instance becomes on a CPU server: the repository config's KIND_CPU count
-    (1 without one). A config that asks for N single-thread CPU instances gets N per placed instance: N
-    stubs keep N cores busy without the barrier that one N-thread instance's intra-op threads meet at every
-    operator, which a core taken away by the control plane stalls (MiniLM on this 2-core host, two 1-thread
-    instances against one 2-thread: +21 % idle, +29 % beside 0.6 core of load; docs/PERFORMANCE.md)."""
-    counts = [int(g.get("count", 1)) for g in config.get("instance_group", []) if g.get("kind") == "KIND_CPU"]
-    return max(1, sum(counts)) if counts else 1
-
-
 def _instance_groups(server: TritonServer, target: dict[str, int], *, cpu_per_instance: int = 1) -> list[dict]:
+    """``cpu_per_instance``: Triton instances per placed instance on a CPU server, the repository config's
+    KIND_CPU count. A config that asks for N single-thread CPU instances gets N stubs per placed instance,
+    which keep N cores busy without the barrier one N-thread instance's threads meet at every operator
+    (MiniLM on 2 cores beside the control plane: 0.90 of in-process end to end vs 0.76; docs/PERFORMANCE.md)."""
     if server.real_gpus:
         groups = []
         for gpus, count in sorted(target.items()):

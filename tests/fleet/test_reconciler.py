@@ -52,6 +52,26 @@ def test_demand_loads_the_model_and_records_events(fleet, tenant):
     assert fleet_reconcile(actor="test").changes == []
 
 
+def test_a_cpu_server_loads_the_configs_kind_cpu_count_per_placed_instance(fleet, tenant, monkeypatch):
+    """A config asking for two CPU instances (as MiniLM's does) gets two Triton instances per placed one."""
+    from controlplane.fleet import reconciler
+
+    real = reconciler.repository_model_config
+
+    def two_cpu_instances(repository, name):
+        config = real(repository, name)
+        config["instance_group"] = [{"kind": "KIND_CPU", "count": 2}]
+        return config
+
+    monkeypatch.setattr(reconciler, "repository_model_config", two_cpu_instances)
+    server, client = fleet
+    _demand(tenant, "identity")
+    assert fleet_reconcile(actor="test").failures == []
+    placement = Placement.objects.get(model__triton_name="identity", server=server)
+    loaded = client.model_config("identity")["instance_group"]
+    assert sum(int(g.get("count", 1)) for g in loaded) == 2 * placement.instances
+
+
 def test_a_model_unloaded_behind_our_back_is_noticed_and_reloaded(fleet, tenant):
     _server, client = fleet
     _demand(tenant, "identity")
