@@ -37,6 +37,7 @@ test: install
 	$(VENV)/bin/ruff check controlplane batchctl deploy scripts bench build_engines tests
 	$(VENV)/bin/ruff format --check controlplane batchctl deploy scripts bench build_engines tests
 	$(VENV)/bin/mypy controlplane batchctl
+	$(VENV)/bin/lint-imports
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m pytest -q
 
 test-unit: install
@@ -59,6 +60,7 @@ lint: install
 	$(VENV)/bin/ruff check controlplane batchctl deploy scripts bench build_engines tests
 	$(VENV)/bin/ruff format --check controlplane batchctl deploy scripts bench build_engines tests
 	$(VENV)/bin/mypy controlplane batchctl
+	$(VENV)/bin/lint-imports
 
 bench: install
 	bash scripts/ensure_services.sh

@@ -123,7 +123,16 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
-DATABASES["default"]["TEST"] = {"NAME": env_str("DATABASE_TEST_NAME", "test_controlplane")}
+# The test database is named after the configured one, so test runs against different databases (checkouts side
+# by side, CI beside a developer) never drop each other's; pytest-xdist adds a per-worker suffix to it.
+DATABASES["default"]["TEST"] = {
+    "NAME": env_str(
+        "DATABASE_TEST_NAME",
+        "test_controlplane"
+        if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3"
+        else f"test_{DATABASES['default']['NAME']}",
+    )
+}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True

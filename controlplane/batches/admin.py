@@ -7,12 +7,12 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard, ShardStatus
+from controlplane.batches.priority import batch_priority_set
 from controlplane.batches.rerun import batch_rerun_failed
 from controlplane.batches.services import batch_cancel
 from controlplane.batches.shards import shard_requeue
-from controlplane.console.audit import AuditedAdmin
+from controlplane.core.audit import AuditedAdmin
 from controlplane.core.errors import DomainError
-from controlplane.scheduling.services import batch_priority_set
 from controlplane.tenants.models import Priority
 from controlplane.usage.selectors import batch_cost
 

@@ -51,11 +51,11 @@ from controlplane.batches.shards import (
     shard_renew,
     shard_skip_if_stopping,
 )
+from controlplane.core import metrics
 from controlplane.core.database import when_database_answers
 from controlplane.files.models import File
 from controlplane.files.storage import blob_delete, blob_read_range, blob_save_spooled, blob_spool
 from controlplane.fleet.models import CatalogueModel, ModelKind
-from controlplane.metrics import registry as metrics
 from controlplane.triton.client import PermanentTritonError, TransientTritonError
 
 logger = logging.getLogger(__name__)

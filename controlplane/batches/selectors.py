@@ -29,6 +29,17 @@ def batch_active_for_file(*, file: File) -> Batch | None:
     )
 
 
+def file_input_of_active_batch(file: File) -> str | None:
+    """files' in-use check (files/in_use.py): an active batch still reads its input file."""
+    active = batch_active_for_file(file=file)
+    if active is None:
+        return None
+    return (
+        f"File {file.id} is the input of batch {active.id}, which is still {active.status}; "
+        "cancel the batch or wait for it to finish before deleting the file."
+    )
+
+
 def batch_active_count(*, tenant: Tenant) -> int:
     return Batch.objects.filter(tenant=tenant, status__in=ACTIVE_STATUSES).count()
 

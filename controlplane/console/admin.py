@@ -16,9 +16,10 @@ from django.utils import timezone
 from django.utils.safestring import mark_safe
 
 from controlplane.console import svg
-from controlplane.console.audit import AuditedAdmin, ReadOnlyAdmin
-from controlplane.console.models import AuditEntry, Dashboard
+from controlplane.console.models import Dashboard
 from controlplane.console.selectors import DEFAULT_WINDOW, WINDOWS, dashboard
+from controlplane.core.audit import AuditedAdmin, ReadOnlyAdmin
+from controlplane.core.models import AuditEntry
 
 # Users and their groups (roles) are the most sensitive changes of all: Django's own admins, audited.
 admin.site.unregister(User)

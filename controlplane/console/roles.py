@@ -3,7 +3,7 @@
 
 - ``viewer``: every ``view_*`` permission of the project's apps (controlplane.*): the lists, the change pages
   read-only, the queue and fleet pages, the dashboards and the audit log. No list action is offered.
-- ``operator``: viewer plus ``console.run_admin_actions``: the list actions (requeue dead shards, cancel,
+- ``operator``: viewer plus ``core.run_admin_actions``: the list actions (requeue dead shards, cancel,
   re-run failed lines, set priority, pause/resume tenants and models, drain/cordon servers, rebalance,
   redeliver webhooks, revoke keys) and the queue page's buttons. Operators still edit no form.
 - ``admin``: every permission, users and groups included (``auth``).
@@ -21,7 +21,9 @@ from django.contrib.auth.management import create_permissions
 # Apps whose models the viewer and operator roles see: the service's own (not Django's auth or sessions).
 PROJECT_APP_PREFIX = "controlplane."
 ROLES = ("viewer", "operator", "admin")
-OPERATOR_EXTRA = (("console", "run_admin_actions"),)
+# By codename: the permission was console's until AuditEntry moved to core (core 0003), and this migration-time
+# sync (console 0002) runs before the move on a fresh database.
+OPERATOR_EXTRA = ("run_admin_actions",)
 
 
 def _project_labels() -> set[str]:
@@ -52,9 +54,9 @@ def roles_sync(*, apps: Any = global_apps, verbosity: int = 0) -> dict[str, int]
     everything = Permission.objects.all()
     viewer = everything.filter(content_type__app_label__in=labels, codename__startswith="view_")
     operator_ids = set(viewer.values_list("id", flat=True))
-    for app_label, codename in OPERATOR_EXTRA:
+    for codename in OPERATOR_EXTRA:
         operator_ids |= set(
-            everything.filter(content_type__app_label=app_label, codename=codename).values_list("id", flat=True)
+            everything.filter(content_type__app_label__in=labels, codename=codename).values_list("id", flat=True)
         )
     wanted = {
         "viewer": set(viewer.values_list("id", flat=True)),

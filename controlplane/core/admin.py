@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from controlplane.console.audit import AuditedAdmin
+from controlplane.core.audit import AuditedAdmin
 from controlplane.core.models import OutboxMessage
 
 

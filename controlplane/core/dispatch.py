@@ -10,7 +10,7 @@ Two kinds of delivery:
   row; if the broker is down the row stays and ``outbox_relay`` (a beat task) sends it once the broker is
   back. A broker outage at batch create therefore delays validation, never loses it, and never turns a
   committed create into a 500.
-- *regenerable* (slot top-ups, slots, webhook deliveries): their state is already in Postgres (Slot rows,
+- *regenerable* (slot top-ups, slots, webhook deliveries, a reconcile asked for now): their state is already in Postgres (Slot rows,
   runnable shards, WebhookDelivery rows with their next_attempt_at) and beat re-derives them every few
   seconds, so a failed send is logged and dropped.
 """
@@ -34,6 +34,7 @@ FINALIZE = "batches.batch_finalize"
 TOPUP = "scheduling.slots_topup"
 SLOT = "scheduling.slot_run"
 WEBHOOK_DELIVER = "webhooks.deliver"
+FLEET_RECONCILE = "fleet.reconcile"
 
 # Slots go to their own queue so control work (validation, finalization, beat jobs) never waits
 # behind a backlog of model work.
@@ -130,3 +131,15 @@ def webhook_deliver_enqueue(delivery_id: str) -> None:
     same transaction, is the durable record, and beat's webhooks.deliveries_due sends any due delivery
     whose message went missing (webhooks/attempts.py); an outbox row would only duplicate it."""
     _regenerable(WEBHOOK_DELIVER, [delivery_id])
+
+
+def fleet_reconcile_now(*, actor: str) -> str | None:
+    """Reconcile the fleet now instead of at beat's next tick (a drain waits on it; an operator pressed
+    "rebalance"). Sent at once, not after a commit: it changes no row of the caller's. Returns None when the
+    broker took it, else the broker's error (logged); without a broker, beat's tick still reconciles."""
+    try:
+        send(FLEET_RECONCILE, [actor])
+    except Exception as exc:  # noqa: BLE001 - any publish failure means "the broker did not take it"
+        logger.warning("broker did not take %s for %s: %s", FLEET_RECONCILE, actor, exc)
+        return str(exc)
+    return None

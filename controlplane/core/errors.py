@@ -18,7 +18,7 @@ from django.http import Http404
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 
-from controlplane.metrics import registry as metrics
+from controlplane.core import metrics
 
 logger = logging.getLogger(__name__)
 

@@ -5,6 +5,7 @@ from typing import IO, cast
 from django.db import transaction
 
 from controlplane.core.errors import Conflict, ValidationFailed
+from controlplane.files.in_use import file_in_use
 from controlplane.files.lifecycle import file_expiry_set
 from controlplane.files.linecount import LineCountingReader
 from controlplane.files.models import File, new_file_id
@@ -51,15 +52,9 @@ def file_create(
 
 
 def file_delete(*, file: File) -> None:
-    from controlplane.batches.selectors import batch_active_for_file
-
-    active = batch_active_for_file(file=file)
-    if active is not None:
-        raise Conflict(
-            f"File {file.id} is the input of batch {active.id}, which is still {active.status}; "
-            "cancel the batch or wait for it to finish before deleting the file.",
-            param="file_id",
-        )
+    reason = file_in_use(file)
+    if reason is not None:
+        raise Conflict(reason, param="file_id")
     with transaction.atomic():
         File.objects.filter(id=file.id).delete()
     blob_delete(file.storage_name)

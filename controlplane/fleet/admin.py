@@ -14,9 +14,9 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 
-from controlplane.console.audit import AuditedAdmin, ReadOnlyAdmin
+from controlplane.core import dispatch
+from controlplane.core.audit import AuditedAdmin, ReadOnlyAdmin
 from controlplane.fleet import planner_types as pt
-from controlplane.fleet import tasks
 from controlplane.fleet.inventory import server_set_operator_state
 from controlplane.fleet.models import (
     CatalogueModel,
@@ -256,12 +256,10 @@ class TritonServerAdmin(AuditedAdmin, admin.ModelAdmin):
 
     @admin.action(description="Rebalance now (reconciles the whole fleet)")
     def rebalance_now(self, request: HttpRequest, queryset: QuerySet[TritonServer]) -> None:
-        try:
-            tasks.fleet_reconcile_task.delay(actor=f"admin:{request.user.get_username()}")
-        except Exception as exc:  # any broker failure: an admin button reports it, it never 500s
-            logger.exception("could not enqueue fleet.reconcile")
+        error = dispatch.fleet_reconcile_now(actor=f"admin:{request.user.get_username()}")
+        if error is not None:  # an admin button reports a broker failure, it never 500s
             self.message_user(
-                request, f"Could not enqueue the rebalance (is the broker up?): {exc}", level=messages.ERROR
+                request, f"Could not enqueue the rebalance (is the broker up?): {error}", level=messages.ERROR
             )
             return
         self.message_user(request, "Rebalance enqueued; results appear as placement events.")

@@ -17,8 +17,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.core import dispatch
 from controlplane.core.errors import DomainError, ValidationFailed
-from controlplane.fleet import tasks
 from controlplane.fleet.membership import DrainStatus, server_drain, server_join
 from controlplane.fleet.models import TritonServer
 
@@ -108,10 +108,8 @@ def _reconcile_soon() -> None:
     """Move a draining server's models now rather than at beat's next reconcile (FLEET_RECONCILE_INTERVAL_SECONDS):
     a PreStop hook waits on it. One reconcile runs at a time (its lock), so repeats cost nothing; without a
     broker, beat's tick still does it."""
-    try:
-        tasks.fleet_reconcile_task.delay(actor="fleet_api:drain")
-    except Exception:  # any broker failure: the drain goes on, a few seconds slower
-        logger.exception("could not enqueue fleet.reconcile for a drain")
+    # A broker failure is logged there: the drain goes on, a few seconds slower.
+    dispatch.fleet_reconcile_now(actor="fleet_api:drain")
 
 
 class ServerDrainView(_FleetView):

@@ -19,13 +19,12 @@ import re
 from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
-from django.utils import timezone
 
-from controlplane.batches.models import Shard, ShardStatus
 from controlplane.core.errors import Conflict, DomainError, ValidationFailed
 from controlplane.fleet.gpu_metrics import parse_gpu_metrics
 from controlplane.fleet.inventory import gpus_store, metrics_fetch, server_set_operator_state
 from controlplane.fleet.models import Gpu, Placement, PlacementEvent, PlacementStatus, ServerState, TritonServer
+from controlplane.fleet.work import work_source
 
 logger = logging.getLogger(__name__)
 
@@ -140,20 +139,6 @@ def _joined(server: TritonServer) -> str:
     return f"joined pool {server.pool!r} at {server.grpc_url} with {server.gpus.count()} {kind} GPU(s)"
 
 
-def _running_shards(name: str) -> int:
-    """Shards whose calls may still go to this server: running with a live lease (a dead worker's shard
-    sends nothing) and started while the server was among their routes (Shard.triton_server lists them)."""
-    return (
-        Shard.objects.filter(
-            status=ShardStatus.RUNNING,
-            lease_expires_at__gt=timezone.now(),
-            triton_server__regex=rf"(^|,){re.escape(name)}(,|$)",
-        )
-        .only("id")
-        .count()
-    )
-
-
 def _pending_requests(server: TritonServer) -> int | None:
     if not server.metrics_url:
         return None
@@ -177,7 +162,7 @@ def server_drain(*, name: str, actor: str) -> DrainStatus:
     if server.operator_state != ServerState.DRAINING:
         server_set_operator_state(server=server, state=ServerState.DRAINING, actor=actor)
     placements = Placement.objects.filter(server=server).exclude(status=PlacementStatus.FAILED, instances=0).count()
-    running = _running_shards(name)
+    running = work_source().shards_routed_to(name)
     pending = _pending_requests(server)
     if placements or running or pending:
         return DrainStatus(name, False, placements, running, pending)

@@ -14,10 +14,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
-from controlplane.batches.models import BatchStatus, Shard, ShardStatus
 from controlplane.fleet import sizing
 from controlplane.fleet import sizing_types as st
 from controlplane.fleet.models import (
@@ -31,6 +29,7 @@ from controlplane.fleet.models import (
     TritonServer,
 )
 from controlplane.fleet.scaling_settings import FleetScaling
+from controlplane.fleet.work import work_source
 
 logger = logging.getLogger(__name__)
 
@@ -39,28 +38,17 @@ def _backlogs(now: datetime) -> list[st.ModelBacklog]:
     """Work of every pending or running shard of a running batch, per model and batch deadline. Pending
     work of a paused tenant or model is left out: it cannot run, so servers would not help it."""
     models = {m.name: m for m in CatalogueModel.objects.filter(is_enabled=True)}
-    live = Q(status=ShardStatus.RUNNING) | Q(status=ShardStatus.PENDING, batch__tenant__paused=False)
-    rows = (
-        Shard.objects.filter(live, batch__status=BatchStatus.IN_PROGRESS, batch__stop_reason__isnull=True)
-        .values("batch_id", "batch__model", "batch__expires_at")
-        .annotate(
-            work=Sum("work_units"),
-            lines=Sum("request_count"),
-            running=Count("id", filter=Q(status=ShardStatus.RUNNING)),
-            running_work=Sum("work_units", filter=Q(status=ShardStatus.RUNNING)),
-        )
-    )
     work: dict[str, list[st.DeadlineWork]] = defaultdict(list)
     running: dict[str, int] = defaultdict(int)
-    for row in rows:
-        model = models.get(row["batch__model"])
+    for row in work_source().schedulable_backlog():
+        model = models.get(row.model)
         if model is None:
             continue
-        units = float(row["work"] or row["lines"] or 0)  # rows written before work units counted lines
+        units = row.work_units if row.work_units is not None else float(row.lines)  # lines: rows before work units
         if model.paused:
-            units = float(row["running_work"] or 0)
-        running[model.name] += row["running"]
-        left = (row["batch__expires_at"] - now).total_seconds()
+            units = row.running_work_units
+        running[model.name] += row.running_shards
+        left = (row.expires_at - now).total_seconds()
         work[model.name].append(st.DeadlineWork(seconds_left=left, work_units=units))
     # One slot (a shard at a time) per DISPATCH_INFLIGHT_CALLS calls; an instance takes CALLS_PER_INSTANCE.
     slots_per_instance = settings.SCHEDULER_CALLS_PER_INSTANCE / settings.DISPATCH_INFLIGHT_CALLS

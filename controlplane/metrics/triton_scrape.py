@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
+from controlplane.core import metrics
 from controlplane.fleet.models import ServerState, TritonServer
-from controlplane.metrics import registry as metrics
 from controlplane.triton.client import metrics_text
 
 logger = logging.getLogger(__name__)

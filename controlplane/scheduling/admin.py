@@ -18,13 +18,13 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 
 from controlplane.batches.models import Batch
-from controlplane.console.audit import RUN_ACTIONS_PERMISSION, ReadOnlyAdmin, audit_record
+from controlplane.batches.priority import batch_priority_set
+from controlplane.core.audit import RUN_ACTIONS_PERMISSION, ReadOnlyAdmin, audit_record
 from controlplane.core.errors import DomainError
 from controlplane.fleet.models import CatalogueModel
 from controlplane.fleet.services import model_set_paused
 from controlplane.scheduling.models import Slot, TenantShare
 from controlplane.scheduling.queue_overview import queue_overview
-from controlplane.scheduling.services import batch_priority_set
 from controlplane.tenants.models import Priority, Tenant
 from controlplane.tenants.services import tenant_set_paused
 

@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.db.models import QuerySet, Sum
 from django.http import HttpRequest
 
-from controlplane.console.audit import AuditedAdmin
+from controlplane.core.audit import AuditedAdmin
 from controlplane.tenants.models import ApiKey, Tenant, TenantEvent
 from controlplane.tenants.services import api_key_revoke, tenant_set_paused
 

@@ -23,7 +23,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from controlplane.metrics import registry as metrics
+from controlplane.core import metrics
 from controlplane.triton.errors import (
     ModelNotLoadedError,
     PermanentTritonError,

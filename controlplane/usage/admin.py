@@ -13,7 +13,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 from django.utils import timezone
 
-from controlplane.console.audit import AuditedAdmin
+from controlplane.core.audit import AuditedAdmin
 from controlplane.usage.models import CapacityInterval, Price, UsageRecord
 from controlplane.usage.selectors import cost_by_tenant_per_day, idle_capacity_per_day
 

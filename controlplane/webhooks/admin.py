@@ -13,7 +13,7 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
-from controlplane.console.audit import AuditedAdmin
+from controlplane.core.audit import AuditedAdmin
 from controlplane.webhooks.models import EVENT_TYPES, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from controlplane.webhooks.serializers import endpoint_render
 from controlplane.webhooks.services import (

@@ -15,8 +15,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 
-from controlplane.core import dispatch
-from controlplane.metrics import registry as metrics
+from controlplane.core import dispatch, metrics
 from controlplane.webhooks.delivery import Outcome, post
 from controlplane.webhooks.models import OPEN_STATUSES, DeliveryStatus, WebhookAttempt, WebhookDelivery
 from controlplane.webhooks.services import signing_secrets

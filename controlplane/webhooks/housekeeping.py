@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from django.db.models import Count, QuerySet
 from django.utils import timezone
 
-from controlplane.metrics import registry as metrics
+from controlplane.core import metrics
 from controlplane.webhooks import housekeeping_settings as config
 from controlplane.webhooks.models import OPEN_STATUSES, DeliveryStatus, WebhookDelivery, WebhookEvent
 

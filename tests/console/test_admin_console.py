@@ -13,10 +13,10 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from controlplane.batches.models import Batch, BatchStatus
-from controlplane.console.audit import AuditedAdmin
-from controlplane.console.models import AuditEntry
 from controlplane.console.samples import samples_take
 from controlplane.core import dispatch
+from controlplane.core.audit import AuditedAdmin
+from controlplane.core.models import AuditEntry
 from controlplane.tenants.models import ApiKey, Tenant
 from controlplane.usage.models import UsageRecord
 from tests.scheduling.helpers import new_tenant, runnable_batch
@@ -59,11 +59,11 @@ def test_roles_give_what_operations_documents():
     call_command("roles_sync", verbosity=0)
     call_command("roles_sync", verbosity=0)  # idempotent
     assert role_permissions() == perms
-    assert {"batches.view_batch", "console.view_dashboard", "console.view_auditentry"} <= perms["viewer"]
+    assert {"batches.view_batch", "console.view_dashboard", "core.view_auditentry"} <= perms["viewer"]
     assert all(p.split(".")[1].startswith("view_") for p in perms["viewer"])
     assert not any(p.startswith("auth.") for p in perms["viewer"])
-    assert perms["operator"] == perms["viewer"] | {"console.run_admin_actions"}
-    assert {"batches.change_batch", "auth.add_user", "console.run_admin_actions"} <= perms["admin"]
+    assert perms["operator"] == perms["viewer"] | {"core.run_admin_actions"}
+    assert {"batches.change_batch", "auth.add_user", "core.run_admin_actions"} <= perms["admin"]
 
 
 def test_every_registered_admin_is_audited():
@@ -102,9 +102,9 @@ def test_operator_runs_an_action_and_the_audit_log_has_it(client, catalogue):
     assert operator.get(f"{BATCHES}{quote(batch.id)}/change/").status_code == 200
     assert operator.post(f"/admin/tenants/tenant/{batch.tenant_id}/change/", {"name": "x"}).status_code == 403
     # The log is readable, and nobody can write to it from the admin.
-    log = operator.get("/admin/console/auditentry/")
+    log = operator.get("/admin/core/auditentry/")
     assert log.status_code == 200 and "cancel_batches" in log.content.decode()
-    assert operator.post("/admin/console/auditentry/add/", {}).status_code == 403
+    assert operator.post("/admin/core/auditentry/add/", {}).status_code == 403
 
 
 def test_queue_page_buttons_are_operator_actions_and_audited(client, catalogue):

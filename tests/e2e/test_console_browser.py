@@ -113,13 +113,13 @@ def test_viewer_sees_no_action_operator_clicks_one_and_the_audit_log_shows_it(e2
         assert "Paused: browser-tenant." in operator.locator(".messagelist").inner_text()
         assert e2e.sql("SELECT paused FROM tenants_tenant WHERE name = 'browser-tenant'") == [(True,)]
 
-        operator.goto("/admin/console/auditentry/?action__exact=pause")
+        operator.goto("/admin/core/auditentry/?action__exact=pause")
         rows = operator.locator("#result_list tbody tr")
         assert rows.count() == 1
         assert "operator-e2e" in rows.first.inner_text() and "tenant" in rows.first.inner_text()
         rows.first.locator("a").first.click()
         # The click returns once navigation starts; wait for the entry's page before reading it.
-        operator.wait_for_url(re.compile(r"/admin/console/auditentry/\d+/change/"))
+        operator.wait_for_url(re.compile(r"/admin/core/auditentry/\d+/change/"))
         operator.wait_for_selector("#content-main")
         details = operator.locator("#content-main").inner_text()
         assert "Pause: dispatch no new shards" in details and '"outcome": "done"' in details

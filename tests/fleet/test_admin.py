@@ -143,25 +143,25 @@ def test_operator_actions_set_state_and_record_an_event(admin_client, fleet, act
 
 
 def test_rebalance_now_enqueues_a_reconcile(admin_client, fleet, monkeypatch):
-    from controlplane.fleet.tasks import fleet_reconcile_task
+    from controlplane.core import dispatch
 
     calls = []
-    monkeypatch.setattr(fleet_reconcile_task, "delay", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(dispatch, "send", lambda task_name, args: calls.append((task_name, args)))
     response = admin_client.post(SERVERS, {"action": "rebalance_now", "_selected_action": [fleet[0].id]})
     assert response.status_code == 302
-    assert calls == [{"actor": "admin:admin"}]
+    assert calls == [("fleet.reconcile", ["admin:admin"])]
     assert "Rebalance enqueued" in _messages(response)[0][1]
 
 
 def test_rebalance_now_reports_a_broker_error(admin_client, fleet, monkeypatch):
     from kombu.exceptions import OperationalError
 
-    from controlplane.fleet.tasks import fleet_reconcile_task
+    from controlplane.core import dispatch
 
-    def down(**kwargs):
+    def down(task_name, args):
         raise OperationalError("[Errno 111] Connection refused")
 
-    monkeypatch.setattr(fleet_reconcile_task, "delay", down)
+    monkeypatch.setattr(dispatch, "send", down)
     response = admin_client.post(SERVERS, {"action": "rebalance_now", "_selected_action": [fleet[0].id]}, follow=True)
     assert response.status_code == 200
     [(level, message)] = [(m.level, m.message) for m in response.context["messages"]]

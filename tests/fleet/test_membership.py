@@ -307,20 +307,20 @@ def test_a_drain_keeps_a_server_with_placements_and_times_out(fleet_api, catalog
     Placement.objects.create(
         model=CatalogueModel.objects.get(triton_name="identity"), server=server, gpus="0", instances=1
     )
-    from controlplane.fleet.tasks import fleet_reconcile_task
+    from controlplane.core import dispatch
 
     # No placement loop here (it has its own tests, and the move itself is test_membership_triton.py's).
     monkeypatch.setattr(fleet_drain, "fleet_reconcile", lambda **kwargs: None)
     enqueued: list[dict] = []
-    monkeypatch.setattr(fleet_reconcile_task, "delay", lambda **kwargs: enqueued.append(kwargs))
+    monkeypatch.setattr(dispatch, "send", lambda task_name, args: enqueued.append((task_name, args)))
     response = fleet_api.post("/internal/fleet/servers/t1/drain?wait=0.1")
     assert response.status_code == 202 and response.json()["placements"] == 1
-    assert enqueued == [{"actor": "fleet_api:drain"}], "the models move now, not at beat's next reconcile"
+    assert enqueued == [("fleet.reconcile", ["fleet_api:drain"])], "the models move now, not at beat's next reconcile"
 
-    def broker_down(**kwargs):
+    def broker_down(task_name, args):
         raise OSError("[Errno 111] Connection refused")
 
-    monkeypatch.setattr(fleet_reconcile_task, "delay", broker_down)
+    monkeypatch.setattr(dispatch, "send", broker_down)
     assert fleet_api.post("/internal/fleet/servers/t1/drain").status_code == 202
     with pytest.raises(CommandError, match="still draining") as failure:
         call_command("fleet_drain", "--name", "t1", "--timeout", "0.1")

@@ -106,10 +106,15 @@ def test_a_drain_moves_the_placement_to_the_other_server_then_deregisters(two_se
 
 
 def test_a_drain_over_http_answers_202_until_the_placement_moved(two_servers, tenant, monkeypatch):
-    from controlplane.fleet.tasks import fleet_reconcile_task
+    from controlplane.core import dispatch
 
     enqueued: list[str] = []
-    monkeypatch.setattr(fleet_reconcile_task, "delay", lambda actor: enqueued.append(actor))
+
+    def send(task_name, args):
+        if task_name == dispatch.FLEET_RECONCILE:
+            enqueued.append(args[0])
+
+    monkeypatch.setattr(dispatch, "send", send)
     first, second = two_servers
     _register("a", first)
     _demand(tenant)

@@ -8,7 +8,7 @@ the ledger.
 
 Multiprocess mode: when ``PROMETHEUS_MULTIPROC_DIR`` is set *before* prometheus_client is imported, every
 process writes its values to files in that directory and the process that serves ``/metrics`` adds them up
-(``views.metrics_registry``). Set it per host and per deployment (gunicorn's workers share one directory, a
+(``controlplane.metrics.views.metrics_registry``). Set it per host and per deployment (gunicorn's workers share one directory, a
 Celery worker's pool processes another), empty it when the deployment starts, and never share it between
 hosts: on Kubernetes each pod serves its own ``/metrics``. Gauges say how they combine across processes
 (``multiprocess_mode``); counters and histograms are summed.

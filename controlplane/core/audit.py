@@ -7,7 +7,7 @@ bases. It records, as one AuditEntry each,
   names the action, the selected objects, and how it ended.
 
 It also applies the roles' rule for list actions: an action that declares no ``allowed_permissions`` of its
-own changes state through a service, so it is offered only to users with ``console.run_admin_actions`` (the
+own changes state through a service, so it is offered only to users with ``core.run_admin_actions`` (the
 operator and admin roles, roles.py); a viewer sees no action at all."""
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from django.contrib.admin import ModelAdmin
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 
-from controlplane.console.models import AuditEntry
+from controlplane.core.models import AuditEntry
 
-RUN_ACTIONS_PERMISSION = "console.run_admin_actions"
+RUN_ACTIONS_PERMISSION = "core.run_admin_actions"
 # Ids of the selection kept in an entry: enough to find the rows again, bounded for a select-all of 10,000.
 AUDIT_MAX_IDS = 200
 

@@ -1,7 +1,8 @@
-"""Operator actions on the queue: a batch's priority class (pausing a tenant lives in tenants.services,
-pausing a model in fleet.services: each app writes its own rows).
+"""An operator action on the queue: a batch's priority class. It writes a batch row, so it lives with the
+batches (pausing a tenant lives in tenants.services, pausing a model in fleet.services: each app writes its
+own rows); the admin's queue page (scheduling) and the batch admin both call it.
 
-Each one commits its change with an audit row (a BatchEvent, the tenant's TenantEvent, or a PlacementEvent
+Each such action commits its change with an audit row (a BatchEvent, the tenant's TenantEvent, or a PlacementEvent
 for a catalogue model) and then asks the dispatcher for a top-up (core.dispatch, sent after commit), so
 the change takes effect at once instead of at the next beat. For a pause the top-up creates nothing (a
 paused tenant's or model's shards are not runnable), but one rule for every action is simpler than

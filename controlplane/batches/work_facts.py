@@ -1,0 +1,79 @@
+"""The shard table's answers to what fleet asks (fleet/work.py): live demand, finished work, backlog by batch
+deadline and the shards routed to a server. Registered as fleet's WorkSource in apps.py."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+
+from django.db.models import Count, F, Q, Sum
+from django.utils import timezone
+
+from controlplane.batches.models import BatchStatus, Shard, ShardStatus
+from controlplane.fleet.work import BatchBacklog, Demand, FinishedWork
+
+
+class ShardWork:
+    def demand_by_model(self) -> dict[str, Demand]:
+        rows = (
+            Shard.objects.filter(
+                status__in=(ShardStatus.PENDING, ShardStatus.RUNNING),
+                batch__status=BatchStatus.IN_PROGRESS,
+                batch__stop_reason__isnull=True,
+            )
+            .values("batch__model")
+            .annotate(lines=Sum("request_count"), running=Count("id", filter=Q(status=ShardStatus.RUNNING)))
+        )
+        return {row["batch__model"]: Demand(int(row["lines"] or 0), int(row["running"])) for row in rows}
+
+    def finished_since(self, since: datetime) -> list[FinishedWork]:
+        rows = (
+            Shard.objects.filter(status=ShardStatus.SUCCEEDED, finished_at__gte=since, started_at__isnull=False)
+            .values("batch__model")
+            .annotate(lines=Sum(F("completed_lines") + F("failed_lines")), busy=Sum(F("finished_at") - F("started_at")))
+        )
+        return [
+            FinishedWork(
+                model=row["batch__model"],
+                lines=int(row["lines"] or 0),
+                busy_seconds=row["busy"].total_seconds() if row["busy"] else 0.0,
+            )
+            for row in rows
+        ]
+
+    def schedulable_backlog(self) -> list[BatchBacklog]:
+        # Pending work of a paused tenant is left out: it cannot run, so servers would not help it.
+        live = Q(status=ShardStatus.RUNNING) | Q(status=ShardStatus.PENDING, batch__tenant__paused=False)
+        rows = (
+            Shard.objects.filter(live, batch__status=BatchStatus.IN_PROGRESS, batch__stop_reason__isnull=True)
+            .values("batch_id", "batch__model", "batch__expires_at")
+            .annotate(
+                work=Sum("work_units"),
+                lines=Sum("request_count"),
+                running=Count("id", filter=Q(status=ShardStatus.RUNNING)),
+                running_work=Sum("work_units", filter=Q(status=ShardStatus.RUNNING)),
+            )
+        )
+        return [
+            BatchBacklog(
+                model=row["batch__model"],
+                expires_at=row["batch__expires_at"],
+                work_units=float(row["work"]) if row["work"] else None,
+                lines=int(row["lines"] or 0),
+                running_shards=int(row["running"]),
+                running_work_units=float(row["running_work"] or 0),
+            )
+            for row in rows
+        ]
+
+    def shards_routed_to(self, server_name: str) -> int:
+        # A dead worker's shard sends nothing (expired lease); Shard.triton_server lists the routes it started with.
+        return (
+            Shard.objects.filter(
+                status=ShardStatus.RUNNING,
+                lease_expires_at__gt=timezone.now(),
+                triton_server__regex=rf"(^|,){re.escape(server_name)}(,|$)",
+            )
+            .only("id")
+            .count()
+        )
