@@ -13,7 +13,7 @@ from pathlib import Path
 import dj_database_url
 
 from controlplane.console import console_settings
-from controlplane.core import fs_broker, logs, openapi_settings
+from controlplane.core import fs_broker, logs, openapi_settings, queues
 from controlplane.core.env import (
     SECRET_KEY_FILENAME,
     env_bool,
@@ -327,14 +327,18 @@ else:
         # this is a backstop that must exceed the longest shard.
         "visibility_timeout": 3600,
     }
+    # Stacks that share one Redis database stay apart by key prefix (test runs side by side, several
+    # deployments on one Redis): each sees only its own queues and unacked messages.
+    if _broker_key_prefix := env_str("CELERY_BROKER_KEY_PREFIX", ""):
+        CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] = _broker_key_prefix
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 900)
 CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 960)
-CELERY_TASK_DEFAULT_QUEUE = "control"
-CELERY_TASK_ROUTES = {"scheduling.slot_run": {"queue": "shards"}, "webhooks.deliver": {"queue": "webhooks"}}
+CELERY_TASK_DEFAULT_QUEUE = queues.DEFAULT_QUEUE
+CELERY_TASK_ROUTES = {task: {"queue": queue} for task, queue in queues.TASK_QUEUES.items()}
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {

@@ -56,3 +56,42 @@ def fresh_queue_rankings():
     from controlplane.scheduling import selectors
 
     selectors._rankings.clear()
+
+
+# `make test` runs the suite in pytest-xdist workers with --dist loadgroup. Tests that share an expensive
+# session fixture go to one worker as a group, so each fixture starts once, not once per worker: the
+# end-to-end stack (gunicorn, workers, beat, a tritonserver), the chaos suite's own stacks (they kill and restart
+# processes, so they run apart from the shared stack), and tests on the session tritonserver. Everything else
+# spreads over all workers.
+_CHAOS_DIR = "tests/chaos/"
+
+
+def _xdist_group(item: pytest.Item) -> str | None:
+    path = item.nodeid
+    if path.startswith(_CHAOS_DIR):
+        return "chaos"
+    if item.get_closest_marker("e2e") is not None:
+        return "stack"
+    if "triton_server" in getattr(item, "fixturenames", ()):
+        return "triton"
+    return None
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fast",
+        action="store_true",
+        help="`make test-fast`: leave out what starts processes (the stack, chaos, a tritonserver)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    fast, kept, left_out = config.getoption("--fast"), [], []
+    for item in items:
+        group = _xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+        (left_out if fast and group is not None else kept).append(item)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = kept

@@ -26,6 +26,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.core.models import OutboxMessage
+from controlplane.core.queues import queue_for
 
 logger = logging.getLogger(__name__)
 
@@ -36,11 +37,6 @@ SLOT = "scheduling.slot_run"
 WEBHOOK_DELIVER = "webhooks.deliver"
 FLEET_RECONCILE = "fleet.reconcile"
 
-# Slots go to their own queue so control work (validation, finalization, beat jobs) never waits
-# behind a backlog of model work.
-# Webhook attempts wait on tenants' receivers (up to WEBHOOK_TIMEOUT_SECONDS each): they get a queue and a
-# worker of their own, so a slow receiver never holds a control or shard thread.
-_QUEUES = {SLOT: "shards", WEBHOOK_DELIVER: "webhooks"}
 # A short publish retry: a broker blip is absorbed here, a real outage falls through to the outbox
 # (or to beat's regeneration) within a second instead of blocking the request that committed.
 _PUBLISH_RETRY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2}
@@ -55,7 +51,7 @@ def send(task_name: str, args: list[Any]) -> None:
     current_app.send_task(
         task_name,
         args=args,
-        queue=_QUEUES.get(task_name, "control"),
+        queue=queue_for(task_name),
         retry=True,
         retry_policy=_PUBLISH_RETRY,
     )

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
-import redis
 
 from deploy.local.stack import Stack, find_free_port
 from deploy.local.triton_server import LocalTriton, running_local_server
@@ -34,7 +33,8 @@ def local_fleet(
     with psycopg.connect(ADMIN_DB_URL, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{db_name}"')
     db_url = ADMIN_DB_URL.rsplit("/", 1)[0] + f"/{db_name}"
-    redis.Redis.from_url(broker_url).flushdb()
+    # Its own key prefix on the shared Redis database: nothing to flush, and no other stack's messages.
+    broker_prefix = f"{db_name}:"
     with contextlib.ExitStack() as stack_of_servers:
         handles = [
             stack_of_servers.enter_context(_tolerant(running_local_server(log_path=work_dir / f"triton{i}.log")))
@@ -43,7 +43,12 @@ def local_fleet(
         stack = Stack(
             var_dir=work_dir / "stack",
             web_port=find_free_port(),
-            env={"DATABASE_URL": db_url, "CELERY_BROKER_URL": broker_url, **env},
+            env={
+                "DATABASE_URL": db_url,
+                "CELERY_BROKER_URL": broker_url,
+                "CELERY_BROKER_KEY_PREFIX": broker_prefix,
+                **env,
+            },
             with_triton=False,
         )
         try:

@@ -57,6 +57,12 @@ class E2E:
         )
 
 
+def broker_env(url: str) -> dict[str, str]:
+    """A stack's broker settings: a shared Redis database, with a key prefix of the stack's own, so stacks of
+    test runs side by side (xdist workers, checkouts) never take each other's messages and need no flush."""
+    return {"CELERY_BROKER_URL": url, "CELERY_BROKER_KEY_PREFIX": f"stack-{uuid.uuid4().hex[:8]}:"}
+
+
 @contextlib.contextmanager
 def fresh_database(prefix: str) -> Iterator[str]:
     """A new empty Postgres database for one stack (its URL), dropped afterwards."""
@@ -77,11 +83,10 @@ def e2e(triton_server, tmp_path_factory) -> Iterator[E2E]:
 
 
 def _e2e_stack(triton_server, tmp_path_factory, db_url: str) -> Iterator[E2E]:
-    redis.Redis.from_url(BROKER_URL).flushdb()
     var_dir = Path(tmp_path_factory.mktemp("stack"))
     env = {
         "DATABASE_URL": db_url,
-        "CELERY_BROKER_URL": BROKER_URL,
+        **broker_env(BROKER_URL),
         # Small shards and short leases make several shards per batch and a quick rescue.
         "SHARD_MAX_LINES": "16",
         "SHARD_LEASE_SECONDS": "3",

@@ -26,7 +26,7 @@ import pytest
 import redis
 
 from deploy.local.stack import REPO_ROOT, Stack, find_free_port
-from tests.e2e.conftest import fresh_database
+from tests.e2e.conftest import broker_env, fresh_database
 from tests.e2e.helpers import assert_exactly_once, submit, tensor_lines
 
 pytestmark = [pytest.mark.e2e, pytest.mark.scale]
@@ -98,10 +98,9 @@ def scaled(tmp_path_factory) -> Iterator[Scaled]:
 
 
 def _scaled_stack(tmp_path_factory, db_url: str) -> Iterator[Scaled]:
-    redis.Redis.from_url(BROKER_URL).flushdb()
     env = {
         "DATABASE_URL": db_url,
-        "CELERY_BROKER_URL": BROKER_URL,
+        **broker_env(BROKER_URL),
         "BATCH_COMPLETION_WINDOWS": f"24h,{PROFILE.window}",
         "RESCUE_INTERVAL_SECONDS": "1",
         # The placement loop, quick as in the placement scenario.

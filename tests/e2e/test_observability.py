@@ -21,7 +21,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.local.stack import Stack, find_free_port
-from tests.e2e.conftest import E2E, fresh_database
+from tests.e2e.conftest import E2E, broker_env, fresh_database
 from tests.e2e.helpers import submit, tensor_lines
 
 pytestmark = pytest.mark.e2e
@@ -60,7 +60,6 @@ def observed(tmp_path_factory) -> Iterator[ObservedStack]:
 
 
 def _observed_stack(tmp_path_factory, db_url: str) -> Iterator[ObservedStack]:
-    redis.Redis.from_url(OBS_BROKER_URL).flushdb()
     var_dir = Path(tmp_path_factory.mktemp("obs-stack"))
     ports = {name: find_free_port() for name in WORKERS}
     process_env: dict[str, dict[str, str]] = {}
@@ -74,7 +73,7 @@ def _observed_stack(tmp_path_factory, db_url: str) -> Iterator[ObservedStack]:
     process_env["web"]["METRICS_DB_GAUGES"] = "1"
     env = {
         "DATABASE_URL": db_url,
-        "CELERY_BROKER_URL": OBS_BROKER_URL,
+        **broker_env(OBS_BROKER_URL),
         "SHARD_MAX_LINES": "16",
         "LOG_FORMAT": "json",
         "METRICS_TOKEN": TOKEN,
