@@ -95,7 +95,7 @@ class GenerationRequest:
 
 # Fields of OpenAI's request that the service does not honour, with the values that mean "not used" (null
 # always does): any other value is a 400 naming the field rather than a result that silently differs.
-_CHAT_NOT_HONOURED: dict[str, tuple[Any, ...]] = {
+CHAT_NOT_HONOURED: dict[str, tuple[Any, ...]] = {
     "stream": (False,),
     "stream_options": (),
     "tools": (),
@@ -118,7 +118,7 @@ _CHAT_NOT_HONOURED: dict[str, tuple[Any, ...]] = {
 # Accepted and checked but not acted on: they cannot change a completion (a cache-routing hint, an abuse-
 # tracking id, a flag that only matters with tools). Prefix caching here is automatic.
 _CHAT_IGNORED = ("safety_identifier", "prompt_cache_key", "parallel_tool_calls")
-_CHAT_HONOURED = frozenset(
+CHAT_HONOURED = frozenset(
     {
         "model",
         "messages",
@@ -139,7 +139,7 @@ _CHAT_HONOURED = frozenset(
         *_CHAT_IGNORED,
     }
 )
-_COMPLETION_NOT_HONOURED: dict[str, tuple[Any, ...]] = {
+COMPLETION_NOT_HONOURED: dict[str, tuple[Any, ...]] = {
     "stream": (False,),
     "stream_options": (),
     "best_of": (1,),
@@ -147,7 +147,7 @@ _COMPLETION_NOT_HONOURED: dict[str, tuple[Any, ...]] = {
     "logit_bias": ({},),
     "suffix": ("",),
 }
-_COMPLETION_HONOURED = frozenset(
+COMPLETION_HONOURED = frozenset(
     {
         "model",
         "prompt",
@@ -168,7 +168,7 @@ _COMPLETION_HONOURED = frozenset(
 def parse_chat_body(body: Any, *, tokenizer: ChatTokenizer, context_length: int) -> GenerationRequest:
     """A ``/v1/chat/completions`` body; raises only ``BodyError``."""
     fields = _body_object(body)
-    check_unsupported(fields, _CHAT_NOT_HONOURED, _CHAT_HONOURED)
+    check_unsupported(fields, CHAT_NOT_HONOURED, CHAT_HONOURED)
     read_string(fields, "safety_identifier", max_chars=64)  # OpenAI's limits and types
     read_string(fields, "prompt_cache_key")
     read_bool(fields, "parallel_tool_calls")
@@ -203,7 +203,7 @@ def parse_chat_body(body: Any, *, tokenizer: ChatTokenizer, context_length: int)
 def parse_completion_body(body: Any, *, tokenizer: ChatTokenizer, context_length: int) -> GenerationRequest:
     """A ``/v1/completions`` body; raises only ``BodyError``."""
     fields = _body_object(body)
-    check_unsupported(fields, _COMPLETION_NOT_HONOURED, _COMPLETION_HONOURED)
+    check_unsupported(fields, COMPLETION_NOT_HONOURED, COMPLETION_HONOURED)
     model = _model(fields)
     prompt_text = _prompt(require(fields, "prompt"))
     token_ids = tuple(tokenizer.encode(prompt_text, add_special_tokens=True))
