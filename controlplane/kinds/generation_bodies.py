@@ -118,12 +118,11 @@ CHAT_NOT_HONOURED: dict[str, tuple[Any, ...]] = {
 # Accepted and checked but not acted on: they cannot change a completion (a cache-routing hint, an abuse-
 # tracking id, a flag that only matters with tools). Prefix caching here is automatic.
 _CHAT_IGNORED = ("safety_identifier", "prompt_cache_key", "parallel_tool_calls")
-CHAT_HONOURED = frozenset(
+# What both endpoints honour (the sampling fields), then each endpoint's own.
+_SHARED_HONOURED = frozenset(
     {
         "model",
-        "messages",
         "max_tokens",
-        "max_completion_tokens",
         "temperature",
         "top_p",
         "seed",
@@ -132,13 +131,17 @@ CHAT_HONOURED = frozenset(
         "presence_penalty",
         "frequency_penalty",
         "logprobs",
-        "top_logprobs",
-        "response_format",
         "user",
-        "metadata",
-        *_CHAT_IGNORED,
     }
 )
+CHAT_HONOURED = _SHARED_HONOURED | {
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    "response_format",
+    "metadata",
+    *_CHAT_IGNORED,
+}
 COMPLETION_NOT_HONOURED: dict[str, tuple[Any, ...]] = {
     "stream": (False,),
     "stream_options": (),
@@ -147,22 +150,7 @@ COMPLETION_NOT_HONOURED: dict[str, tuple[Any, ...]] = {
     "logit_bias": ({},),
     "suffix": ("",),
 }
-COMPLETION_HONOURED = frozenset(
-    {
-        "model",
-        "prompt",
-        "max_tokens",
-        "temperature",
-        "top_p",
-        "seed",
-        "stop",
-        "n",
-        "presence_penalty",
-        "frequency_penalty",
-        "logprobs",
-        "user",
-    }
-)
+COMPLETION_HONOURED = _SHARED_HONOURED | {"prompt"}
 
 
 def parse_chat_body(body: Any, *, tokenizer: ChatTokenizer, context_length: int) -> GenerationRequest:

@@ -38,10 +38,14 @@ class BodyError(Exception):
     error_type = "invalid_request_error"
 
     def __init__(self, param: str | None, code: str, message: str):
-        super().__init__(message)
+        # All three in args, so the error pickles (Celery results, process pools) and comes back whole.
+        super().__init__(param, code, message)
         self.param = param
         self.code = code
         self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
     def error_body(self) -> dict[str, Any]:
         """OpenAI's error response body (ErrorResponse in its spec)."""
@@ -251,11 +255,7 @@ def read_response_format(body: Mapping[str, Any]) -> ResponseFormat:
             "invalid_value",
             f"Invalid value: {short(kind)}. Supported values are: 'text', 'json_object' and 'json_schema'.",
         )
-    spec = value.get("json_schema")
-    if spec is None:
-        raise missing("response_format.json_schema")
-    if not isinstance(spec, dict):
-        raise wrong_type("response_format.json_schema", "an object", spec)
+    spec = _required_object(value, "json_schema", "response_format.json_schema")
     name = spec.get("name")
     if name is None:
         raise missing("response_format.json_schema.name")
@@ -266,11 +266,7 @@ def read_response_format(body: Mapping[str, Any]) -> ResponseFormat:
             f"Invalid 'response_format.json_schema.name': {short(name)} must match ^[a-zA-Z0-9_-]{{1,64}}$.",
         )
     # The spec leaves `schema` optional, but constrained decoding needs one: refused rather than ignored.
-    schema = spec.get("schema")
-    if schema is None:
-        raise missing("response_format.json_schema.schema")
-    if not isinstance(schema, dict):
-        raise wrong_type("response_format.json_schema.schema", "an object", schema)
+    schema = _required_object(spec, "schema", "response_format.json_schema.schema")
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
@@ -290,6 +286,15 @@ def read_response_format(body: Mapping[str, Any]) -> ResponseFormat:
     if strict is not None and not isinstance(strict, bool):
         raise wrong_type("response_format.json_schema.strict", "a boolean", strict)
     return ResponseFormat(type="json_schema", name=name, schema=json.dumps(schema, sort_keys=True), strict=bool(strict))
+
+
+def _required_object(container: Mapping[str, Any], key: str, param: str) -> dict[str, Any]:
+    value = container.get(key)
+    if value is None:
+        raise missing(param)
+    if not isinstance(value, dict):
+        raise wrong_type(param, "an object", value)
+    return value
 
 
 def check_unsupported(body: Mapping[str, Any], known: Mapping[str, tuple[Any, ...]], honoured: frozenset[str]) -> None:

@@ -99,26 +99,17 @@ def render_chat_completion(
     created: int,
     system_fingerprint: str | None = None,
 ) -> dict[str, Any]:
-    _check(request, result)
-    body: dict[str, Any] = {
-        "id": completion_id,
-        "object": "chat.completion",
-        "created": created,
-        "model": request.model,
-        "choices": [
-            {
-                "index": index,
-                "message": {"role": "assistant", "content": choice.text, "refusal": None, "annotations": []},
-                "logprobs": _chat_logprobs(request, choice),
-                "finish_reason": choice.finish_reason,
-            }
-            for index, choice in enumerate(result.choices)
-        ],
-        "usage": _usage(result),
-        "service_tier": "default",
-    }
-    if system_fingerprint is not None:
-        body["system_fingerprint"] = system_fingerprint
+    choices: list[dict[str, Any]] = [
+        {
+            "index": index,
+            "message": {"role": "assistant", "content": choice.text, "refusal": None, "annotations": []},
+            "logprobs": _chat_logprobs(request, choice),
+            "finish_reason": choice.finish_reason,
+        }
+        for index, choice in enumerate(result.choices)
+    ]
+    body = _envelope("chat.completion", request, result, completion_id, created, system_fingerprint, choices)
+    body["service_tier"] = "default"
     return body
 
 
@@ -130,21 +121,34 @@ def render_text_completion(
     created: int,
     system_fingerprint: str | None = None,
 ) -> dict[str, Any]:
+    choices = [
+        {
+            "text": choice.text,
+            "index": index,
+            "logprobs": _legacy_logprobs(request, choice),
+            "finish_reason": choice.finish_reason,
+        }
+        for index, choice in enumerate(result.choices)
+    ]
+    return _envelope("text_completion", request, result, completion_id, created, system_fingerprint, choices)
+
+
+def _envelope(
+    kind: str,
+    request: GenerationRequest,
+    result: EngineResult,
+    completion_id: str,
+    created: int,
+    system_fingerprint: str | None,
+    choices: list[dict[str, Any]],
+) -> dict[str, Any]:
     _check(request, result)
     body: dict[str, Any] = {
         "id": completion_id,
-        "object": "text_completion",
+        "object": kind,
         "created": created,
         "model": request.model,
-        "choices": [
-            {
-                "text": choice.text,
-                "index": index,
-                "logprobs": _legacy_logprobs(request, choice),
-                "finish_reason": choice.finish_reason,
-            }
-            for index, choice in enumerate(result.choices)
-        ],
+        "choices": choices,
         "usage": _usage(result),
     }
     if system_fingerprint is not None:

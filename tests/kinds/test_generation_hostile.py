@@ -4,8 +4,11 @@ for the reason it names."""
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
+from controlplane.batches.records import failed_response_record
 from controlplane.kinds.generation_bodies import BodyError, parse_chat_body, parse_completion_body
 from tests.contracts.openai_schema import validate
 from tests.kinds.conftest import CONTEXT
@@ -243,3 +246,31 @@ def test_the_valid_bodies_the_cases_start_from_are_valid(tokenizer):
 def test_a_body_that_is_not_an_object(tokenizer, body):
     for parse in (parse_chat_body, parse_completion_body):
         _check(_error(parse, body, tokenizer), None, "invalid_type")
+
+
+def test_the_error_file_line_is_a_400_with_openais_error_body(tokenizer):
+    error = _error(parse_chat_body, _changed(VALID_CHAT, {"n": 9}), tokenizer)
+    record = failed_response_record(
+        "batch_1", 3, "req-3", status_code=error.status_code, message=error.message, code=error.code
+    )
+    assert (record["custom_id"], record["response"]["status_code"], record["error"]) == ("req-3", 400, None)
+    validate(record["response"]["body"], "ErrorResponse")
+    expected = error.error_body()["error"]
+    assert {k: v for k, v in record["response"]["body"]["error"].items() if k != "param"} == {
+        k: v for k, v in expected.items() if k != "param"
+    }
+
+
+@pytest.mark.xfail(strict=True, reason="batches.records.failed_response_record takes no param yet (the seam adds it)")
+def test_the_error_file_line_names_the_field(tokenizer):
+    error = _error(parse_chat_body, _changed(VALID_CHAT, {"n": 9}), tokenizer)
+    record = failed_response_record(
+        "batch_1", 3, "req-3", status_code=400, message=error.message, code=error.code, param=error.param
+    )
+    assert record["response"]["body"] == error.error_body()
+
+
+def test_a_line_error_survives_pickling(tokenizer):
+    error = _error(parse_chat_body, _changed(VALID_CHAT, {"n": 9}), tokenizer)
+    copy = pickle.loads(pickle.dumps(error))
+    assert (copy.param, copy.code, copy.message, str(copy)) == (error.param, error.code, error.message, error.message)
