@@ -5,8 +5,12 @@ PY := $(VENV)/bin/python
 # The test suite's real services (started by scripts/ensure_services.sh when down).
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/controlplane
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
+# pytest-xdist workers: the stack, the chaos suite and the tritonserver modules each run as one group on a
+# worker while the rest spread over all (tests/conftest.py); most of that time is spent waiting on processes,
+# so three workers pay on two cores.
+TEST_WORKERS ?= 3
 
-.PHONY: install demo serve test test-unit lint chaos scale bench bench-quick bench-1g clean
+.PHONY: install demo serve test test-fast test-unit lint chaos scale bench bench-quick bench-1g clean
 
 # requirements.txt, then the batchctl console script (pyproject.toml) as an editable install: setuptools is
 # pinned in requirements.txt, so the build needs no download.
@@ -38,7 +42,12 @@ test: install
 	$(VENV)/bin/ruff format --check controlplane batchctl deploy scripts bench build_engines tests
 	$(VENV)/bin/mypy controlplane batchctl
 	$(VENV)/bin/lint-imports
-	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m pytest -q
+	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m pytest -q -n $(TEST_WORKERS)
+
+# The edit loop: unit and API tests, nothing that starts processes (tests/conftest.py `--fast`); ~2 min.
+test-fast: install
+	bash scripts/ensure_services.sh
+	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m pytest -q -n $(TEST_WORKERS) --fast
 
 test-unit: install
 	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) -m pytest -q -m "not e2e"

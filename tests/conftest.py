@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 
@@ -58,22 +60,33 @@ def fresh_queue_rankings():
     selectors._rankings.clear()
 
 
-# `make test` runs the suite in pytest-xdist workers with --dist loadgroup. Tests that share an expensive
-# session fixture go to one worker as a group, so each fixture starts once, not once per worker: the
-# end-to-end stack (gunicorn, workers, beat, a tritonserver), the chaos suite's own stacks (they kill and restart
-# processes, so they run apart from the shared stack), and tests on the session tritonserver. Everything else
-# spreads over all workers.
-_CHAOS_DIR = "tests/chaos/"
+# `make test` runs the suite in pytest-xdist workers. Tests that share an expensive fixture run on one worker as
+# a group, so each fixture starts once, not once per worker: the end-to-end stack (gunicorn, workers, beat, a
+# tritonserver), the chaos suite's own stacks (they kill and restart processes, so they run apart from the shared
+# stack), and the modules on a tritonserver of their own. Everything else spreads over all workers, test by test.
+# Groups are decided from the test's path: xdist's own `xdist_group` marks do not reach its scheduler under
+# pytest 9 (xdist 3.8 renames `item._nodeid`, which pytest 9 no longer reads), so the scheduler is ours.
+_GROUPS = (
+    ("tests/chaos/", "chaos"),
+    ("tests/e2e/", "stack"),
+    ("tests/triton/", "processes"),
+    ("tests/build_engines/test_serving.py", "processes"),
+    ("tests/deploy/test_orchestrator.py", "processes"),
+    ("tests/deploy/test_supervision.py", "processes"),
+    ("tests/deploy/test_metric_references.py", "processes"),
+    ("tests/fleet/test_membership.py", "processes"),
+    ("tests/fleet/test_membership_triton.py", "processes"),
+    ("tests/fleet/test_readiness.py", "processes"),
+    ("tests/fleet/test_reconciler.py", "processes"),
+    ("tests/metrics/", "processes"),
+    ("tests/console/test_samples.py", "processes"),
+)
 
 
-def _xdist_group(item: pytest.Item) -> str | None:
-    path = item.nodeid
-    if path.startswith(_CHAOS_DIR):
-        return "chaos"
-    if item.get_closest_marker("e2e") is not None:
-        return "stack"
-    if "triton_server" in getattr(item, "fixturenames", ()):
-        return "triton"
+def test_group(nodeid: str) -> str | None:
+    for prefix, group in _GROUPS:
+        if nodeid.startswith(prefix):
+            return group
     return None
 
 
@@ -86,12 +99,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    fast, kept, left_out = config.getoption("--fast"), [], []
-    for item in items:
-        group = _xdist_group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
-        (left_out if fast and group is not None else kept).append(item)
+    if not config.getoption("--fast"):
+        return
+    kept = [item for item in items if test_group(item.nodeid) is None]
+    left_out = [item for item in items if test_group(item.nodeid) is not None]
     if left_out:
         config.hook.pytest_deselected(items=left_out)
         items[:] = kept
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        """A group is one unit of work for one worker; any other test is a unit of its own."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return test_group(nodeid) or nodeid
+
+    return GroupScheduling(config, log)
