@@ -20,6 +20,7 @@ from controlplane.core.env import (
     env_choice,
     env_float,
     env_int,
+    env_int_list,
     env_list,
     env_pair,
     env_secret_key,
@@ -273,6 +274,8 @@ SCHEDULER_TOPUP_INTERVAL_SECONDS = env_float("SCHEDULER_TOPUP_INTERVAL_SECONDS",
 # --- Webhooks (docs/ARCHITECTURE.md, "Webhooks") ----------------------------------------------------
 # Endpoints on 127.0.0.0/8 and ::1 (only those; private and link-local stay refused): tests, the local runner.
 WEBHOOK_ALLOW_LOOPBACK = env_bool("WEBHOOK_ALLOW_LOOPBACK", False)
+# Webhook URLs may name ports 80 and 443 and these (e.g. "8443"); every other port is refused (urlguard.py).
+WEBHOOK_EXTRA_PORTS = env_int_list("WEBHOOK_EXTRA_PORTS", [], minimum=1, maximum=65535)
 # Connect and each read of one delivery attempt; a receiver should answer at once and work afterwards.
 WEBHOOK_TIMEOUT_SECONDS = env_float("WEBHOOK_TIMEOUT_SECONDS", 10.0)
 # A delivery is retried this long after its event (then `exhausted`): 5 s doubling, at most an hour apart.

@@ -20,6 +20,7 @@ from controlplane.metrics import registry as metrics
 from controlplane.webhooks.delivery import Outcome, post
 from controlplane.webhooks.models import OPEN_STATUSES, DeliveryStatus, WebhookAttempt, WebhookDelivery
 from controlplane.webhooks.services import signing_secrets
+from controlplane.webhooks.urlguard import UrlPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ def delivery_attempt(*, delivery_id: str, now: datetime) -> Outcome | None:
         webhook_id=delivery.id,
         signing_secrets=signing_secrets(delivery.endpoint, now=now),
         timeout=settings.WEBHOOK_TIMEOUT_SECONDS,
-        allow_loopback=settings.WEBHOOK_ALLOW_LOOPBACK,
+        policy=UrlPolicy.configured(),
     )
     _outcome_record(delivery, number=number, started_at=now, outcome=outcome)
     metrics.WEBHOOK_DELIVERIES.labels(outcome="succeeded" if outcome.ok else "failed").inc()

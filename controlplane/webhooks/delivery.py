@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from standardwebhooks import Webhook
 
 from controlplane.core.errors import storable_text
-from controlplane.webhooks.urlguard import Target, UnsafeUrl, target_resolve
+from controlplane.webhooks.urlguard import Target, UnsafeUrl, UrlPolicy, target_resolve
 
 USER_AGENT = "controlplane-webhooks/1"
 # How much of a receiver's answer is read and kept for the delivery log: enough to see an error message.
@@ -95,7 +95,7 @@ class _PinnedHTTPSConnection(http.client.HTTPSConnection):
 
 
 def post(
-    *, url: str, body: str, webhook_id: str, signing_secrets: Sequence[str], timeout: float, allow_loopback: bool
+    *, url: str, body: str, webhook_id: str, signing_secrets: Sequence[str], timeout: float, policy: UrlPolicy
 ) -> Outcome:
     """Resolve and check ``url``, then POST ``body`` signed now. Never raises for the receiver's faults:
     refusal, DNS, connection, TLS, timeout and protocol errors come back as ``Outcome.error``. ``timeout``
@@ -106,7 +106,7 @@ def post(
         return int((time.monotonic() - started) * 1000)
 
     try:
-        target = target_resolve(url, allow_loopback=allow_loopback)
+        target = target_resolve(url, policy=policy)
     except UnsafeUrl as exc:
         return Outcome(status_code=None, error=exc.message, duration_ms=elapsed_ms())
     connection_class = _PinnedHTTPSConnection if target.scheme == "https" else _PinnedHTTPConnection

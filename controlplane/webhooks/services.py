@@ -26,7 +26,7 @@ from controlplane.webhooks.models import (
     new_delivery_id,
     new_event_id,
 )
-from controlplane.webhooks.urlguard import target_resolve
+from controlplane.webhooks.urlguard import UrlPolicy, target_resolve
 
 # Enough for a tenant's environments and tools; each terminal batch state costs one delivery per endpoint.
 MAX_ENDPOINTS_PER_TENANT = 20
@@ -55,7 +55,7 @@ def _name_parse(value: object) -> str:
 
 def _url_parse(value: object) -> str:
     # Resolved here, outside any transaction: a slow DNS answer holds no lock.
-    target_resolve(value, allow_loopback=settings.WEBHOOK_ALLOW_LOOPBACK)
+    target_resolve(value, policy=UrlPolicy.configured())
     assert isinstance(value, str)  # target_resolve refuses anything else
     return value
 
@@ -223,5 +223,5 @@ def webhook_endpoint_test(*, endpoint: WebhookEndpoint, event_type: object) -> O
         webhook_id=new_delivery_id(),
         signing_secrets=signing_secrets(endpoint, now=now),
         timeout=settings.WEBHOOK_TIMEOUT_SECONDS,
-        allow_loopback=settings.WEBHOOK_ALLOW_LOOPBACK,
+        policy=UrlPolicy.configured(),
     )
