@@ -165,11 +165,10 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["controlplane.tenants.auth.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["controlplane.tenants.auth.IsTenant"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": [
-        "controlplane.core.parsers.LimitedJSONParser",  # API_MAX_JSON_BYTES, no 500 on hostile JSON
-        "rest_framework.parsers.MultiPartParser",
-        "rest_framework.parsers.FormParser",
-    ],
+    # JSON only (API_MAX_JSON_BYTES, no 500 on hostile JSON). Multipart is parsed by POST /v1/files alone
+    # (files/views.py), under FILE_MAX_BYTES and the storage quota: a global multipart parser let any endpoint
+    # spool a body of any size to a temporary file before its 400. Anything else is a 415, unread.
+    "DEFAULT_PARSER_CLASSES": ["controlplane.core.parsers.LimitedJSONParser"],
     "EXCEPTION_HANDLER": "controlplane.core.errors.api_exception_handler",
     "UNAUTHENTICATED_USER": None,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
