@@ -214,8 +214,9 @@ SHARD_MAX_LEASE_EXPIRIES = env_int("SHARD_MAX_LEASE_EXPIRIES", 8, minimum=1)
 RESCUE_INTERVAL_SECONDS = env_float("RESCUE_INTERVAL_SECONDS", 2.0)
 # A batch still in validating this long after its validation was (re)enqueued lost its message or its
 # worker: the rescuer enqueues it again (validation checks the status first, so a duplicate is harmless) and
-# fails it after validation_rescue.VALIDATION_MAX_ATTEMPTS tries. Longer than CELERY_TASK_TIME_LIMIT, so a
-# validation that is still running is never duplicated. A finalizer still finalizing after
+# fails it after validation_rescue.VALIDATION_MAX_ATTEMPTS tries. The running attempt stops itself a little
+# before this deadline (batches/validation_deadline.py; the control worker's thread pool ignores Celery's time
+# limits), so a validation that is still running is never duplicated. A finalizer still finalizing after
 # FINALIZE_STALE_SECONDS is presumed dead and another one starts (finalization is idempotent).
 BATCH_VALIDATION_DEADLINE_SECONDS = env_int("BATCH_VALIDATION_DEADLINE_SECONDS", 1200, minimum=1)
 FINALIZE_STALE_SECONDS = env_int("FINALIZE_STALE_SECONDS", 600, minimum=1)
@@ -275,8 +276,17 @@ SCHEDULER_TOPUP_INTERVAL_SECONDS = env_float("SCHEDULER_TOPUP_INTERVAL_SECONDS",
 WEBHOOK_ALLOW_LOOPBACK = env_bool("WEBHOOK_ALLOW_LOOPBACK", False)
 # Webhook URLs may name ports 80 and 443 and these (e.g. "8443"); every other port is refused (urlguard.py).
 WEBHOOK_EXTRA_PORTS = env_int_list("WEBHOOK_EXTRA_PORTS", [], minimum=1, maximum=65535)
-# Connect and each read of one delivery attempt; a receiver should answer at once and work afterwards.
+# One whole delivery attempt (DNS, connect, TLS, send, headers, body), enforced in code (webhooks/delivery.py:
+# the worker's thread pool ignores Celery's time limits); a receiver should answer at once and work afterwards.
 WEBHOOK_TIMEOUT_SECONDS = env_float("WEBHOOK_TIMEOUT_SECONDS", 10.0)
+# A webhooks worker process runs at most this many attempts at once per endpoint and per tenant (more wait in
+# the database): one tenant's slow receivers cannot hold every thread (webhooks/inflight.py).
+WEBHOOK_MAX_INFLIGHT_PER_ENDPOINT = env_int("WEBHOOK_MAX_INFLIGHT_PER_ENDPOINT", 1, minimum=1)
+WEBHOOK_MAX_INFLIGHT_PER_TENANT = env_int("WEBHOOK_MAX_INFLIGHT_PER_TENANT", 2, minimum=1)
+# POST /v1/webhook_endpoints/{id}/test waits on the receiver in a web thread: the whole call is cut at this,
+# and a web process runs one test per tenant and this many in all at once (more: 429 at once).
+WEBHOOK_TEST_TIMEOUT_SECONDS = env_float("WEBHOOK_TEST_TIMEOUT_SECONDS", 5.0)
+WEBHOOK_TEST_MAX_INFLIGHT = env_int("WEBHOOK_TEST_MAX_INFLIGHT", 2, minimum=1)
 # A delivery is retried this long after its event (then `exhausted`): 5 s doubling, at most an hour apart.
 WEBHOOK_RETRY_WINDOW_SECONDS = env_int("WEBHOOK_RETRY_WINDOW_SECONDS", 24 * 3600, minimum=1)
 WEBHOOK_BACKOFF_BASE_SECONDS = env_float("WEBHOOK_BACKOFF_BASE_SECONDS", 5.0)

@@ -9,10 +9,12 @@ else, for tests and the local runner (whose receivers listen on ephemeral ports)
 
 from __future__ import annotations
 
+import concurrent.futures
 import ipaddress
 import socket
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -44,6 +46,9 @@ _REFUSED_NETWORKS: tuple[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, st
     (ipaddress.ip_network("192.0.0.0/24"), "IETF protocol assignment"),
     (ipaddress.ip_network("168.63.129.16/32"), "cloud platform"),
 )
+
+# Lookups in flight at once for deadline-bound resolution; more wait their turn (within their own deadline).
+_RESOLVERS = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="webhook-dns")
 
 
 class UnsafeUrl(ValidationFailed):
@@ -125,14 +130,28 @@ def _port_allowed(port: int, addresses: Collection[str], policy: UrlPolicy) -> b
     return policy.allow_loopback and all(ipaddress.ip_address(a).is_loopback for a in addresses)
 
 
-def target_resolve(url: object, *, policy: UrlPolicy) -> Target:
-    """Check ``url`` and resolve its host; every address it resolves to must be public (a host with one
-    private address among public ones could be steered to it) and the port one of 80, 443 or the policy's
-    extras. Raises UnsafeUrl naming the reason."""
+def _getaddrinfo(host: str, port: int, timeout: float | None) -> list[Any]:
+    """The resolver's answer, waited for at most ``timeout`` seconds. getaddrinfo cannot be interrupted, and a
+    tenant's own name server decides how long it takes (glibc: up to 5 s × 2 tries per server), so it runs on a
+    small pool whose threads finish on their own; the caller stops waiting at its deadline."""
+    if timeout is None:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    future = _RESOLVERS.submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
+    try:
+        return future.result(timeout=timeout)
+    except concurrent.futures.TimeoutError as exc:
+        future.cancel()  # still queued behind slow lookups: it never runs
+        raise OSError(f"no answer within {timeout:g} s") from exc
+
+
+def target_resolve(url: object, *, policy: UrlPolicy, timeout: float | None = None) -> Target:
+    """Check ``url`` and resolve its host (waiting at most ``timeout`` seconds for the answer); every address
+    it resolves to must be public (a host with one private address among public ones could be steered to it)
+    and the port one of 80, 443 or the policy's extras. Raises UnsafeUrl naming the reason."""
     allow_loopback = policy.allow_loopback
     scheme, host, port, path = url_check(url)
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        infos = _getaddrinfo(host, port, timeout)
     except (OSError, UnicodeError, ValueError) as exc:  # gaierror is an OSError; an over-long label a UnicodeError
         raise UnsafeUrl(f"url: the host {quote(host)} could not be resolved ({exc}).") from exc
     addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
