@@ -80,8 +80,9 @@ X_FRAME_OPTIONS = "DENY"  # the admin is never framed (clickjacking)
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", False)
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
-# Liveness probes reach the pod directly over http, without the proxy's X-Forwarded-Proto.
-SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+# Reached inside the cluster or host over plain http, without the proxy's X-Forwarded-Proto: liveness probes,
+# Prometheus's scrape, and the Triton fleet agent's registration and drain (bearer tokens, never a browser).
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$", r"^internal/"]
 SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0, minimum=0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
 SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
