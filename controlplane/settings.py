@@ -20,7 +20,6 @@ from controlplane.core.env import (
     env_choice,
     env_float,
     env_int,
-    env_int_list,
     env_list,
     env_pair,
     env_secret_key,
@@ -272,28 +271,8 @@ SCHEDULER_SLOT_BUDGET_SECONDS = env_float("SCHEDULER_SLOT_BUDGET_SECONDS", 10.0)
 # How often beat tops up every model's slots (the other top-ups are event-driven).
 SCHEDULER_TOPUP_INTERVAL_SECONDS = env_float("SCHEDULER_TOPUP_INTERVAL_SECONDS", 2.0)
 
-# --- Webhooks (docs/ARCHITECTURE.md, "Webhooks") ----------------------------------------------------
-# Endpoints on 127.0.0.0/8 and ::1 (only those; private and link-local stay refused): tests, the local runner.
-WEBHOOK_ALLOW_LOOPBACK = env_bool("WEBHOOK_ALLOW_LOOPBACK", False)
-# Webhook URLs may name ports 80 and 443 and these (e.g. "8443"); every other port is refused (urlguard.py).
-WEBHOOK_EXTRA_PORTS = env_int_list("WEBHOOK_EXTRA_PORTS", [], minimum=1, maximum=65535)
-# One whole delivery attempt (DNS, connect, TLS, send, headers, body), enforced in code (webhooks/delivery.py:
-# the worker's thread pool ignores Celery's time limits); a receiver should answer at once and work afterwards.
-WEBHOOK_TIMEOUT_SECONDS = env_float("WEBHOOK_TIMEOUT_SECONDS", 10.0)
-# A webhooks worker process runs at most this many attempts at once per endpoint and per tenant (more wait in
-# the database): one tenant's slow receivers cannot hold every thread (webhooks/inflight.py).
-WEBHOOK_MAX_INFLIGHT_PER_ENDPOINT = env_int("WEBHOOK_MAX_INFLIGHT_PER_ENDPOINT", 1, minimum=1)
-WEBHOOK_MAX_INFLIGHT_PER_TENANT = env_int("WEBHOOK_MAX_INFLIGHT_PER_TENANT", 2, minimum=1)
-# POST /v1/webhook_endpoints/{id}/test waits on the receiver in a web thread: the whole call is cut at this,
-# and a web process runs one test per tenant and this many in all at once (more: 429 at once).
-WEBHOOK_TEST_TIMEOUT_SECONDS = env_float("WEBHOOK_TEST_TIMEOUT_SECONDS", 5.0)
-WEBHOOK_TEST_MAX_INFLIGHT = env_int("WEBHOOK_TEST_MAX_INFLIGHT", 2, minimum=1)
-# A delivery is retried this long after its event (then `exhausted`): 5 s doubling, at most an hour apart.
-WEBHOOK_RETRY_WINDOW_SECONDS = env_int("WEBHOOK_RETRY_WINDOW_SECONDS", 24 * 3600, minimum=1)
-WEBHOOK_BACKOFF_BASE_SECONDS = env_float("WEBHOOK_BACKOFF_BASE_SECONDS", 5.0)
-WEBHOOK_BACKOFF_MAX_SECONDS = env_float("WEBHOOK_BACKOFF_MAX_SECONDS", 3600.0)
-# How often beat sends the deliveries that are due (retries, lost messages): one indexed query.
-WEBHOOK_SWEEP_INTERVAL_SECONDS = env_float("WEBHOOK_SWEEP_INTERVAL_SECONDS", 2.0)
+# --- Webhooks: each value and its reason in webhooks/delivery_settings.py ---------------------------------
+from controlplane.webhooks.delivery_settings import *  # noqa: E402, F403
 
 # --- Triton ---------------------------------------------------------------------------------------
 TRITON_GRPC_URLS = env_list("TRITON_GRPC_URLS", ["127.0.0.1:8011"])
@@ -385,7 +364,7 @@ CELERY_BEAT_SCHEDULE = {
     },
     "webhooks-due": {
         "task": "webhooks.deliveries_due",
-        "schedule": timedelta(seconds=WEBHOOK_SWEEP_INTERVAL_SECONDS),
+        "schedule": timedelta(seconds=WEBHOOK_SWEEP_INTERVAL_SECONDS),  # noqa: F405
     },
     "usage-attribute": usage_settings.BEAT_ENTRY,  # USAGE_ATTRIBUTION_INTERVAL_SECONDS, usage/usage_settings.py
 }
