@@ -79,8 +79,9 @@ X_FRAME_OPTIONS = "DENY"  # the admin is never framed (clickjacking)
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", False)
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
-# Liveness probes reach the pod directly over http, without the proxy's X-Forwarded-Proto.
-SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+# Reached inside the cluster or host over plain http, without the proxy's X-Forwarded-Proto: liveness probes,
+# Prometheus's scrape, and the Triton fleet agent's registration and drain (bearer tokens, never a browser).
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$", r"^internal/"]
 SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0, minimum=0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
 SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
@@ -173,11 +174,10 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["controlplane.tenants.auth.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["controlplane.tenants.auth.IsTenant"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": [
-        "controlplane.core.parsers.LimitedJSONParser",  # API_MAX_JSON_BYTES, no 500 on hostile JSON
-        "rest_framework.parsers.MultiPartParser",
-        "rest_framework.parsers.FormParser",
-    ],
+    # JSON only (API_MAX_JSON_BYTES, no 500 on hostile JSON). Multipart is parsed by POST /v1/files alone
+    # (files/views.py), under FILE_MAX_BYTES and the storage quota: a global multipart parser let any endpoint
+    # spool a body of any size to a temporary file before its 400. Anything else is a 415, unread.
+    "DEFAULT_PARSER_CLASSES": ["controlplane.core.parsers.LimitedJSONParser"],
     "EXCEPTION_HANDLER": "controlplane.core.errors.api_exception_handler",
     "UNAUTHENTICATED_USER": None,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -223,8 +223,9 @@ SHARD_MAX_LEASE_EXPIRIES = env_int("SHARD_MAX_LEASE_EXPIRIES", 8, minimum=1)
 RESCUE_INTERVAL_SECONDS = env_float("RESCUE_INTERVAL_SECONDS", 2.0)
 # A batch still in validating this long after its validation was (re)enqueued lost its message or its
 # worker: the rescuer enqueues it again (validation checks the status first, so a duplicate is harmless) and
-# fails it after validation_rescue.VALIDATION_MAX_ATTEMPTS tries. Longer than CELERY_TASK_TIME_LIMIT, so a
-# validation that is still running is never duplicated. A finalizer still finalizing after
+# fails it after validation_rescue.VALIDATION_MAX_ATTEMPTS tries. The running attempt stops itself a little
+# before this deadline (batches/validation_deadline.py; the control worker's thread pool ignores Celery's time
+# limits), so a validation that is still running is never duplicated. A finalizer still finalizing after
 # FINALIZE_STALE_SECONDS is presumed dead and another one starts (finalization is idempotent).
 BATCH_VALIDATION_DEADLINE_SECONDS = env_int("BATCH_VALIDATION_DEADLINE_SECONDS", 1200, minimum=1)
 FINALIZE_STALE_SECONDS = env_int("FINALIZE_STALE_SECONDS", 600, minimum=1)
@@ -279,17 +280,8 @@ SCHEDULER_SLOT_BUDGET_SECONDS = env_float("SCHEDULER_SLOT_BUDGET_SECONDS", 10.0)
 # How often beat tops up every model's slots (the other top-ups are event-driven).
 SCHEDULER_TOPUP_INTERVAL_SECONDS = env_float("SCHEDULER_TOPUP_INTERVAL_SECONDS", 2.0)
 
-# --- Webhooks (docs/ARCHITECTURE.md, "Webhooks") ----------------------------------------------------
-# Endpoints on 127.0.0.0/8 and ::1 (only those; private and link-local stay refused): tests, the local runner.
-WEBHOOK_ALLOW_LOOPBACK = env_bool("WEBHOOK_ALLOW_LOOPBACK", False)
-# Connect and each read of one delivery attempt; a receiver should answer at once and work afterwards.
-WEBHOOK_TIMEOUT_SECONDS = env_float("WEBHOOK_TIMEOUT_SECONDS", 10.0)
-# A delivery is retried this long after its event (then `exhausted`): 5 s doubling, at most an hour apart.
-WEBHOOK_RETRY_WINDOW_SECONDS = env_int("WEBHOOK_RETRY_WINDOW_SECONDS", 24 * 3600, minimum=1)
-WEBHOOK_BACKOFF_BASE_SECONDS = env_float("WEBHOOK_BACKOFF_BASE_SECONDS", 5.0)
-WEBHOOK_BACKOFF_MAX_SECONDS = env_float("WEBHOOK_BACKOFF_MAX_SECONDS", 3600.0)
-# How often beat sends the deliveries that are due (retries, lost messages): one indexed query.
-WEBHOOK_SWEEP_INTERVAL_SECONDS = env_float("WEBHOOK_SWEEP_INTERVAL_SECONDS", 2.0)
+# --- Webhooks: each value and its reason in webhooks/delivery_settings.py ---------------------------------
+from controlplane.webhooks.delivery_settings import *  # noqa: E402, F403
 
 # --- Triton ---------------------------------------------------------------------------------------
 TRITON_GRPC_URLS = env_list("TRITON_GRPC_URLS", ["127.0.0.1:8011"])
@@ -385,7 +377,7 @@ CELERY_BEAT_SCHEDULE = {
     },
     "webhooks-due": {
         "task": "webhooks.deliveries_due",
-        "schedule": timedelta(seconds=WEBHOOK_SWEEP_INTERVAL_SECONDS),
+        "schedule": timedelta(seconds=WEBHOOK_SWEEP_INTERVAL_SECONDS),  # noqa: F405
     },
     "usage-attribute": usage_settings.BEAT_ENTRY,  # USAGE_ATTRIBUTION_INTERVAL_SECONDS, usage/usage_settings.py
 }

@@ -6,9 +6,11 @@ from __future__ import annotations
 import io
 import json
 from types import SimpleNamespace
+from typing import ClassVar
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.core.files.uploadhandler import FileUploadHandler
 
 from controlplane.batches.services import _validate_metadata
 from controlplane.core.errors import PayloadTooLarge, ValidationFailed
@@ -101,16 +103,60 @@ def test_multipart_uploads_keep_their_own_limit(api, settings):
     assert response.status_code == 200 and response.json()["bytes"] == len(content)
 
 
+class RecordingUploadHandler(FileUploadHandler):
+    """First in FILE_UPLOAD_HANDLERS: sees every byte of an uploaded file Django reads, before it spools it
+    to memory or to a temporary file, and passes it on."""
+
+    received: ClassVar[list[int]] = []
+
+    def receive_data_chunk(self, raw_data: bytes, start: int) -> bytes:
+        RecordingUploadHandler.received.append(len(raw_data))
+        return raw_data
+
+    def file_complete(self, file_size: int) -> None:
+        return None
+
+
+@pytest.fixture
+def recorded_uploads(settings) -> list[int]:
+    settings.FILE_UPLOAD_HANDLERS = [f"{__name__}.RecordingUploadHandler", *settings.FILE_UPLOAD_HANDLERS]
+    RecordingUploadHandler.received.clear()
+    return RecordingUploadHandler.received
+
+
+def test_multipart_is_parsed_by_the_file_upload_alone(api, file_id, recorded_uploads):
+    # 8 MiB as a file part: before, the global multipart parser spooled it to /tmp on /v1/batches (over
+    # FILE_UPLOAD_MAX_MEMORY_SIZE) before the view's 400, outside FILE_MAX_BYTES and the storage quota.
+    big = SimpleUploadedFile("big.jsonl", b"x" * (8 * 1024 * 1024))
+    for path in ("/v1/batches", "/v1/webhook_endpoints"):
+        error = _assert_error_shape(api.post(path, {"file": big, "input_file_id": file_id}, format="multipart"), 415)
+        assert error["code"] == "unsupported_media_type", path
+        big.seek(0)
+    assert recorded_uploads == []  # not one byte of the part was read, so nothing reached memory or disk
+    # The file upload still takes multipart, through the same handlers.
+    content = jsonl([embedding_line("a", "x")])
+    response = api.post(
+        "/v1/files", {"file": SimpleUploadedFile("in.jsonl", content), "purpose": "batch"}, format="multipart"
+    )
+    assert response.status_code == 200 and response.json()["bytes"] == len(content)
+    assert sum(recorded_uploads) == len(content)
+
+
 @pytest.mark.parametrize("path", ["/v1/batches", "/v1/files"])
-def test_form_bodies_over_djangos_limits_are_4xx(api, path, settings):
-    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 10_000
+def test_form_bodies_are_415_unread(api, path):
     form = "application/x-www-form-urlencoded"
-    error = _assert_error_shape(api.post(path, "a=" + "x" * 20_000, content_type=form), 413)
-    assert error["code"] == "request_too_large" and "10000 byte limit" in error["message"]
-    many_fields = "&".join(f"k{i}=v" for i in range(settings.DATA_UPLOAD_MAX_NUMBER_FIELDS + 1))
-    error = _assert_error_shape(api.post(path, many_fields, content_type=form), 400)
-    assert error["code"] == "too_many_fields"
+    error = _assert_error_shape(api.post(path, "a=" + "x" * 20_000, content_type=form), 415)
+    assert error["code"] == "unsupported_media_type"
     assert api.get("/v1/batches").status_code == 200
+
+
+def test_multipart_bodies_over_djangos_limits_are_4xx(api, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 10_000
+    error = _assert_error_shape(api.post("/v1/files", {"purpose": "x" * 20_000}, format="multipart"), 413)
+    assert error["code"] == "request_too_large" and "10000 byte limit" in error["message"]
+    many_fields = {f"k{i}": "v" for i in range(settings.DATA_UPLOAD_MAX_NUMBER_FIELDS + 1)}
+    error = _assert_error_shape(api.post("/v1/files", many_fields, format="multipart"), 400)
+    assert error["code"] == "too_many_fields"
 
 
 @pytest.mark.parametrize(

@@ -99,3 +99,17 @@ def test_admin_is_never_framed(client):
     response = client.get("/admin/login/")
     assert response.status_code == 200
     assert response["X-Frame-Options"] == "DENY"
+
+
+@pytest.mark.django_db
+def test_with_the_https_redirect_on_only_in_cluster_paths_answer_plain_http(settings):
+    from django.test import Client
+
+    settings.SECURE_SSL_REDIRECT = True  # as compose and both overlays ship it
+    client = Client()  # a new handler: SecurityMiddleware reads the settings when it is built
+    assert client.get("/v1/batches").status_code == 301
+    assert client.get("/admin/login/").status_code == 301
+    # Probes, Prometheus and the Triton fleet agent talk plain http inside the cluster, without the proxy.
+    assert client.get("/healthz").status_code == 200
+    assert client.get("/metrics").status_code != 301
+    assert client.post("/internal/fleet/servers", {}).status_code != 301

@@ -33,6 +33,7 @@ from controlplane.batches.models import (
 )
 from controlplane.batches.usage_rows import held_usage_record
 from controlplane.batches.validation import validate_input
+from controlplane.batches.validation_deadline import DeadlineStream, ValidationDeadlinePassed, attempt_stop_at
 from controlplane.batches.windows import parse_completion_window
 from controlplane.core import dispatch
 from controlplane.core.errors import Conflict, ValidationFailed
@@ -140,6 +141,9 @@ def batch_validate(*, batch_id: str) -> None:
         _batch_validate_input(batch, attempt)
     except ValidationSuperseded:
         logger.info("batch=%s validation attempt %s superseded", batch.id, attempt)
+    except ValidationDeadlinePassed:
+        # Left in validating: the rescuer's deadline, a moment later, retries it or fails it (validation_deadline.py).
+        logger.warning("batch=%s validation attempt %s stopped at its deadline", batch.id, attempt)
     except (OperationalError, InterfaceError):
         raise
     except Exception as exc:
@@ -183,9 +187,10 @@ def _batch_validate_input(batch: Batch, attempt: int) -> None:
         return
     early = EarlyShards(batch_id=batch.id, attempt=attempt)
     columns = BatchColumns(batch_id=batch.id, attempt=attempt, save=blob_save, delete=blob_delete)
+    stop_at = attempt_stop_at(batch_id=batch.id, created_at=batch.created_at)
     with blob_open(input_file.storage_name) as stream:
         result = validate_input(
-            stream,
+            DeadlineStream(stream, stop_at=stop_at),  # type: ignore[arg-type]  # readline is all it reads
             endpoint=batch.endpoint,
             max_line_bytes=settings.BATCH_MAX_LINE_BYTES,
             max_lines=settings.BATCH_MAX_LINES,

@@ -12,12 +12,13 @@ from django.utils import timezone
 
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus
 from controlplane.batches.services import batch_validation_fail, event_record, validation_error_entry
+from controlplane.batches.validation_deadline import VALIDATION_ATTEMPT_EVENTS
 from controlplane.core import dispatch
 
 # Tries of a batch's validation (the first enqueue at create included) before the rescuer fails it.
 VALIDATION_MAX_ATTEMPTS = 3
-# Events that (re)start a validation; the latest one's time is the start of the current attempt's deadline.
-_VALIDATION_ATTEMPT_EVENTS = ("created", "validation_retried")
+# The running attempt stops itself before this deadline (validation_deadline.py), so a retry never runs beside it.
+_VALIDATION_ATTEMPT_EVENTS = VALIDATION_ATTEMPT_EVENTS
 
 
 def batches_validation_rescue() -> list[str]:

@@ -62,6 +62,22 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def env_int_list(name: str, default: list[int], *, minimum: int, maximum: int) -> list[int]:
+    """Comma-separated integers in [minimum, maximum] (e.g. WEBHOOK_EXTRA_PORTS=8443,9443)."""
+    values = []
+    for item in env_list(name, [str(value) for value in default]):
+        try:
+            value = int(item)
+        except ValueError as exc:
+            raise ImproperlyConfigured(
+                f"{name} must be comma-separated integers, got {os.environ.get(name)!r}"
+            ) from exc
+        if not minimum <= value <= maximum:
+            raise ImproperlyConfigured(f"{name}: {value} is outside {minimum}..{maximum}")
+        values.append(value)
+    return values
+
+
 def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     value = env_str(name, default)
     if value not in choices:

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
-from django.conf import settings
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -22,7 +21,7 @@ from controlplane.webhooks.services import (
     webhook_endpoint_enable,
     webhook_endpoint_update,
 )
-from controlplane.webhooks.urlguard import UnsafeUrl, target_resolve
+from controlplane.webhooks.urlguard import UnsafeUrl, UrlPolicy, target_resolve
 
 
 class WebhookEndpointForm(forms.ModelForm):  # type: ignore[type-arg]
@@ -37,7 +36,7 @@ class WebhookEndpointForm(forms.ModelForm):  # type: ignore[type-arg]
     def clean_url(self) -> str:
         url = self.cleaned_data["url"]
         try:  # the API's check, so the form shows the reason next to the field
-            target_resolve(url, allow_loopback=settings.WEBHOOK_ALLOW_LOOPBACK)
+            target_resolve(url, policy=UrlPolicy.configured())
         except UnsafeUrl as exc:
             raise forms.ValidationError(exc.message) from exc
         return str(url)

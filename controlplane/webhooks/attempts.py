@@ -16,15 +16,19 @@ from django.db import transaction
 from django.db.models import Q
 
 from controlplane.core import dispatch, metrics
+from controlplane.webhooks import inflight
 from controlplane.webhooks.delivery import Outcome, post
 from controlplane.webhooks.models import OPEN_STATUSES, DeliveryStatus, WebhookAttempt, WebhookDelivery
 from controlplane.webhooks.services import signing_secrets
+from controlplane.webhooks.urlguard import UrlPolicy
 
 logger = logging.getLogger(__name__)
 
-# While an attempt runs its delivery is not due for this long: more than the deliver task's hard time limit
-# (tasks.py, 90 s), so only a dead worker's attempt is ever taken over.
-ATTEMPT_LEASE = timedelta(seconds=120)
+# While an attempt runs its delivery is not due for the attempt's deadline (WEBHOOK_TIMEOUT_SECONDS, enforced
+# in delivery.post, DNS included) plus this margin for claiming and recording it: a thread still holding an
+# attempt always finishes first, so only a dead worker's attempt is ever taken over. (Celery's time limits are
+# no bound here: the webhooks worker's thread pool ignores them.)
+ATTEMPT_LEASE_MARGIN = timedelta(seconds=60)
 # The sweep sends a due delivery again only when its last message is this old (lost with a broker outage,
 # or still queued behind slow receivers): a backlog is not multiplied by every sweep.
 REQUEUE_AFTER = timedelta(seconds=30)
@@ -40,23 +44,49 @@ def backoff(failed_attempts: int) -> timedelta:
     return timedelta(seconds=seconds)
 
 
+def attempt_lease() -> timedelta:
+    return timedelta(seconds=settings.WEBHOOK_TIMEOUT_SECONDS) + ATTEMPT_LEASE_MARGIN
+
+
 def delivery_attempt(*, delivery_id: str, now: datetime) -> Outcome | None:
     """Attempt a due delivery once: POST the signed event, then mark it succeeded, failed (next attempt
     scheduled) or exhausted (the next one would fall after ``retry_until``). None when there was nothing to do:
-    not due, closed, its endpoint disabled, or another worker claimed it first."""
+    not due, closed, its endpoint disabled, or another worker claimed it first; and None, with the delivery
+    deferred, when its endpoint or tenant already has its cap of attempts in flight in this process."""
     row = (
         WebhookDelivery.objects.filter(
             id=delivery_id, status__in=OPEN_STATUSES, next_attempt_at__lte=now, endpoint__enabled=True
         )
-        .values("attempts")
+        .values("attempts", "endpoint_id", "endpoint__tenant_id")
         .first()
     )
     if row is None:
         return None
-    number = row["attempts"] + 1
+    caps = {
+        f"endpoint:{row['endpoint_id']}": settings.WEBHOOK_MAX_INFLIGHT_PER_ENDPOINT,
+        f"tenant:{row['endpoint__tenant_id']}": settings.WEBHOOK_MAX_INFLIGHT_PER_TENANT,
+    }
+    with inflight.DELIVERIES.hold(caps) as admitted:
+        if not admitted:
+            _defer(delivery_id=delivery_id, attempts=row["attempts"], now=now)
+            return None
+        return _attempt(delivery_id=delivery_id, attempts=row["attempts"], now=now)
+
+
+def _defer(*, delivery_id: str, attempts: int, now: datetime) -> None:
+    """Put a delivery back without spending an attempt: due again when one of its endpoint's attempts in
+    flight has surely ended (their deadline), and sent again by the sweep (enqueued_at cleared)."""
+    WebhookDelivery.objects.filter(
+        id=delivery_id, status__in=OPEN_STATUSES, attempts=attempts, next_attempt_at__lte=now
+    ).update(next_attempt_at=now + timedelta(seconds=settings.WEBHOOK_TIMEOUT_SECONDS), enqueued_at=None)
+    logger.info("webhook %s: deferred, its endpoint or tenant has its cap of attempts in flight", delivery_id)
+
+
+def _attempt(*, delivery_id: str, attempts: int, now: datetime) -> Outcome | None:
+    number = attempts + 1
     claimed = WebhookDelivery.objects.filter(
-        id=delivery_id, status__in=OPEN_STATUSES, attempts=row["attempts"], next_attempt_at__lte=now
-    ).update(attempts=number, next_attempt_at=now + ATTEMPT_LEASE, last_attempt_at=now, enqueued_at=None)
+        id=delivery_id, status__in=OPEN_STATUSES, attempts=attempts, next_attempt_at__lte=now
+    ).update(attempts=number, next_attempt_at=now + attempt_lease(), last_attempt_at=now, enqueued_at=None)
     if claimed != 1:
         return None  # another worker (a duplicate message, the sweep) claimed this attempt first
     delivery = WebhookDelivery.objects.select_related("event", "endpoint").get(id=delivery_id)
@@ -65,8 +95,8 @@ def delivery_attempt(*, delivery_id: str, now: datetime) -> Outcome | None:
         body=delivery.event.body,
         webhook_id=delivery.id,
         signing_secrets=signing_secrets(delivery.endpoint, now=now),
-        timeout=settings.WEBHOOK_TIMEOUT_SECONDS,
-        allow_loopback=settings.WEBHOOK_ALLOW_LOOPBACK,
+        deadline_seconds=settings.WEBHOOK_TIMEOUT_SECONDS,
+        policy=UrlPolicy.configured(),
     )
     _outcome_record(delivery, number=number, started_at=now, outcome=outcome)
     metrics.WEBHOOK_DELIVERIES.labels(outcome="succeeded" if outcome.ok else "failed").inc()

@@ -14,8 +14,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.core import dispatch
-from controlplane.core.errors import Conflict, ValidationFailed, quote
+from controlplane.core.errors import Conflict, QuotaExceeded, ValidationFailed, quote
 from controlplane.tenants.models import Tenant
+from controlplane.webhooks import inflight
 from controlplane.webhooks.delivery import Outcome, post, secret_new
 from controlplane.webhooks.models import (
     EVENT_TYPES,
@@ -26,7 +27,7 @@ from controlplane.webhooks.models import (
     new_delivery_id,
     new_event_id,
 )
-from controlplane.webhooks.urlguard import target_resolve
+from controlplane.webhooks.urlguard import UrlPolicy, target_resolve
 
 # Enough for a tenant's environments and tools; each terminal batch state costs one delivery per endpoint.
 MAX_ENDPOINTS_PER_TENANT = 20
@@ -54,8 +55,9 @@ def _name_parse(value: object) -> str:
 
 
 def _url_parse(value: object) -> str:
-    # Resolved here, outside any transaction: a slow DNS answer holds no lock.
-    target_resolve(value, allow_loopback=settings.WEBHOOK_ALLOW_LOOPBACK)
+    # Resolved here, outside any transaction: a slow DNS answer holds no lock, and within the test call's cap:
+    # a tenant's slow name server holds this web thread no longer than that.
+    target_resolve(value, policy=UrlPolicy.configured(), timeout=settings.WEBHOOK_TEST_TIMEOUT_SECONDS)
     assert isinstance(value, str)  # target_resolve refuses anything else
     return value
 
@@ -212,16 +214,31 @@ def deliveries_redeliver(*, delivery_ids: Sequence[str]) -> int:
 
 def webhook_endpoint_test(*, endpoint: WebhookEndpoint, event_type: object) -> Outcome:
     """Send one sample event now and wait for the answer (OpenAI's "test" call). Nothing is recorded and
-    nothing retried: the caller sees the outcome."""
+    nothing retried: the caller sees the outcome.
+
+    It runs on a web thread, so it is bounded twice: the whole call ends within WEBHOOK_TEST_TIMEOUT_SECONDS,
+    and a process runs at most one test per tenant and WEBHOOK_TEST_MAX_INFLIGHT in all (more is a 429 at
+    once), so a tenant's slow receiver holds at most one thread of a process, for seconds. Answering with the
+    status code (OpenAI's shape, which the SDK parses) rules out queueing it and answering later."""
     if not isinstance(event_type, str) or event_type not in EVENT_TYPES:
         raise ValidationFailed(f"event_type must be one of {list(EVENT_TYPES)}.", param="event_type")
-    now = timezone.now()
-    event_id = new_event_id()
-    return post(
-        url=endpoint.url,
-        body=event_body(event_id=event_id, event_type=event_type, object_id="batch_test", created_at=now),
-        webhook_id=new_delivery_id(),
-        signing_secrets=signing_secrets(endpoint, now=now),
-        timeout=settings.WEBHOOK_TIMEOUT_SECONDS,
-        allow_loopback=settings.WEBHOOK_ALLOW_LOOPBACK,
-    )
+    cap_seconds = settings.WEBHOOK_TEST_TIMEOUT_SECONDS
+    caps = {"all": settings.WEBHOOK_TEST_MAX_INFLIGHT, f"tenant:{endpoint.tenant_id}": 1}
+    with inflight.TESTS.hold(caps) as admitted:
+        if not admitted:
+            raise QuotaExceeded(
+                "A test call of your webhook endpoints is already in flight (or too many tests are); retry when "
+                "it has finished.",
+                code="webhook_test_in_flight",
+                retry_after=cap_seconds,
+            )
+        now = timezone.now()
+        event_id = new_event_id()
+        return post(
+            url=endpoint.url,
+            body=event_body(event_id=event_id, event_type=event_type, object_id="batch_test", created_at=now),
+            webhook_id=new_delivery_id(),
+            signing_secrets=signing_secrets(endpoint, now=now),
+            deadline_seconds=cap_seconds,
+            policy=UrlPolicy.configured(),
+        )

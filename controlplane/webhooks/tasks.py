@@ -10,9 +10,9 @@ from controlplane.core.logs import log_context_bind
 from controlplane.webhooks import attempts
 
 
-# One POST with WEBHOOK_TIMEOUT_SECONDS (10 s) on connect and each read: 60 s is a receiver that trickles
-# its answer; the hard limit (90 s) stays below attempts.ATTEMPT_LEASE (120 s).
-@shared_task(name="webhooks.deliver", soft_time_limit=60, time_limit=90)
+# No Celery time limit: the webhooks worker runs the thread pool, which ignores them. The bound is in the code:
+# one attempt ends within WEBHOOK_TIMEOUT_SECONDS (delivery.post), and its lease outlasts that (attempts.py).
+@shared_task(name="webhooks.deliver")
 def deliver_task(delivery_id: str) -> int | None:
     log_context_bind(webhook_delivery_id=delivery_id)
     outcome = attempts.delivery_attempt(delivery_id=delivery_id, now=timezone.now())

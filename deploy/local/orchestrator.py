@@ -257,8 +257,13 @@ class Orchestrator:
         with self._lock:
             managed = list(self.servers.values())
             self.servers.clear()
-        for m in managed:
-            self.launcher.stop(m.server)
+        # In parallel: each stop waits for its server's own exit (bounded), and one slow server must not
+        # add its wait to every other's.
+        stoppers = [threading.Thread(target=self.launcher.stop, args=(m.server,)) for m in managed]
+        for thread in stoppers:
+            thread.start()
+        for thread in stoppers:
+            thread.join()
 
 
 def _env_number(env: dict[str, str], name: str, default: float) -> float:

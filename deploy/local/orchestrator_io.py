@@ -166,6 +166,8 @@ class LocalTritonLauncher:
             log_path=self.log_dir / f"{name}.log",
             # Scale-in stops a drained server: nothing is in flight, so a short exit wait is enough.
             extra_args=("--exit-timeout-secs=5",),
+            # Dies with the runner: spawned from the orchestrator's loop thread, which ends only in stop().
+            die_with_parent=True,
         )
         return LocalServer(
             name, f"http://127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"http://127.0.0.1:{metrics}/metrics", proc

@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deploy.local.orchestrator import Orchestrator, orchestrator_for
-from deploy.local.supervision import Restart, niced, secret_key_ensure, supervise
+from deploy.local.supervision import Restart, niced, secret_key_ensure, supervise, terminate_together
 from deploy.local.triton_server import (
     free_port,
     log_tail,
+    parent_death_preexec,
     start_local_server,
-    stop_local_server,
     wait_until_ready,
 )
 
@@ -97,6 +97,8 @@ class Stack:
     _lock: threading.RLock = field(default_factory=threading.RLock, init=False, repr=False)
     _stopping: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
     _supervisor: threading.Thread | None = field(default=None, init=False, repr=False)
+    # stop(): how long the children together get to exit after SIGTERM before the stragglers get SIGKILL.
+    stop_timeout_s: float = 20.0
 
     @property
     def base_url(self) -> str:
@@ -148,6 +150,10 @@ class Stack:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                # Killed with us (SIGKILL, OOM): an orphaned worker or beat would consume the next stack's
+                # messages on a shared broker. Spawned from the main thread or the supervisor thread, which
+                # ends only in stop() (the signal follows the forking thread).
+                preexec_fn=parent_death_preexec(),
             )
         with self._lock:
             self.procs[name] = proc
@@ -363,24 +369,23 @@ class Stack:
         raise RuntimeError(f"{name} not answering at {url}:\n{log_tail(self.log_dir / f'{name}.log')}")
 
     def stop(self) -> None:
+        """Every child and every orchestrated server at once: SIGTERM to all, one shared deadline
+        (``stop_timeout_s``), then SIGKILL."""
         self._stopping.set()
-        if self.orchestrator is not None:
-            self.orchestrator.stop()
         if self._supervisor is not None:
-            self._supervisor.join()
+            self._supervisor.join()  # no restart from here on
             self._supervisor = None
-        for name in ("beat", "web", *[n for n in self.procs if n.startswith(("worker", "control", "webhooks"))]):
-            proc = self.procs.pop(name, None)
-            if proc is not None and proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-        triton = self.procs.pop("triton", None)
-        if triton is not None:
-            stop_local_server(triton, timeout_s=15)
+        orchestrated = None
+        if self.orchestrator is not None:  # its servers, in parallel, beside ours
+            orchestrated = threading.Thread(target=self.orchestrator.stop, name="orchestrator-stop")
+            orchestrated.start()
+        with self._lock:
+            triton = [proc.pid for name, proc in self.procs.items() if name == "triton"]
+            procs = list(self.procs.values())
+            self.procs.clear()
+        terminate_together(procs, timeout_s=self.stop_timeout_s, leader_only=triton)
+        if orchestrated is not None:
+            orchestrated.join()
 
     def __enter__(self) -> Stack:
         return self.start()

@@ -22,7 +22,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -180,11 +180,28 @@ def server_command(
     ]
 
 
-def _die_with_parent() -> None:
-    # Linux PR_SET_PDEATHSIG: no orphaned tritonserver holding ports after a killed test run.
-    # It fires when the *thread* that forked exits, so it is opt-in for main-thread callers only.
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGTERM)
+_PR_SET_PDEATHSIG = 1
+
+
+def parent_death_preexec() -> Callable[[], None]:
+    """A ``preexec_fn`` that gives the child SIGTERM when its parent dies, even by SIGKILL or the OOM killer
+    (Linux PR_SET_PDEATHSIG): no orphaned tritonserver holding ports, and no orphaned Celery worker of the
+    local runner consuming the next stack's messages. Every child the runner starts gets it.
+
+    The signal fires when the *thread* that forked exits, not only the process: call Popen from a thread that
+    lives as long as the child should (the main thread, the runner's supervisor or orchestrator loop, which
+    end only when the runner stops its children anyway). The parent's pid is taken now, in the parent: if it
+    died between fork and prctl, the child is already an orphan and ends itself at once."""
+    parent = os.getpid()
+
+    def preexec() -> None:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
 
 
 def start_local_server(
@@ -218,7 +235,7 @@ def start_local_server(
             stderr=subprocess.STDOUT if log_file else None,
             # Own session: a Ctrl-C meant for pytest or the runner is forwarded once, deliberately.
             start_new_session=True,
-            preexec_fn=_die_with_parent if die_with_parent else None,
+            preexec_fn=parent_death_preexec() if die_with_parent else None,
         )
     finally:
         if log_file is not None:

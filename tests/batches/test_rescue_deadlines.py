@@ -5,6 +5,7 @@ worker died is closed and finalized."""
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -170,3 +171,41 @@ def test_cancelling_batch_with_a_lost_finalize_message_is_finalized(tenant, sent
     assert Batch.objects.get(id=batch.id).status == BatchStatus.CANCELLING
     tasks.shards_rescue_task()
     assert Batch.objects.get(id=batch.id).status == BatchStatus.CANCELLED
+
+
+class _SlowStream:
+    """Storage that takes ``seconds`` per line read: a validation that would outrun its deadline."""
+
+    def __init__(self, stream, seconds: float):
+        self._stream, self._seconds = stream, seconds
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stream.close()
+
+    def readline(self, size: int = -1) -> bytes:
+        time.sleep(self._seconds)
+        return self._stream.readline(size)
+
+
+def test_a_validation_stops_itself_at_its_deadline_so_no_retry_runs_beside_it(tenant, sent, settings, monkeypatch):
+    # The control worker runs Celery's thread pool, which ignores task time limits: the deadline is the
+    # attempt's own. 2 s, stopping a tenth early; 40 lines at 0.1 s each would take 4 s.
+    settings.BATCH_VALIDATION_DEADLINE_SECONDS = 2
+    batch = _create(tenant, _lines(40))
+    real_open = services.blob_open
+    monkeypatch.setattr(services, "blob_open", lambda name: _SlowStream(real_open(name), 0.1))
+    started = time.monotonic()
+    services.batch_validate(batch_id=batch.id)
+    assert time.monotonic() - started < 2.5
+    assert Batch.objects.get(id=batch.id).status == BatchStatus.VALIDATING  # no verdict: the rescuer's turn
+    # At the rescuer's deadline nothing is running any more; it retries, and the retry completes the batch.
+    _age(batch)
+    assert validation_rescue.batches_validation_rescue() == [batch.id]
+    monkeypatch.setattr(services, "blob_open", real_open)
+    services.batch_validate(batch_id=batch.id)
+    batch = Batch.objects.get(id=batch.id)
+    assert batch.status == BatchStatus.IN_PROGRESS and batch.total_lines == 40
+    assert Shard.objects.filter(batch=batch).count() == 10  # the stopped attempt's early shards were discarded

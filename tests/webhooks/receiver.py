@@ -18,7 +18,8 @@ class Received:
 
 class Receiver:
     """Records every request (path, lower-cased headers, body). The first ``fail_first`` requests get
-    ``fail_status``; every answer waits ``delay`` seconds first (a slow receiver)."""
+    ``fail_status``; every answer waits ``delay`` seconds first (a slow receiver); with ``trickle`` the answer
+    goes out one byte every ``trickle`` seconds (a receiver that never lets a per-read timeout fire)."""
 
     def __init__(
         self,
@@ -26,12 +27,14 @@ class Receiver:
         fail_first: int = 0,
         fail_status: int = 500,
         delay: float = 0.0,
+        trickle: float | None = None,
         host: str = "127.0.0.1",
         tls: ssl.SSLContext | None = None,
     ):
         self.fail_first = fail_first
         self.fail_status = fail_status
         self.delay = delay
+        self.trickle = trickle
         self.requests: list[Received] = []
         self._lock = threading.Lock()
         receiver = self
@@ -45,10 +48,23 @@ class Receiver:
                 time.sleep(receiver.delay)
                 status = receiver.fail_status if failing else 200
                 payload = b'{"error": "not now"}' if failing else b"ok"
+                if receiver.trickle is not None:
+                    self._trickle(f"HTTP/1.1 {status} OK\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload)
+                    return
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)
+
+            def _trickle(self, answer: bytes) -> None:
+                self.close_connection = True
+                try:
+                    for byte in answer:
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                        time.sleep(receiver.trickle or 0)
+                except OSError:
+                    pass  # the caller gave up: what it is for
 
             def log_message(self, format: str, *args: object) -> None:
                 pass  # quiet

@@ -15,6 +15,7 @@ from controlplane.batches.execution import shard_run
 from controlplane.batches.finalize import batch_try_finalize
 from controlplane.batches.models import Batch, BatchStatus, Shard
 from controlplane.core import dispatch
+from controlplane.webhooks import attempts
 from controlplane.webhooks.models import DeliveryStatus, WebhookDelivery, WebhookEvent
 from controlplane.webhooks.services import webhook_endpoint_create
 from controlplane.webhooks.tasks import deliver_task
@@ -154,6 +155,10 @@ def test_a_slow_receiver_does_not_delay_the_batch(tenant, loopback, settings, mo
         assert time.monotonic() - started < slow.delay
         for thread in workers:
             thread.join(timeout=30)
+        # The second delivery came while the endpoint's first was in flight: it waited in the database (one
+        # attempt per endpoint at a time, inflight.py) and goes when due.
+        for waiting in WebhookDelivery.objects.filter(status=DeliveryStatus.PENDING):
+            attempts.delivery_attempt(delivery_id=waiting.id, now=waiting.next_attempt_at)
         received = slow.wait_for(2)
         assert {unwrap(r, endpoint.secret).data.id for r in received} == {first.id, second.id}
         assert set(WebhookDelivery.objects.values_list("status", flat=True)) == {DeliveryStatus.SUCCEEDED}

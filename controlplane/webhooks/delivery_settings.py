@@ -1,0 +1,42 @@
+"""Webhook settings (docs/ARCHITECTURE.md, "Webhooks"), read from the environment; controlplane/settings.py
+imports them all, so they are Django settings (``settings.WEBHOOK_TIMEOUT_SECONDS``) that tests override."""
+
+from __future__ import annotations
+
+from controlplane.core.env import env_bool, env_float, env_int, env_int_list
+
+__all__ = [
+    "WEBHOOK_ALLOW_LOOPBACK",
+    "WEBHOOK_BACKOFF_BASE_SECONDS",
+    "WEBHOOK_BACKOFF_MAX_SECONDS",
+    "WEBHOOK_EXTRA_PORTS",
+    "WEBHOOK_MAX_INFLIGHT_PER_ENDPOINT",
+    "WEBHOOK_MAX_INFLIGHT_PER_TENANT",
+    "WEBHOOK_RETRY_WINDOW_SECONDS",
+    "WEBHOOK_SWEEP_INTERVAL_SECONDS",
+    "WEBHOOK_TEST_MAX_INFLIGHT",
+    "WEBHOOK_TEST_TIMEOUT_SECONDS",
+    "WEBHOOK_TIMEOUT_SECONDS",
+]
+
+# Endpoints on 127.0.0.0/8 and ::1 (only those; private and link-local stay refused): tests, the local runner.
+WEBHOOK_ALLOW_LOOPBACK = env_bool("WEBHOOK_ALLOW_LOOPBACK", False)
+# Webhook URLs may name ports 80 and 443 and these (e.g. "8443"); every other port is refused (urlguard.py).
+WEBHOOK_EXTRA_PORTS = env_int_list("WEBHOOK_EXTRA_PORTS", [], minimum=1, maximum=65535)
+# One whole delivery attempt (DNS, connect, TLS, send, headers, body), enforced in code (webhooks/delivery.py:
+# the worker's thread pool ignores Celery's time limits); a receiver should answer at once and work afterwards.
+WEBHOOK_TIMEOUT_SECONDS = env_float("WEBHOOK_TIMEOUT_SECONDS", 10.0)
+# A webhooks worker process runs at most this many attempts at once per endpoint and per tenant (more wait in
+# the database): one tenant's slow receivers cannot hold every thread (webhooks/inflight.py).
+WEBHOOK_MAX_INFLIGHT_PER_ENDPOINT = env_int("WEBHOOK_MAX_INFLIGHT_PER_ENDPOINT", 1, minimum=1)
+WEBHOOK_MAX_INFLIGHT_PER_TENANT = env_int("WEBHOOK_MAX_INFLIGHT_PER_TENANT", 2, minimum=1)
+# POST /v1/webhook_endpoints/{id}/test waits on the receiver in a web thread: the whole call is cut at this,
+# and a web process runs one test per tenant and this many in all at once (more: 429 at once).
+WEBHOOK_TEST_TIMEOUT_SECONDS = env_float("WEBHOOK_TEST_TIMEOUT_SECONDS", 5.0)
+WEBHOOK_TEST_MAX_INFLIGHT = env_int("WEBHOOK_TEST_MAX_INFLIGHT", 2, minimum=1)
+# A delivery is retried this long after its event (then `exhausted`): 5 s doubling, at most an hour apart.
+WEBHOOK_RETRY_WINDOW_SECONDS = env_int("WEBHOOK_RETRY_WINDOW_SECONDS", 24 * 3600, minimum=1)
+WEBHOOK_BACKOFF_BASE_SECONDS = env_float("WEBHOOK_BACKOFF_BASE_SECONDS", 5.0)
+WEBHOOK_BACKOFF_MAX_SECONDS = env_float("WEBHOOK_BACKOFF_MAX_SECONDS", 3600.0)
+# How often beat sends the deliveries that are due (retries, lost messages): one indexed query.
+WEBHOOK_SWEEP_INTERVAL_SECONDS = env_float("WEBHOOK_SWEEP_INTERVAL_SECONDS", 2.0)
