@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 from build_engines.errors import BuildEnginesError, CannotRunHere, SpecError
-from build_engines.spec import ModelSpec, load_spec
+from build_engines.generation_spec import GenerationSpec
+from build_engines.spec import ModelSpec, load_any_spec
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # Keep a build hermetic: weights come from installed packages, never from a model hub download.
@@ -32,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
         "export": "torch -> ONNX (checked with onnx.checker)",
         "verify": "ONNX Runtime CPU vs torch at min/opt/max shapes and on the spec's corpus",
         "build": "ONNX -> TensorRT plan per precision (needs an NVIDIA GPU and tensorrt)",
-        "emit": "write Triton model folders (<name>_onnx, <name>_trt, <name>_ort)",
+        "emit": "write Triton model folders (<name>_onnx, <name>_trt, <name>_ort; generation: <name>_vllm or _trtllm)",
         "all": "export, verify, emit, then build (a build that cannot run here is reported, not fatal)",
     }
     for name, text in help_text.items():
@@ -55,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
                 choices=("fp32", "fp16"),
                 help="build only this precision (repeatable; default: all in the spec)",
             )
-        if name in ("emit", "all"):
+        if name in ("emit", "all", "build"):
             sub.add_argument("--models-dir", type=Path, help="Triton model repository (default triton_models/)")
         if name == "all":
             sub.add_argument(
@@ -89,8 +90,10 @@ def _run(args: argparse.Namespace, command: str) -> int:
         print(f"{models_dir}: {'OK' if not errors else f'{len(errors)} problem(s)'}")
         return 2 if errors else 0
 
-    spec = load_spec(args.spec)
+    spec = load_any_spec(args.spec)
     out_dir = (args.out or PACKAGE_DIR / "out" / spec.name).resolve()
+    if not isinstance(spec, ModelSpec):
+        return _run_generation(spec, out_dir, args, command)
     steps = {"export": _export, "verify": _verify, "emit": _emit, "build": _build}
     if args.command != "all":
         return steps[args.command](spec, out_dir, args, command)
@@ -105,6 +108,32 @@ def _run(args: argparse.Namespace, command: str) -> int:
             raise
         print(f"skipped: {exc}")
         return 0
+
+
+def _run_generation(spec: GenerationSpec, out_dir: Path, args: argparse.Namespace, command: str) -> int:
+    """Generation specs: emit writes the Triton folder and manifest; build is TensorRT-LLM's engine build."""
+    from build_engines.emit import DEFAULT_MODELS_DIR
+    from build_engines.emit_generation import build_generation, emit_generation
+
+    models_dir = args.models_dir if getattr(args, "models_dir", None) else DEFAULT_MODELS_DIR
+    if args.command in ("export", "verify"):
+        raise SpecError(
+            spec.path,
+            [("generation", f"`{args.command}` is for tensor models; a generation model is served from its "
+              "Hugging Face directory as is (use emit, build or all)")],
+        )  # fmt: skip
+    if args.command in ("emit", "all"):
+        print(f"emitted {emit_generation(spec, out_dir, models_dir, command=command)}")
+    if args.command == "emit":
+        return 0
+    try:
+        for built in build_generation(spec, out_dir, models_dir):
+            print(f"built {built}")
+    except CannotRunHere as exc:
+        if args.command == "build" or args.require_trt:
+            raise
+        print(f"skipped: {exc}")
+    return 0
 
 
 def _export(spec: ModelSpec, out_dir: Path, args: argparse.Namespace, command: str) -> int:

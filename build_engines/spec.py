@@ -12,8 +12,12 @@ import hashlib
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from build_engines.errors import SpecError
+
+if TYPE_CHECKING:
+    from build_engines.generation_spec import GenerationSpec
 
 SPECS_DIR = Path(__file__).resolve().parent / "specs"
 PRECISIONS = ("fp32", "fp16")
@@ -133,14 +137,41 @@ def resolve_spec_path(arg: str) -> Path:
     raise SpecError(arg, [("<file>", f"no spec file at {candidate} or {named}")])
 
 
-def load_spec(path: str | Path) -> ModelSpec:
-    # Imported here: the parser builds these dataclasses, so a module-level import would be circular.
-    from build_engines.spec_parse import parse_spec
-
+def _read_spec(path: str | Path) -> tuple[Path, dict[str, Any], str]:
     spec_path = resolve_spec_path(str(path))
     raw_bytes = spec_path.read_bytes()
     try:
         data = tomllib.loads(raw_bytes.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise SpecError(spec_path, [("<toml>", f"not valid TOML: {exc}")]) from exc
-    return parse_spec(data, spec_path, hashlib.sha256(raw_bytes).hexdigest())
+    return spec_path, data, hashlib.sha256(raw_bytes).hexdigest()
+
+
+def load_spec(path: str | Path) -> ModelSpec:
+    """A tensor model's spec (torch -> ONNX -> TensorRT)."""
+    # Imported here: the parser builds these dataclasses, so a module-level import would be circular.
+    from build_engines.spec_parse import parse_spec
+
+    spec_path, data, sha = _read_spec(path)
+    if "generation" in data:
+        raise SpecError(
+            spec_path,
+            [
+                (
+                    "generation",
+                    "this is a generation spec: export, verify and the TensorRT plan build are for tensor "
+                    "models; a generation model is served from its Hugging Face directory (emit, build)",
+                )
+            ],
+        )
+    return parse_spec(data, spec_path, sha)
+
+
+def load_any_spec(path: str | Path) -> ModelSpec | GenerationSpec:
+    """A tensor spec, or a generation spec when the file has a [generation] table."""
+    from build_engines.generation_spec import parse_generation_spec
+
+    spec_path, data, sha = _read_spec(path)
+    if "generation" in data:
+        return parse_generation_spec(data, spec_path, sha)
+    return load_spec(spec_path)

@@ -1,7 +1,8 @@
 """Check a Triton model repository the way Triton will read it, before Triton refuses a model at load time.
 
 Each config.pbtxt is parsed with Triton's own schema (tritonclient's generated ModelConfig), so a typo'd
-field fails here with a line and column instead of in a server log on a GPU host.
+field fails here with a line and column instead of in a server log on a GPU host. Configs of the vLLM and
+TensorRT-LLM backends are also checked against those backends' vendored keys (backend_keys.py).
 """
 
 from __future__ import annotations
@@ -44,6 +45,15 @@ def _check(model_dir: Path, config: object) -> list[str]:
     backend, platform = config.backend, config.platform  # type: ignore[attr-defined]
     if not backend and not platform:
         problems.append("neither backend nor platform is set")
+    # The GPU generation backends cannot load here: check them against their vendored key lists instead.
+    if backend == "vllm":
+        from build_engines.backend_keys import vllm_config_problems
+
+        problems.extend(vllm_config_problems(config, versions))
+    if backend == "tensorrtllm":
+        from build_engines.backend_keys import trtllm_config_problems
+
+        problems.extend(trtllm_config_problems(config))
     if backend == "python":
         filename = config.default_model_filename or "model.py"  # type: ignore[attr-defined]
         problems.extend(f"{v.name}/{filename} is missing" for v in versions if not (v / filename).is_file())

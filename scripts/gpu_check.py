@@ -12,6 +12,8 @@ Steps (each OK / SKIPPED / FAILED with its reason; a failing step never stops th
              GPU memory (NVML's process list) and its log names the device
   bench      texts/s: in-process torch on the GPU (batches of 64, length-sorted) vs Triton KIND_GPU with
              1, 4 and 8 instances (16 concurrent HTTP clients of 64 texts), vs in-process on the CPU
+  generation tinylm (python backend, continuous batching) loaded KIND_GPU: tokens/s served (64 HTTP streams)
+             vs the same engine in process on the same device; skipped when tinylm is not built
   runtimes   ONNX Runtime's providers and TensorRT's presence (what build_engines/gpu_check.sh would use)
 Writes OUT_DIR/gpu_check.json and the server log; ends with one line `GPUCHECK key=value ...`.
 
@@ -39,7 +41,8 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from gpu_check_env import UNPACK, numpy1_env, unpack  # noqa: E402 - beside this script
+from gpu_check_env import UNPACK, Skip, numpy1_env, unpack  # noqa: E402 - beside this script
+from gpu_check_generation import generation_step, tinylm_missing  # noqa: E402
 from gpu_check_http import (  # noqa: E402
     BATCH,
     embed_json,
@@ -51,10 +54,6 @@ from gpu_check_http import (  # noqa: E402
     post,
     served_throughput,
 )
-
-
-class Skip(Exception):
-    """The step cannot run here; the message says why."""
 
 
 class Check:
@@ -88,6 +87,7 @@ def main() -> int:
     parser.add_argument("--kind", default="KIND_GPU", choices=["KIND_GPU", "KIND_CPU"])
     parser.add_argument("--budget", type=float, default=420.0, help="seconds for the whole run")
     parser.add_argument("--bench-seconds", type=float, default=12.0)
+    parser.add_argument("--tinylm", type=Path, default=REPO_ROOT / "triton_models" / "tinylm", help="its model folder")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -107,6 +107,10 @@ def main() -> int:
         from controlplane.triton.client import repository_model_config
 
         configs = {n: repository_model_config(REPO_ROOT / "triton_models", n) for n in ("identity", "minilm")}
+    if not tinylm_missing(args.tinylm):
+        from controlplane.triton.client import repository_model_config
+
+        configs["tinylm"] = repository_model_config(args.tinylm.parent, args.tinylm.name)
 
     def env() -> str:
         import torch
@@ -171,12 +175,11 @@ def main() -> int:
     import shutil
 
     shutil.rmtree(model_repo, ignore_errors=True)
-    for name in ("identity", "minilm"):
-        shutil.copytree(
-            REPO_ROOT / "triton_models" / name,
-            model_repo / name,
-            ignore=shutil.ignore_patterns("__pycache__", "model.onnx"),
-        )
+    sources = {name: REPO_ROOT / "triton_models" / name for name in ("identity", "minilm")}
+    if "tinylm" in configs:  # with its trained Hugging Face directory (1/hf)
+        sources["tinylm"] = args.tinylm
+    for name, source in sources.items():
+        shutil.copytree(source, model_repo / name, ignore=shutil.ignore_patterns("__pycache__", "model.onnx"))
     # For this script's own children (the stubs find their packages through the venv on PATH instead).
     paths = [str(REPO_ROOT), *([str(site)] if site else []), os.environ.get("PYTHONPATH", "")]
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
@@ -366,6 +369,7 @@ def run_served_steps(
     check.step("identity", identity)
     check.step("minilm", minilm)
     check.step("bench", bench)
+    check.step("generation", lambda: generation_step(check, base, configs, args.tinylm, args.kind, device))
 
 
 if __name__ == "__main__":

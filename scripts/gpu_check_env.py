@@ -14,6 +14,10 @@ from pathlib import Path
 UNPACK = Path("/tmp/gpu_check")
 
 
+class Skip(Exception):
+    """A step cannot run here; the message says why (shared by the steps in gpu_check*.py)."""
+
+
 def unpack(pack: Path) -> tuple[Path | None, Path | None]:
     """Unpack the server (where this Python has no nvidia-pytriton) and the weights from scripts/gpu_pack.py's
     folder; return the folder to put on the path (or None) and the weights' folder (or None)."""

@@ -79,6 +79,38 @@ def catalogue_register_from_manifest(
     return model
 
 
+# What a generation manifest (build_engines emit of a [generation] spec) records that CatalogueModel has no
+# field for yet; registration refuses such a manifest rather than enter it under a kind that would mis-serve it.
+GENERATION_FIELDS_MISSING = (
+    "kind 'generation' (ModelKind has embeddings and tensor only)",
+    "context_length (the manifest's max_model_len)",
+    "endpoints (/v1/chat/completions, /v1/completions)",
+)
+
+
+def generation_profile(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The existing CatalogueModel fields a generation manifest fills: the planner's placement profile.
+
+    memory_per_instance_bytes is per GPU, as the planner reads it (a gang instance holds that much on each
+    of its gpus_per_instance GPUs), and includes the KV budget the engine preallocates."""
+    return {
+        "triton_name": manifest["triton_name"],
+        "memory_per_instance_bytes": int(manifest["memory_per_gpu_bytes"]),
+        "gpus_per_instance": int(manifest["gpus_per_instance"]),
+        "pool": str(manifest["pool"]),
+        # One request is one sequence: the engine batches between decode steps, not per Triton call.
+        "max_batch_size": 1,
+    }
+
+
+def _refuse_generation(path: Path, manifest: dict[str, Any]) -> None:
+    profile = ", ".join(f"{key}={value}" for key, value in generation_profile(manifest).items())
+    raise ValidationFailed(
+        f"{path} describes a generation model ({manifest.get('engine')}); the catalogue cannot register it "
+        f"yet: it has no {'; no '.join(GENERATION_FIELDS_MISSING)}. The existing fields it would take: {profile}."
+    )
+
+
 def _read_manifest(path: Path, triton_name: str) -> dict[str, Any]:
     # Before the manifest is read, the triton name is the best guess at the spec (`minilm_ort` -> minilm).
     rebuild = f"run `python -m build_engines all {triton_name.rsplit('_', 1)[0]}`"
@@ -88,6 +120,8 @@ def _read_manifest(path: Path, triton_name: str) -> dict[str, Any]:
         raise ValidationFailed(f"No manifest at {path}: {rebuild} to export and emit the model.") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValidationFailed(f"Cannot read the manifest {path}: {exc}; {rebuild} to write it again.") from exc
+    if isinstance(manifest, dict) and manifest.get("kind") == "generation":
+        _refuse_generation(path, manifest)
     missing = [key for key in ("artefact", "sha256", "model") if not isinstance(manifest, dict) or key not in manifest]
     if missing:
         raise ValidationFailed(f"{path} is not a build_engines manifest (no {', '.join(missing)}); {rebuild}.")

@@ -93,3 +93,35 @@ def test_dockerfiles_copy_only_what_exists():
             *sources, _destination = line.split()
             for source in sources:
                 assert (REPO / source).exists(), (dockerfile, source)
+
+
+def test_the_llm_pool_runs_the_vllm_image_on_tensor_parallel_gpus_when_asked():
+    services = compose_file()["services"]
+    llm, register = services["triton-llm"], services["triton-llm-register"]
+    # Off by default (it needs weights); on with --profile llm, registered in pool "llm".
+    assert llm["profiles"] == register["profiles"] == ["llm"]
+    assert llm["build"]["dockerfile"] == "deploy/docker/triton-vllm.Dockerfile"
+    assert "--model-control-mode=explicit" in llm["command"]
+    (device,) = llm["deploy"]["resources"]["reservations"]["devices"]
+    assert device["capabilities"] == ["gpu"] and device["count"] == "${LLM_GPUS:-2}"
+    assert llm["shm_size"].endswith("gb}")  # NCCL between the ranks of one instance
+    assert any(v.endswith(":/models:ro") for v in llm["volumes"])
+    assert any(v.endswith(":/weights:ro") for v in llm["volumes"])
+    command = register["command"]
+    assert command[command.index("--pool") + 1] == "llm"
+    assert command[command.index("--grpc-url") + 1] == "triton-llm:8001"
+    pools = services["web"]["environment"]["FLEET_POOLS"]
+    assert ",llm=${LLM_SERVERS:-0}:${LLM_SERVERS:-0}" in pools
+
+
+def test_the_vllm_image_is_the_same_triton_release_as_the_main_one():
+    def base(dockerfile):
+        (image,) = re.findall(
+            r"^ARG \w+=(nvcr\.io/nvidia/tritonserver:\S+)$",
+            (DEPLOY / "docker" / dockerfile).read_text(),
+            flags=re.MULTILINE,
+        )
+        return image.rsplit(":", 1)[1]
+
+    main, vllm = base("triton.Dockerfile"), base("triton-vllm.Dockerfile")
+    assert vllm == f"{main.removesuffix('-py3')}-vllm-python-py3", (main, vllm)

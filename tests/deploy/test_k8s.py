@@ -176,3 +176,48 @@ def test_pods_reached_by_ip_accept_their_own_address_as_host(overlay):
         assert names.index("POD_IP") < names.index("DJANGO_ALLOWED_HOSTS"), name  # defined before use
         hosts = next(e["value"] for e in env if e["name"] == "DJANGO_ALLOWED_HOSTS")
         assert hosts == "$(DJANGO_ALLOWED_HOSTS),$(POD_IP)", name
+
+
+def test_every_gpu_prod_image_comes_from_the_registry():
+    for doc in render("gpu-prod"):
+        if doc["kind"] in ("Deployment", "Job"):
+            spec = doc["spec"]["template"]["spec"]
+            for container in spec.get("initContainers", []) + spec["containers"]:
+                assert container["image"].startswith("registry.example.com/"), (doc["metadata"]["name"], container)
+
+
+def test_the_llm_pool_has_tensor_parallel_gpus_shared_memory_and_registers_like_the_base_pool():
+    docs = render("gpu-prod")
+    llm, base = _pod(docs, "triton-llm"), _pod(docs, "triton")
+    (triton,) = llm["containers"]
+    assert triton["image"].endswith("/controlplane-triton-vllm:0.1.0")
+    gpus = triton["resources"]["limits"]["nvidia.com/gpu"]
+    assert int(gpus) >= 2 and triton["resources"]["requests"]["nvidia.com/gpu"] == gpus
+    (shm,) = [v for v in llm["volumes"] if v["name"] == "shm"]
+    assert shm["emptyDir"]["medium"] == "Memory"
+    size = shm["emptyDir"]["sizeLimit"]
+    assert size.endswith("Gi") and int(size[:-2]) >= 8 * int(gpus)  # NCCL between the ranks of one instance
+    assert {m["mountPath"] for m in triton["volumeMounts"]} == {"/models", "/weights", "/dev/shm"}
+    assert "--model-control-mode=explicit" in triton["args"]
+    # Registered and drained exactly as the base pool, only the pool name differs.
+    (agent,) = [c for c in llm["initContainers"] if c["name"] == "fleet-agent"]
+    (base_agent,) = [c for c in base["initContainers"] if c["name"] == "fleet-agent"]
+    assert agent["command"] == base_agent["command"] and agent["restartPolicy"] == "Always"
+    assert {e["name"]: e.get("value") for e in agent["env"]}["TRITON_POOL"] == "llm"
+    assert triton["lifecycle"] == base["containers"][0]["lifecycle"]
+    assert llm["nodeSelector"] == base["nodeSelector"] and llm["tolerations"] == base["tolerations"]
+    # KEDA follows the llm pool's gauge, within FLEET_POOLS' bounds; the ServiceMonitor reaches its metrics.
+    scaled = find(docs, "ScaledObject", "triton-llm")
+    assert scaled["spec"]["scaleTargetRef"]["name"] == "triton-llm"
+    assert 'pool="llm"' in scaled["spec"]["triggers"][0]["metadata"]["query"]
+    (config,) = [
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("controlplane-config")
+    ]
+    pools = dict(entry.split("=", 1) for entry in config["data"]["FLEET_POOLS"].split(","))
+    assert pools["llm"] == f"{scaled['spec']['minReplicaCount']}:{scaled['spec']['maxReplicaCount']}"
+    service = find(docs, "Service", "triton-llm")
+    assert service["metadata"]["labels"]["app.kubernetes.io/part-of"] == "batch-controlplane"
+    assert "triton-metrics" in {p["name"] for p in service["spec"]["ports"]}
+    assert find(docs, "PodDisruptionBudget", "triton-llm")["spec"]["maxUnavailable"] == 1
+    claims = {v["persistentVolumeClaim"]["claimName"] for v in llm["volumes"] if "persistentVolumeClaim" in v}
+    assert {d["metadata"]["name"] for d in docs if d["kind"] == "PersistentVolumeClaim"} >= claims
