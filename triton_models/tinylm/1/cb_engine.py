@@ -25,9 +25,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
+from cb_forward import KVPool
 from cb_prefix import PrefixCache
 from cb_sampling import SamplingParams, TokenPick, choice_generator, pick_tokens
 
@@ -46,8 +46,8 @@ class Choice:
     cumulative_logprob: float = 0.0
     stable_chars: int = 0  # text[:stable_chars] can no longer change (a stop string may still cut the rest)
     # engine state
-    kv: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list, repr=False)
-    length: int = 0  # tokens whose KV is in `kv`
+    start: int = -1  # its segment of the KV pool (prompt + max_tokens slots), -1 when it has none
+    length: int = 0  # tokens whose KV is in the segment
     generator: torch.Generator | None = field(default=None, repr=False)
     counts: torch.Tensor | None = field(default=None, repr=False)
 
@@ -100,12 +100,14 @@ class Engine:
         self.context_length = int(getattr(config, "max_position_embeddings", 0) or self.tokenizer.model_max_length)
         eos = self.model.generation_config.eos_token_id or self.tokenizer.eos_token_id
         self.eos_token_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+        self._pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.kv_budget_tokens = kv_budget_tokens
         self.max_seqs = max_seqs
         self.max_prefill_tokens_per_step = max_prefill_tokens_per_step
-        self.prefix_cache = PrefixCache(block_size) if prefix_caching else None
-        self.reserved_tokens = 0
-        self.peak_reserved_tokens = 0  # reserved + prefix cache, highest seen: tests hold it to the budget
+        self.pool = KVPool(self.model, self._cache_kwarg, kv_budget_tokens)
+        self.prefix_cache = PrefixCache(self.pool, block_size) if prefix_caching else None
+        self.reserved_tokens = 0  # by running sequences; the prefix cache holds the rest of pool.used_tokens
+        self.peak_reserved_tokens = 0  # pool slots in use, highest seen: tests hold it to the budget
         self._waiting: collections.deque[Request] = collections.deque()
         self._running: list[Request] = []
         self._inbox: collections.deque[Request] = collections.deque()
@@ -139,6 +141,7 @@ class Engine:
         if need > self.kv_budget_tokens or params.n > self.max_seqs:
             raise ValueError(f"n x (prompt + max_tokens) = {need} tokens can never fit the KV budget")
         request = Request(request_id, ids, params, on_update, is_cancelled, stream, reserved_tokens=need)
+        request.choices = [Choice(index=i, generator=choice_generator(params.seed, i)) for i in range(params.n)]
         with self._lock:
             self._inbox.append(request)
         self._wake.set()
@@ -185,8 +188,7 @@ class Engine:
         if not self._running and not self._waiting:
             return False
         try:
-            for request in self._admit():
-                self._prefill(request)
+            self._prefill(self._admit())
             if self._running:
                 self._decode()
         except Exception as exc:  # noqa: BLE001 - a failed forward pass fails the requests in it, not the loop
@@ -198,18 +200,17 @@ class Engine:
     def _admit(self) -> list[Request]:
         admitted: list[Request] = []
         prefill_tokens = 0
-        running_seqs = sum(len(r.choices) or r.params.n for r in self._running)
+        running_seqs = sum(r.params.n for r in self._running)
         while self._waiting:
             request = self._waiting[0]
             n = request.params.n
             if running_seqs + n > self.max_seqs or (admitted and prefill_tokens >= self.max_prefill_tokens_per_step):
                 break  # first come, first served: the head waits rather than being overtaken
-            cache_held = self.prefix_cache.held_tokens if self.prefix_cache else 0
-            over = self.reserved_tokens + cache_held + request.reserved_tokens - self.kv_budget_tokens
-            if over > 0 and self.prefix_cache is not None:
-                over -= self.prefix_cache.evict(over)
-            if over > 0:
+            starts = self._allocate(n, len(request.prompt_token_ids) + request.params.max_tokens)
+            if starts is None:
                 break
+            for choice, start in zip(request.choices, starts, strict=True):
+                choice.start = start
             self._waiting.popleft()
             self.reserved_tokens += request.reserved_tokens
             self._note_peak()
@@ -218,88 +219,62 @@ class Engine:
             admitted.append(request)
         return admitted
 
+    def _allocate(self, n: int, length: int) -> list[int] | None:
+        """n pool segments of `length` slots, evicting cached prefix blocks (least recently used first) for the
+        room; None, with nothing held, when they do not fit beside what runs."""
+        starts: list[int] = []
+        while len(starts) < n:
+            start = self.pool.allocate(length)
+            if start is not None:
+                starts.append(start)
+            elif not (self.prefix_cache and self.prefix_cache.evict(length)):
+                for held in starts:
+                    self.pool.release(held, length)
+                return None
+        return starts
+
     def _note_peak(self) -> None:
-        held = self.reserved_tokens + (self.prefix_cache.held_tokens if self.prefix_cache else 0)
-        self.peak_reserved_tokens = max(self.peak_reserved_tokens, held)
+        self.peak_reserved_tokens = max(self.peak_reserved_tokens, self.pool.used_tokens)
 
-    def _prefill(self, request: Request) -> None:
-        from transformers import DynamicCache
+    def _prefill(self, admitted: list[Request]) -> None:
+        """Prefill the admitted requests, one batched pass per distinct cached prefix (usually one or two)."""
+        groups: dict[int, tuple[list[int], list[Request]]] = {}
+        for request in admitted:
+            chain, blocks = self.prefix_cache.lookup(request.prompt_token_ids) if self.prefix_cache else (0, [])
+            groups.setdefault(chain, (blocks, []))[1].append(request)
+        size = self.prefix_cache.block_size if self.prefix_cache else 0
+        for blocks, requests in groups.values():
+            past = torch.tensor([slot + i for slot in blocks for i in range(size)], dtype=torch.long)
+            tails = [r.prompt_token_ids[len(past) :] for r in requests]
+            logits = self.pool.prefill(past, tails, [r.choices[0].start for r in requests], self._pad_id)
+            for row, request in enumerate(requests):
+                request.num_cached_tokens = len(past)
+                self._start(request, logits[row])
 
+    def _start(self, request: Request, logits: torch.Tensor) -> None:
         ids, params = request.prompt_token_ids, request.params
-        cached_blocks = self.prefix_cache.lookup(ids) if self.prefix_cache else []
-        cache = DynamicCache()
-        for layer, pairs in enumerate(zip(*cached_blocks, strict=True) if cached_blocks else ()):
-            keys = torch.cat([k for k, _ in pairs], dim=1).unsqueeze(0)
-            values = torch.cat([v for _, v in pairs], dim=1).unsqueeze(0)
-            cache.update(keys, values, layer)
-        start = cache.get_seq_length()
-        request.num_cached_tokens = start
-        tail = torch.tensor([ids[start:]], device=self.device)
-        with torch.inference_mode():
-            out = self.model(
-                input_ids=tail,
-                attention_mask=torch.ones((1, len(ids)), dtype=torch.long, device=self.device),
-                position_ids=torch.arange(start, len(ids), device=self.device).unsqueeze(0),
-                use_cache=True,
-                **{self._cache_kwarg: cache},
-            )
-        prompt_kv = [(layer.keys[0], layer.values[0]) for layer in _cache_of(out).layers]
-        capacity = len(ids) + params.max_tokens
-        for index in range(params.n):
-            choice = Choice(index=index, generator=choice_generator(params.seed, index), length=len(ids))
-            for keys, values in prompt_kv:
-                k = keys.new_empty((keys.shape[0], capacity, keys.shape[2]))
-                v = values.new_empty((values.shape[0], capacity, values.shape[2]))
-                k[:, : len(ids)], v[:, : len(ids)] = keys, values
-                choice.kv.append((k, v))
-            choice.counts = torch.zeros(out.logits.shape[-1])
-            request.choices.append(choice)
+        first = request.choices[0]
+        for choice in request.choices:
+            if choice is not first:  # n choices: one prefill, the prompt's KV copied to each segment
+                self.pool.copy(first.start, choice.start, len(ids))
+            choice.length = len(ids)
+            if params.presence_penalty or params.frequency_penalty:
+                choice.counts = torch.zeros(logits.shape[-1])
         if self.prefix_cache is not None:
-            room = self.kv_budget_tokens - self.reserved_tokens - self.prefix_cache.held_tokens
-            self.prefix_cache.insert(ids, prompt_kv, room)
+            self.prefix_cache.insert(ids, first.start)
             self._note_peak()
         self._running.append(request)
-        logits = out.logits[0, -1].expand(params.n, -1)
-        self._accept(list(zip([request] * params.n, request.choices, strict=True)), logits)
+        rows = [(request, choice) for choice in request.choices]
+        self._accept(rows, logits.unsqueeze(0).expand(params.n, -1))
 
     def _decode(self) -> None:
-        from transformers import DynamicCache
-
         rows = [(r, c) for r in self._running for c in r.choices if c.finish_reason is None]
-        longest = max(c.length for _, c in rows)
-        mask = torch.zeros((len(rows), longest + 1), dtype=torch.long)
-        mask[:, -1] = 1
-        cache = DynamicCache()
-        for layer in range(len(rows[0][1].kv)):
-            k0, v0 = rows[0][1].kv[layer]
-            keys = k0.new_zeros((len(rows), k0.shape[0], longest, k0.shape[2]))
-            values = v0.new_zeros((len(rows), v0.shape[0], longest, v0.shape[2]))
-            for row, (_, choice) in enumerate(rows):
-                k, v = choice.kv[layer]
-                # Left padding: every row's newest token sits in the same (last) column.
-                keys[row, :, longest - choice.length :] = k[:, : choice.length]
-                values[row, :, longest - choice.length :] = v[:, : choice.length]
-                if layer == 0:
-                    mask[row, longest - choice.length : longest] = 1
-            cache.update(keys, values, layer)
-        input_ids = torch.tensor([[c.token_ids[-1]] for _, c in rows], device=self.device)
-        positions = torch.tensor([[c.length] for _, c in rows], device=self.device)
-        with torch.inference_mode():
-            out = self.model(
-                input_ids=input_ids,
-                attention_mask=mask.to(self.device),
-                position_ids=positions,
-                use_cache=True,
-                **{self._cache_kwarg: cache},
-            )
-        for layer, kv_layer in enumerate(_cache_of(out).layers):
-            new_k, new_v = kv_layer.keys[:, :, -1], kv_layer.values[:, :, -1]
-            for row, (_, choice) in enumerate(rows):
-                choice.kv[layer][0][:, choice.length] = new_k[row]
-                choice.kv[layer][1][:, choice.length] = new_v[row]
+        logits = self.pool.decode(
+            [c.start for _, c in rows], [c.length for _, c in rows], [c.token_ids[-1] for _, c in rows]
+        )
         for _, choice in rows:
             choice.length += 1
-        self._accept(rows, out.logits[:, -1])
+        self._accept(rows, logits)
 
     def _accept(self, rows: list[tuple[Request, Choice]], logits: torch.Tensor) -> None:
         picks = pick_tokens(
@@ -318,7 +293,8 @@ class Engine:
     def _append(self, request: Request, choice: Choice, pick: TokenPick) -> None:
         params = request.params
         choice.token_ids.append(pick.token_id)
-        choice.counts[pick.token_id] += 1
+        if choice.counts is not None:
+            choice.counts[pick.token_id] += 1
         choice.cumulative_logprob += pick.logprob
         if params.logprobs is not None:
             choice.picks.append(pick)
@@ -342,15 +318,17 @@ class Engine:
     def _finish(self, request: Request, *, abort: bool) -> None:
         if request.finished:
             return
-        if not request.choices:  # still waiting: never prefilled
-            request.choices = [Choice(index=i) for i in range(request.params.n)]
+        admitted = request.choices[0].start >= 0
         for choice in request.choices:
             if choice.finish_reason is None:
                 choice.finish_reason = "abort"
-            choice.kv = []  # frees the buffers now, not when the caller drops the request
+            if choice.start >= 0:  # its pool segment is free for the next admission at once
+                self.pool.release(choice.start, len(request.prompt_token_ids) + request.params.max_tokens)
+                choice.start = -1
+        if admitted:
+            self.reserved_tokens -= request.reserved_tokens
         if request in self._running:
             self._running.remove(request)
-            self.reserved_tokens -= request.reserved_tokens
         elif request in self._waiting:
             self._waiting.remove(request)
         request.finished = True
@@ -381,37 +359,9 @@ class Engine:
         return requests
 
 
-def _cache_of(out: Any) -> Any:
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else out.past_key_values
-
-
 def _collect(done: list[Request]) -> Callable[[Request], None]:
     def on_update(request: Request) -> None:
         if request.finished:
             done.append(request)
 
     return on_update
-
-
-def static_generate(
-    model: Any, tokenizer: Any, prompts: Sequence[str], max_tokens: Sequence[int], *, batch_size: int
-) -> list[list[int]]:
-    """Baseline for benchmarks: Hugging Face `generate`, greedy, in static batches of `batch_size` prompts in
-    the given order, each batch running to its longest max_tokens (or all rows at EOS). Returns each prompt's
-    generated token ids, cut at its own max_tokens and first EOS."""
-    eos = tokenizer.eos_token_id
-    tokenizer.padding_side = "left"
-    results: list[list[int]] = []
-    for start in range(0, len(prompts), batch_size):
-        chunk = list(prompts[start : start + batch_size])
-        limits = list(max_tokens[start : start + batch_size])
-        batch = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False)
-        with torch.inference_mode():
-            out = model.generate(
-                **batch, max_new_tokens=max(limits), do_sample=False, pad_token_id=tokenizer.pad_token_id
-            )
-        for row, limit in enumerate(limits):
-            ids = out[row, batch["input_ids"].shape[1] :].tolist()[:limit]
-            results.append(ids[: ids.index(eos) + 1] if eos in ids else ids)
-    return results

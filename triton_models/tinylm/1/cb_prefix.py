@@ -2,19 +2,15 @@
 over their token ids (vLLM's automatic prefix caching, in miniature). A block's key covers every token before
 it, so a hit on block i means the whole prefix up to block i matches.
 
-Its blocks count against the engine's KV budget like running sequences do; the engine evicts least recently
-used blocks when a new sequence needs the room.
+Its blocks are segments of the engine's KV pool, so they count against the KV budget like running sequences
+do; the engine evicts least recently used blocks when a new sequence needs the room.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-
-import torch
-
-# Per layer: (keys, values), each [kv_heads, block_size, head_dim].
-BlockKV = list[tuple[torch.Tensor, torch.Tensor]]
+from typing import Any
 
 
 def block_keys(token_ids: Sequence[int], block_size: int) -> list[int]:
@@ -27,18 +23,19 @@ def block_keys(token_ids: Sequence[int], block_size: int) -> list[int]:
 
 
 class PrefixCache:
-    def __init__(self, block_size: int) -> None:
-        self.block_size = block_size
-        self._blocks: OrderedDict[int, BlockKV] = OrderedDict()  # least recently used first
+    def __init__(self, pool: Any, block_size: int) -> None:
+        self.pool, self.block_size = pool, block_size
+        self._blocks: OrderedDict[int, int] = OrderedDict()  # chain key → pool slot; least recently used first
         self.hits_tokens = 0  # prompt tokens served from the cache since start (for tests and metrics)
 
     @property
     def held_tokens(self) -> int:
         return len(self._blocks) * self.block_size
 
-    def lookup(self, token_ids: Sequence[int]) -> list[BlockKV]:
+    def lookup(self, token_ids: Sequence[int]) -> tuple[int, list[int]]:
         """The cached blocks of the longest cached prefix, leaving at least one prompt token to compute (the
-        model needs it to produce the next token's logits)."""
+        model needs it to produce the next token's logits), and the key of the last one (0 for none): prompts
+        with the same key share the same cached prefix."""
         usable = (len(token_ids) - 1) // self.block_size
         found = []
         for key in block_keys(token_ids, self.block_size)[:usable]:
@@ -51,20 +48,20 @@ class PrefixCache:
         for key, _ in reversed(found):
             self._blocks.move_to_end(key)
         self.hits_tokens += len(found) * self.block_size
-        return [block for _, block in found]
+        return (found[-1][0] if found else 0), [block for _, block in found]
 
-    def insert(self, token_ids: Sequence[int], kv: list[tuple[torch.Tensor, torch.Tensor]], room_tokens: int) -> None:
-        """Keep the whole blocks of a prefilled prompt (`kv` per layer: [kv_heads, >= len, head_dim]), at most
-        `room_tokens` worth of new blocks."""
+    def insert(self, token_ids: Sequence[int], source: int) -> None:
+        """Keep the whole blocks of a prefilled prompt whose KV sits in the pool from slot `source`, as far as
+        the pool has free room (a cache never evicts running work)."""
         keys = block_keys(token_ids, self.block_size)
         for index, key in enumerate(keys):  # parents first: a child is unreachable without them
             if key in self._blocks:
                 continue
-            if room_tokens < self.block_size:
+            slot = self.pool.allocate(self.block_size)
+            if slot is None:
                 break
-            start, end = index * self.block_size, (index + 1) * self.block_size
-            self._blocks[key] = [(k[:, start:end].clone(), v[:, start:end].clone()) for k, v in kv]
-            room_tokens -= self.block_size
+            self.pool.copy(source + index * self.block_size, slot, self.block_size)
+            self._blocks[key] = slot
         for key in reversed(keys):  # children touched first, so parents are the most recent and outlive them
             if key in self._blocks:
                 self._blocks.move_to_end(key)
@@ -73,6 +70,7 @@ class PrefixCache:
         """Drop least recently used blocks until `tokens` are freed or nothing is left; returns tokens freed."""
         freed = 0
         while freed < tokens and self._blocks:
-            self._blocks.popitem(last=False)
+            _, slot = self._blocks.popitem(last=False)
+            self.pool.release(slot, self.block_size)
             freed += self.block_size
         return freed

@@ -119,15 +119,18 @@ class TokenPick:
 
 
 def pick_tokens(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator], counts: list[torch.Tensor]
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator],
+    counts: list[torch.Tensor | None],
 ) -> list[TokenPick]:
     """One next token per row of `logits` [rows, vocab], each row with its own parameters, RNG and counts of the
-    tokens it generated so far (for the penalties)."""
+    tokens it generated so far (for the penalties; None for rows without penalties)."""
     logits = logits.float()
     raw_logprobs = torch.log_softmax(logits, dim=-1)  # reported logprobs: the model's, before any processing
     adjusted = logits.clone()
     for row, p in enumerate(params):
-        if p.presence_penalty or p.frequency_penalty:
+        if counts[row] is not None:
             # OpenAI's formula: mu[j] - c[j] * alpha_frequency - (c[j] > 0) * alpha_presence
             c = counts[row]
             adjusted[row] -= c * p.frequency_penalty + (c > 0).float() * p.presence_penalty
