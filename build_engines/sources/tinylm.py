@@ -36,7 +36,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 SEED = 20261201
-LONG_EVERY = 6  # every 6th training batch has a long filler prefix
+LONG_EVERY = 3  # every 3rd training batch has a long filler prefix
 
 
 def vocabulary() -> dict[str, int]:
@@ -74,7 +74,11 @@ def _question(rng: random.Random) -> tuple[int, int]:
 
 
 def _filler(rng: random.Random, longest: int) -> str:
-    return " ".join(rng.choice(FILLER) for _ in range(rng.randint(1, longest)))
+    length = rng.randint(1, longest)
+    if rng.random() < 0.5:  # a phrase said over and over, as real system prompts repeat their rules
+        phrase = [rng.choice(FILLER) for _ in range(rng.randint(2, 8))]
+        return " ".join(phrase[i % len(phrase)] for i in range(length))
+    return " ".join(rng.choice(FILLER) for _ in range(length))
 
 
 def example(rng: random.Random, tokenizer: Any, *, long_prefix: bool = False) -> tuple[str, str]:
@@ -145,9 +149,10 @@ def train(out_dir: Path, *, steps: int = 700, batch_size: int = 32, seed: int = 
     losses: list[float] = []
     for step in range(steps):
         # Long-prefix rows get batches of their own, smaller: mixed in, every batch would be padded to ~230
-        # tokens and training took 460 s instead of ~40 (measured, 2 shared cores).
+        # tokens and training took 460 s instead of ~60 (measured, 2 shared cores). They come often, or the
+        # positions past ~100 stay undertrained and answers after a long system prompt stop short.
         long_prefix = step % LONG_EVERY == LONG_EVERY - 1
-        size = batch_size // 4 if long_prefix else batch_size
+        size = batch_size // 3 if long_prefix else batch_size
         input_ids, mask, labels = _batch(rng, tokenizer, size, long_prefix=long_prefix)
         loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)

@@ -18,7 +18,7 @@ def params(**fields):
 
 
 def test_greedy_counts_and_stops_at_eos(engine):
-    cases = [(3, 9), (0, 0), (17, 33), (25, 40)]
+    cases = [(3, 9), (0, 4), (21, 21), (17, 33), (25, 40)]
     results = engine.generate([f"count from {a} to {b} :" for a, b in cases], params())
     for (a, b), request in zip(cases, results, strict=True):
         (choice,) = request.choices

@@ -58,6 +58,8 @@ class _Stream:
                 flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
             )
         elif request.cancelled:
+            generated = max(len(c.token_ids) for c in request.choices)
+            pb_utils.Logger.log_info(f"tinylm cancelled {request.request_id} after {generated} tokens")
             self.sender.send(
                 pb_utils.InferenceResponse(error=_error("Request was cancelled", "CANCELLED")),
                 flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
