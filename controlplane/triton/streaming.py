@@ -160,7 +160,7 @@ class GenerationStream:
     def responses(self, *, timeout_s: float | None = None) -> Iterator[GenerationResponse]:
         """Responses as they come (only without `on_response`), until none is in flight; a silence longer than
         `timeout_s` raises TransientTritonError."""
-        while self.in_flight:
+        while self.in_flight or not self._inbox.empty():
             try:
                 response = self._inbox.get(timeout=timeout_s)
             except queue.Empty:
@@ -172,9 +172,12 @@ class GenerationStream:
         with self._lock:
             if response.request_id not in self._pending:
                 return  # cancelled by the caller, or the reply to a request of a broken stream already failed
-            if response.final:
-                self._pending.discard(response.request_id)
         self._on_response(response)
+        if response.final:
+            # Only once it is handed over: `responses()` stops when nothing is in flight and its queue is empty,
+            # so a final response dropped from `pending` before it was queued would be lost to it.
+            with self._lock:
+                self._pending.discard(response.request_id)
 
     def _read(self) -> None:
         try:
