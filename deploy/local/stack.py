@@ -356,7 +356,9 @@ class Stack:
         else:
             self._spawn(name, self._commands[name])
 
-    def _wait_http(self, url: str, name: str, timeout_s: float = 60) -> None:
+    # Generous: on a busy 2-core host gunicorn's first answer (Django imported by each worker) took over 60 s
+    # while a test suite ran in parallel workers; the wait ends as soon as it answers.
+    def _wait_http(self, url: str, name: str, timeout_s: float = 180) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.procs[name].poll() is not None:
