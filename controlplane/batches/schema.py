@@ -1,6 +1,6 @@
 """OpenAPI description of ``/v1/batches`` (core/openapi.py says why these serializers only document).
 
-``BatchSerializer`` mirrors ``serializers.batch_render``; the fuzz test checks real responses against it."""
+``BatchSerializer`` mirrors ``render.batch_render``; the fuzz test checks real responses against it."""
 
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ from rest_framework.views import APIView
 from controlplane.batches import schema, selectors, services
 from controlplane.batches.models import Batch
 from controlplane.batches.queue_info import batches_queue_info
+from controlplane.batches.render import batch_render
 from controlplane.batches.rerun import batch_rerun_failed
-from controlplane.batches.serializers import batch_render
 from controlplane.core.errors import ValidationFailed
 from controlplane.core.idempotency import idempotency_key, idempotent, json_fingerprint
 from controlplane.core.pagination import cursor_page, parse_limit

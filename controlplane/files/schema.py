@@ -1,6 +1,6 @@
 """OpenAPI description of ``/v1/files`` (core/openapi.py says why these serializers only document).
 
-``FileSerializer`` mirrors ``serializers.file_render``; the fuzz test checks real responses against it."""
+``FileSerializer`` mirrors ``render.file_render``; the fuzz test checks real responses against it."""
 
 from __future__ import annotations
 

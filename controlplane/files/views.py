@@ -19,7 +19,7 @@ from controlplane.core.parsers import declared_length
 from controlplane.files import schema, selectors, services
 from controlplane.files.lifecycle import expires_after_from_form
 from controlplane.files.quota import StorageRoom, storage_room
-from controlplane.files.serializers import file_render
+from controlplane.files.render import file_render
 from controlplane.files.storage import READ_CHUNK_BYTES, blob_open
 from controlplane.files.uploads import ContentHashUploadHandler, SizeLimitUploadHandler
 from controlplane.tenants.auth import request_tenant

@@ -1,5 +1,5 @@
 """OpenAPI description of the webhook endpoint API (core/openapi.py says why these serializers only
-document). The objects mirror serializers.py; the fuzz test checks real responses against them."""
+document). The objects mirror render.py; the fuzz test checks real responses against them."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from controlplane.core.pagination import cursor_page, parse_limit
 from controlplane.tenants.auth import request_tenant
 from controlplane.webhooks import schema, selectors, services
 from controlplane.webhooks.models import EVENT_TYPES
-from controlplane.webhooks.serializers import delivery_render, endpoint_render
+from controlplane.webhooks.render import delivery_render, endpoint_render
 
 
 def _body(request: Request) -> dict[str, Any]:
