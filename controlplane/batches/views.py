@@ -16,7 +16,6 @@ from controlplane.core.idempotency import idempotency_key, idempotent, json_fing
 from controlplane.core.pagination import cursor_page, parse_limit
 from controlplane.tenants.auth import request_tenant
 from controlplane.usage.selectors import batch_costs
-from controlplane.usage.services import batch_origin_record
 
 
 def _render_with_queue(batches: list[Batch]) -> list[dict[str, Any]]:
@@ -57,8 +56,8 @@ class BatchListCreateView(APIView):
                 # An extra body field (the openai SDK sends it with extra_body={"priority": "high"}).
                 priority=data.get("priority"),
                 output_expires_after=data.get("output_expires_after"),
+                api_key_id=getattr(request.auth, "id", None),
             )
-            batch_origin_record(batch_id=batch.id, api_key_id=getattr(request.auth, "id", None))
             return Response(batch_render(batch))
 
         fingerprint = json_fingerprint(request, data) if key is not None else ""
@@ -99,8 +98,8 @@ class BatchRerunView(APIView):
                 actor=f"api key {getattr(request.auth, 'id', '?')}",
                 error_codes=data.get("error_codes"),
                 completion_window=data.get("completion_window"),
+                api_key_id=getattr(request.auth, "id", None),
             )
-            batch_origin_record(batch_id=rerun.id, api_key_id=getattr(request.auth, "id", None))
             return Response(batch_render(rerun))
 
         fingerprint = json_fingerprint(request, data) if key is not None else ""
