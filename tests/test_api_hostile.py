@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from controlplane.batches.services import _validate_metadata
+from controlplane.batches.services import metadata_validate
 from controlplane.core.errors import PayloadTooLarge, ValidationFailed
 from controlplane.core.parsers import LimitedJSONParser
 from tests.batches.helpers import embedding_line, jsonl
@@ -169,4 +169,4 @@ def test_errors_outside_drf_keep_the_shape_only_under_v1(rf):
 )
 def test_metadata_service_rejects_unstorable_text(metadata):
     with pytest.raises(ValidationFailed):
-        _validate_metadata(metadata)
+        metadata_validate(metadata)

@@ -60,7 +60,7 @@ def batch_terminal_notify(*, batch_id: str, status: str, at: datetime) -> None:
     batch_event_emit(tenant_id=tenant_id, batch_id=batch_id, event_type=f"batch.{status}", created_at=at)
 
 
-def _validate_metadata(metadata: Any) -> dict[str, str] | None:
+def metadata_validate(metadata: Any) -> dict[str, str] | None:
     # OpenAI's limits: up to 16 pairs, keys up to 64 characters, values up to 512.
     if metadata is None:
         return None
@@ -98,7 +98,7 @@ def batch_create(
     if endpoint not in Endpoint.values:
         raise ValidationFailed(f"endpoint must be one of {Endpoint.values}, got {endpoint!r}.", param="endpoint")
     window = parse_completion_window(completion_window)
-    metadata = _validate_metadata(metadata)
+    metadata = metadata_validate(metadata)
     results_expire_after = expires_after_parse(output_expires_after, param="output_expires_after")
     if not isinstance(input_file_id, str):
         raise ValidationFailed("input_file_id must be a file id string.", param="input_file_id")
