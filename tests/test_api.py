@@ -100,6 +100,31 @@ def test_batch_create_errors_name_the_parameter(api, payload, param):
     assert response.json()["error"]["param"] == param
 
 
+def test_a_batch_never_exists_without_its_origin(api, tenant, monkeypatch, django_capture_on_commit_callbacks):
+    """The origin (the API key that created the batch: the ledger's group_by=api_key_id) is written in the
+    create transaction, so a failed origin write leaves no batch behind, and a created batch has its origin."""
+    from django.db import DatabaseError
+
+    from controlplane.batches.models import Batch
+    from controlplane.tenants.models import ApiKey
+    from controlplane.usage.models import BatchOrigin
+
+    file_id = _upload(api, jsonl([embedding_line("a", "x")])).json()["id"]
+    body = {"input_file_id": file_id, "endpoint": "/v1/embeddings", "completion_window": "24h"}
+
+    def refuse(**kwargs: object) -> None:
+        raise DatabaseError("the origin write failed")
+
+    with monkeypatch.context() as patch, django_capture_on_commit_callbacks(execute=False):
+        patch.setattr(BatchOrigin.objects, "get_or_create", refuse)
+        assert api.post("/v1/batches", body, format="json").status_code == 500
+    assert not Batch.objects.exists()
+
+    with django_capture_on_commit_callbacks(execute=False):
+        created = api.post("/v1/batches", body, format="json").json()
+    assert BatchOrigin.objects.get(batch_id=created["id"]).api_key_id == ApiKey.objects.get(tenant=tenant).id
+
+
 def test_concurrent_batch_quota_is_429(api, tenant, django_capture_on_commit_callbacks):
     tenant.max_concurrent_batches = 1
     tenant.save()

@@ -12,7 +12,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.files.uploadhandler import FileUploadHandler
 
-from controlplane.batches.services import _validate_metadata
+from controlplane.batches.services import metadata_validate
 from controlplane.core.errors import PayloadTooLarge, ValidationFailed
 from controlplane.core.parsers import LimitedJSONParser
 from tests.batches.helpers import embedding_line, jsonl
@@ -215,4 +215,4 @@ def test_errors_outside_drf_keep_the_shape_only_under_v1(rf):
 )
 def test_metadata_service_rejects_unstorable_text(metadata):
     with pytest.raises(ValidationFailed):
-        _validate_metadata(metadata)
+        metadata_validate(metadata)

@@ -113,7 +113,8 @@ def test_batch_create_body(openapi):
     props = create["properties"]
     assert props["endpoint"]["enum"] == ["/v1/embeddings", "/v2/infer"]
     assert props["completion_window"]["enum"] == ["24h"]
-    assert props["priority"]["enum"] == ["high", "normal", "low"]
+    # null, like absent, is the tenant's default class: the body is validated with this same serializer.
+    assert props["priority"]["enum"] == ["high", "normal", "low", None] and props["priority"]["nullable"]
     assert props["metadata"]["maxProperties"] == 16 and props["metadata"]["nullable"]
     [expiry_ref] = props["output_expires_after"]["allOf"]
     expiry = openapi["components"]["schemas"][expiry_ref["$ref"].rsplit("/", 1)[1]]

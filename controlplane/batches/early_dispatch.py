@@ -5,7 +5,7 @@ database as soon as it closes (at most every FLUSH_SECONDS; not the file's last,
 once), so the scheduler runs the first shards while the control worker checks the rest: on the hot-path benchmark validation was a quarter of the end-to-end
 time, on one core, with the other idle. Nothing of it shows before the whole file is valid:
 
-- the batch stays ``validating``; the API shows no request counts and no usage for it (serializers.py);
+- the batch stays ``validating``; the API shows no request counts and no usage for it (render.py);
 - a shard that commits while its batch validates writes no ledger row (shards.shard_commit): the rows are
   written when validation succeeds (``usage_rows.held_usage_record``), in the transaction that makes the batch
   ``in_progress``, so a tenant is never charged for a batch that then fails;

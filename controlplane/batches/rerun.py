@@ -95,12 +95,20 @@ def _parse_codes(codes: Any) -> list[str] | None:
     return codes
 
 
-def batch_rerun_failed(*, batch: Batch, actor: str, error_codes: Any = None, completion_window: Any = None) -> Batch:
+def batch_rerun_failed(
+    *,
+    batch: Batch,
+    actor: str,
+    error_codes: Any = None,
+    completion_window: Any = None,
+    api_key_id: int | None = None,
+) -> Batch:
     """Create a batch of ``batch``'s failed lines (all of them, or those with one of ``error_codes``).
 
     Refused (409) while the batch is still open, when nothing failed, or when its input file was deleted.
     The new batch keeps the source's endpoint, metadata, priority and output expiry; its completion
-    window is the source's unless given."""
+    window is the source's unless given. ``api_key_id`` (the key that asked; None from the admin) is the new
+    batch's origin, written in its create transaction."""
     codes = _parse_codes(error_codes)
     if batch.status not in RERUNNABLE:
         raise Conflict(
@@ -135,6 +143,7 @@ def batch_rerun_failed(*, batch: Batch, actor: str, error_codes: Any = None, com
                 completion_window=completion_window or batch.completion_window,
                 metadata=batch.metadata,
                 priority=_priority_allowed(batch),
+                api_key_id=api_key_id,
             )
             Batch.objects.filter(id=rerun.id).update(rerun_of=batch.id, output_expires_after=batch.output_expires_after)
             event_record(

@@ -1,6 +1,8 @@
-"""OpenAPI description of ``/v1/batches`` (core/openapi.py says why these serializers only document).
+"""``/v1/batches``: the request serializers the views validate with (core/input.py) and the OpenAPI
+description built from them.
 
-``BatchSerializer`` mirrors ``serializers.batch_render``; the fuzz test checks real responses against it."""
+The response serializers only document: ``BatchSerializer`` mirrors ``render.batch_render`` (core/openapi.py
+says why), and the fuzz test checks real responses against it."""
 
 from __future__ import annotations
 
@@ -10,21 +12,23 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import serializers
 
+from controlplane.batches import services
 from controlplane.batches.models import BatchStatus, Endpoint
+from controlplane.batches.windows import parse_completion_window
 from controlplane.core.idempotency import HEADER as IDEMPOTENCY_HEADER
+from controlplane.core.input import StrictCharField, strict_choice
 from controlplane.core.openapi import (
     IDEMPOTENCY_KEY,
     REPLAYED,
     RESPONSE_HEADERS,
     cursor_page_of,
-    cursor_parameters,
     error_responses,
     link,
     path_id,
     response_links_add,
 )
-from controlplane.core.pagination import MAX_LIMIT
-from controlplane.files.lifecycle import EXPIRES_AFTER_MAX_SECONDS, EXPIRES_AFTER_MIN_SECONDS
+from controlplane.core.pagination import CursorQuerySerializer
+from controlplane.files.lifecycle import EXPIRES_AFTER_MAX_SECONDS, EXPIRES_AFTER_MIN_SECONDS, expires_after_parse
 from controlplane.tenants.models import Priority
 from controlplane.usage.schema import AmountSerializer
 
@@ -45,7 +49,10 @@ _PRIORITY_HELP = (
     }
 )
 class MetadataField(serializers.DictField):
-    """OpenAI's metadata (checked by ``services._validate_metadata``)."""
+    """OpenAI's metadata, checked by the service's own rule (``services.metadata_validate``)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        return services.metadata_validate(data)
 
 
 class OutputExpiresAfterSerializer(serializers.Serializer[Any]):
@@ -57,19 +64,36 @@ class OutputExpiresAfterSerializer(serializers.Serializer[Any]):
     )
 
 
+@extend_schema_field(OutputExpiresAfterSerializer)
+class ExpiresAfterField(serializers.Field[Any, Any, Any, Any]):
+    """``{"anchor": "created_at", "seconds": N}``, checked by files' rule (``expires_after_parse``: no
+    unknown keys, no ``"3600"`` or ``true`` for a number), which names ``<field>.seconds`` when at fault."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        expires_after_parse(data, param=self.field_name or "output_expires_after")
+        return data
+
+
+@extend_schema_field({"type": "string", "enum": list(settings.BATCH_COMPLETION_WINDOWS)})
+class CompletionWindowField(serializers.Field[Any, Any, Any, Any]):
+    """One of ``BATCH_COMPLETION_WINDOWS``, read when a request comes (the schema shows them at start-up)."""
+
+    def to_internal_value(self, data: Any) -> str:
+        parse_completion_window(data)
+        return str(data)
+
+
 class BatchCreateSerializer(serializers.Serializer[Any]):
-    input_file_id = serializers.CharField(help_text="A file uploaded with purpose `batch`.")
-    endpoint = serializers.ChoiceField(
-        choices=Endpoint.values,
+    input_file_id = StrictCharField(help_text="A file uploaded with purpose `batch`.")
+    endpoint = strict_choice(
+        Endpoint.values,
         help_text="`/v1/embeddings`, or `/v2/infer` for any catalogue model (a KServe v2 request per line).",
     )
-    completion_window = serializers.ChoiceField(
-        choices=list(settings.BATCH_COMPLETION_WINDOWS), help_text="The windows in `BATCH_COMPLETION_WINDOWS`."
-    )
+    completion_window = CompletionWindowField(help_text="The windows in `BATCH_COMPLETION_WINDOWS`.")
     metadata = MetadataField(required=False, allow_null=True)
-    priority = serializers.ChoiceField(choices=Priority.values, required=False, help_text=_PRIORITY_HELP)
-    output_expires_after = OutputExpiresAfterSerializer(
-        required=False, help_text="When the output and error files expire; absent: kept until deleted."
+    priority = strict_choice(Priority.values, required=False, allow_null=True, help_text=_PRIORITY_HELP)
+    output_expires_after = ExpiresAfterField(
+        required=False, allow_null=True, help_text="When the output and error files expire; absent: kept until deleted."
     )
 
 
@@ -159,7 +183,7 @@ batch_list_create = extend_schema_view(
         operation_id="listBatches",
         summary="List the tenant's batches",
         tags=TAGS,
-        parameters=[*cursor_parameters(maximum=MAX_LIMIT), *RESPONSE_HEADERS],
+        parameters=[CursorQuerySerializer, *RESPONSE_HEADERS],
         responses={200: BatchListSerializer, **error_responses()},
     ),
     post=extend_schema(
@@ -177,14 +201,13 @@ batch_list_create = extend_schema_view(
 
 class BatchRerunSerializer(serializers.Serializer[Any]):
     error_codes = serializers.ListField(
-        child=serializers.CharField(),
+        child=StrictCharField(),
         min_length=1,
         required=False,
+        allow_null=True,
         help_text="Only the lines that failed with one of these codes; absent: every failed line.",
     )
-    completion_window = serializers.ChoiceField(
-        choices=list(settings.BATCH_COMPLETION_WINDOWS), required=False, help_text="Absent: the source's window."
-    )
+    completion_window = CompletionWindowField(required=False, allow_null=True, help_text="Absent: the source's window.")
 
 
 batch_detail = extend_schema_view(

@@ -43,6 +43,7 @@ from controlplane.files.models import File
 from controlplane.files.selectors import file_get
 from controlplane.files.storage import blob_delete, blob_open, blob_save
 from controlplane.tenants.models import Tenant
+from controlplane.usage.services import batch_origin_record
 from controlplane.webhooks.services import batch_event_emit
 
 logger = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ def batch_terminal_notify(*, batch_id: str, status: str, at: datetime) -> None:
     batch_event_emit(tenant_id=tenant_id, batch_id=batch_id, event_type=f"batch.{status}", created_at=at)
 
 
-def _validate_metadata(metadata: Any) -> dict[str, str] | None:
+def metadata_validate(metadata: Any) -> dict[str, str] | None:
     # OpenAI's limits: up to 16 pairs, keys up to 64 characters, values up to 512.
     if metadata is None:
         return None
@@ -90,11 +91,15 @@ def batch_create(
     metadata: Any = None,
     priority: Any = None,
     output_expires_after: Any = None,
+    api_key_id: int | None = None,
 ) -> Batch:
+    """A batch in ``validating``, its ``created`` event, its origin (the API key that asked, for the usage
+    ledger's grouping by key) and its validation message, all in one transaction: a batch never exists
+    without its origin row."""
     if endpoint not in Endpoint.values:
         raise ValidationFailed(f"endpoint must be one of {Endpoint.values}, got {endpoint!r}.", param="endpoint")
     window = parse_completion_window(completion_window)
-    metadata = _validate_metadata(metadata)
+    metadata = metadata_validate(metadata)
     results_expire_after = expires_after_parse(output_expires_after, param="output_expires_after")
     if not isinstance(input_file_id, str):
         raise ValidationFailed("input_file_id must be a file id string.", param="input_file_id")
@@ -119,6 +124,7 @@ def batch_create(
             output_expires_after=results_expire_after,
         )
         event_record(batch_id=batch.id, kind="created", message=f"input {input_file.id}, priority {chosen_priority}")
+        batch_origin_record(batch_id=batch.id, api_key_id=api_key_id)
         dispatch.batch_validate_enqueue(batch.id)
     return batch
 

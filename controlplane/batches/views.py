@@ -9,14 +9,13 @@ from rest_framework.views import APIView
 from controlplane.batches import schema, selectors, services
 from controlplane.batches.models import Batch
 from controlplane.batches.queue_info import batches_queue_info
+from controlplane.batches.render import batch_render
 from controlplane.batches.rerun import batch_rerun_failed
-from controlplane.batches.serializers import batch_render
-from controlplane.core.errors import ValidationFailed
 from controlplane.core.idempotency import idempotency_key, idempotent, json_fingerprint
-from controlplane.core.pagination import cursor_page, parse_limit
+from controlplane.core.input import input_validate
+from controlplane.core.pagination import CursorQuerySerializer, cursor_page
 from controlplane.tenants.auth import request_tenant
 from controlplane.usage.selectors import batch_costs
-from controlplane.usage.services import batch_origin_record
 
 
 def _render_with_queue(batches: list[Batch]) -> list[dict[str, Any]]:
@@ -29,39 +28,20 @@ def _render_with_queue(batches: list[Batch]) -> list[dict[str, Any]]:
 @schema.batch_list_create
 class BatchListCreateView(APIView):
     def get(self, request: Request) -> Response:
-        page = cursor_page(
-            selectors.batch_list(tenant=request_tenant(request)),
-            after=request.query_params.get("after"),
-            limit=parse_limit(request.query_params.get("limit")),
-            render=_render_with_queue,
-        )
+        query = input_validate(CursorQuerySerializer, request.query_params)
+        page = cursor_page(selectors.batch_list(tenant=request_tenant(request)), **query, render=_render_with_queue)
         return Response(page)
 
     def post(self, request: Request) -> Response:
-        if not isinstance(request.data, dict):
-            raise ValidationFailed("The request body must be a JSON object.")
-        data = request.data
-        for required in ("input_file_id", "endpoint", "completion_window"):
-            if required not in data:
-                raise ValidationFailed(f"Missing required parameter: {required!r}.", param=required)
+        body = input_validate(schema.BatchCreateSerializer, request.data)
         tenant = request_tenant(request)
         key = idempotency_key(request)
 
         def respond() -> Response:
-            batch = services.batch_create(
-                tenant=tenant,
-                input_file_id=data["input_file_id"],
-                endpoint=data["endpoint"],
-                completion_window=data["completion_window"],
-                metadata=data.get("metadata"),
-                # An extra body field (the openai SDK sends it with extra_body={"priority": "high"}).
-                priority=data.get("priority"),
-                output_expires_after=data.get("output_expires_after"),
-            )
-            batch_origin_record(batch_id=batch.id, api_key_id=getattr(request.auth, "id", None))
+            batch = services.batch_create(tenant=tenant, **body, api_key_id=getattr(request.auth, "id", None))
             return Response(batch_render(batch))
 
-        fingerprint = json_fingerprint(request, data) if key is not None else ""
+        fingerprint = json_fingerprint(request, request.data) if key is not None else ""
         return idempotent(tenant_id=tenant.id, key=key, fingerprint=fingerprint, respond=respond)
 
 
@@ -86,9 +66,7 @@ class BatchRerunView(APIView):
     Optional body: ``error_codes`` (only lines that failed with one of them), ``completion_window``."""
 
     def post(self, request: Request, batch_id: str) -> Response:
-        data = request.data if request.data else {}
-        if not isinstance(data, dict):
-            raise ValidationFailed("The request body must be a JSON object.")
+        body = input_validate(schema.BatchRerunSerializer, request.data or {})
         tenant = request_tenant(request)
         batch = selectors.batch_get(tenant=tenant, batch_id=batch_id)
         key = idempotency_key(request)
@@ -97,11 +75,10 @@ class BatchRerunView(APIView):
             rerun = batch_rerun_failed(
                 batch=batch,
                 actor=f"api key {getattr(request.auth, 'id', '?')}",
-                error_codes=data.get("error_codes"),
-                completion_window=data.get("completion_window"),
+                **body,
+                api_key_id=getattr(request.auth, "id", None),
             )
-            batch_origin_record(batch_id=rerun.id, api_key_id=getattr(request.auth, "id", None))
             return Response(batch_render(rerun))
 
-        fingerprint = json_fingerprint(request, data) if key is not None else ""
+        fingerprint = json_fingerprint(request, request.data or {}) if key is not None else ""
         return idempotent(tenant_id=tenant.id, key=key, fingerprint=fingerprint, respond=respond)

@@ -12,12 +12,12 @@ import math
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from controlplane.batches.models import SHARD_OPEN_STATUSES, Shard, ShardStatus
-from controlplane.console import console_settings
 from controlplane.console.models import ModelSample, ServerSample
 from controlplane.fleet.models import CatalogueModel, Gpu, Placement, PlacementStatus, TritonServer
 from controlplane.scheduling.models import Slot, SlotState
@@ -45,14 +45,14 @@ def samples_take(*, now: datetime | None = None) -> int:
     """Store one tick of samples and prune old ones. Returns the number of rows written."""
     now = now or timezone.now()
     last = ModelSample.objects.order_by("-taken_at").values_list("taken_at", flat=True).first()
-    default_since = now - timedelta(seconds=console_settings.SAMPLES_INTERVAL_SECONDS)
+    default_since = now - timedelta(seconds=settings.CONSOLE_SAMPLES_INTERVAL_SECONDS)
     since = default_since if last is None or last >= now else max(last, now - MAX_INTERVAL)
     model_rows = _model_samples(now=now, since=since)
     server_rows = _server_samples(now=now)
     with transaction.atomic():
         ModelSample.objects.bulk_create(model_rows)
         ServerSample.objects.bulk_create(server_rows)
-    samples_prune(before=now - timedelta(days=console_settings.SAMPLES_RETENTION_DAYS))
+    samples_prune(before=now - timedelta(days=settings.CONSOLE_SAMPLES_RETENTION_DAYS))
     return len(model_rows) + len(server_rows)
 
 

@@ -10,9 +10,9 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Avg, BigIntegerField, ExpressionWrapper, F, Max, Sum, Value
 
-from controlplane.console import console_settings
 from controlplane.console.models import ModelSample, ServerSample
 from controlplane.console.svg import BarGroup, Series
 from controlplane.usage.selectors import cost_by_tenant_per_day
@@ -47,7 +47,7 @@ class Dashboard:
 
 def bucket_seconds_for(window: timedelta) -> int:
     """Bucket width: the window over MAX_POINTS, never finer than one sample interval."""
-    interval = math.ceil(console_settings.SAMPLES_INTERVAL_SECONDS)
+    interval = math.ceil(settings.CONSOLE_SAMPLES_INTERVAL_SECONDS)
     return max(interval, math.ceil(window.total_seconds() / MAX_POINTS))
 
 

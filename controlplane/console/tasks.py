@@ -1,4 +1,4 @@
-"""Celery tasks of the console: beat's dashboard samples (console_settings.SAMPLES_INTERVAL_SECONDS)."""
+"""Celery tasks of the console: beat's dashboard samples (CONSOLE_SAMPLES_INTERVAL_SECONDS)."""
 
 from __future__ import annotations
 

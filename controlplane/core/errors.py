@@ -17,6 +17,7 @@ from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooMany
 from django.http import Http404
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 
 from controlplane.core import metrics
 
@@ -167,10 +168,48 @@ def _first_message(detail: Any) -> tuple[str, str | None]:
     return str(detail), None
 
 
+# How much of a message built from a DRF error is kept: enough to show the value at fault.
+MESSAGE_LIMIT = 300
+
+
+def validation_failed(detail: Any) -> ValidationFailed:
+    """DRF's error detail (nested dicts and lists of ``ErrorDetail``) as one ``ValidationFailed`` naming the
+    first field at fault."""
+    param, error = _first_error(detail, path="")
+    message = str(error)
+    code = getattr(error, "code", None)
+    if code == "required" and param:
+        return ValidationFailed(
+            f"Missing required parameter: {param!r}.", param=param, code="missing_required_parameter"
+        )
+    text = f"Invalid {param!r}: {message}" if param else message
+    return ValidationFailed(storable_text(text, MESSAGE_LIMIT), param=param or None, code="invalid_value")
+
+
+def _first_error(detail: Any, *, path: str) -> tuple[str, Any]:
+    if isinstance(detail, Mapping):
+        for key, value in detail.items():
+            if not value:
+                continue  # a valid item of a many=True list
+            if key == api_settings.NON_FIELD_ERRORS_KEY:
+                return _first_error(value, path=path)
+            child = f"{path}[{key}]" if isinstance(key, int) else (f"{path}.{key}" if path else str(key))
+            return _first_error(value, path=child)
+    if isinstance(detail, list) and detail:
+        if all(isinstance(item, (dict, list)) for item in detail):  # a many=True list: one entry per item
+            for index, item in enumerate(detail):
+                if item:
+                    return _first_error(item, path=f"{path}[{index}]")
+        return _first_error(detail[0], path=path)
+    return path, detail
+
+
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     # Imported here: rest_framework.views loads the authentication classes, which import this module.
     from rest_framework.views import exception_handler as drf_default_handler
 
+    if isinstance(exc, drf_exceptions.ValidationError):
+        exc = validation_failed(exc.detail)  # a serializer's is_valid(raise_exception=True)
     if isinstance(exc, QuotaExceeded):
         metrics.QUOTA_REJECTIONS.labels(limit=exc.limit or "unnamed").inc()
         body = error_body(exc.message, error_type=exc.error_type, param=exc.param, code=exc.code)

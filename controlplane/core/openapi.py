@@ -1,10 +1,12 @@
 """What every app's OpenAPI description shares: the error object, the documented error responses, and the
 request and response headers of the tenant API (drf-spectacular; served at ``/v1/openapi.json``).
 
-The views render OpenAI's objects as plain dicts, field for field, so the schema cannot be derived from
-them: each app describes its operations in its own ``schema.py``, with serializers that exist for the
-documentation only. Two tests keep description and behaviour together: tests/test_openapi.py validates the
-schema, and tests/test_api_fuzz.py (schemathesis) checks real responses against it.
+Requests: each app's ``schema.py`` declares its bodies and query parameters as serializers, which the views
+validate with (core/input.py), so the schema describes the checks that run. Responses: the views render
+OpenAI's objects as plain dicts, field for field (each app's ``render.py``), so their schema cannot be derived
+from them and the response serializers exist for the documentation only. Two tests keep that description and
+behaviour together: tests/test_openapi.py validates the schema, and tests/test_api_fuzz.py (schemathesis)
+checks real responses against it.
 """
 
 from __future__ import annotations
@@ -84,22 +86,6 @@ def error_responses(*statuses: int, described: Mapping[int, str] | None = None) 
 
 def path_id(name: str, example: str) -> OpenApiParameter:
     return OpenApiParameter(name, str, OpenApiParameter.PATH, description=f"The object's id, e.g. `{example}`.")
-
-
-def cursor_parameters(*, maximum: int) -> list[OpenApiParameter]:
-    """OpenAI's cursor pagination (core/pagination.py): newest first, ``after`` continues past an id."""
-    return [
-        OpenApiParameter(
-            "after",
-            str,
-            description="The `last_id` of the previous page; the list continues after that object.",
-        ),
-        OpenApiParameter(
-            "limit",
-            {"type": "integer", "minimum": 1, "maximum": maximum, "default": 20},
-            description=f"Objects per page, 1 to {maximum}.",
-        ),
-    ]
 
 
 IDEMPOTENCY_KEY = OpenApiParameter(

@@ -7,8 +7,10 @@ from typing import Any, TypeVar
 
 from django.db import models
 from django.db.models import Q, QuerySet
+from rest_framework import serializers
 
 from controlplane.core.errors import ValidationFailed
+from controlplane.core.input import StrictCharField
 
 M = TypeVar("M", bound=models.Model)
 
@@ -16,22 +18,33 @@ DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
 
 
-def parse_limit(raw: str | None, *, maximum: int = MAX_LIMIT) -> int:
-    if raw is None or raw == "":
-        return DEFAULT_LIMIT
-    try:
-        limit = int(raw)
-    except ValueError as exc:
-        raise ValidationFailed(f"limit must be an integer, got {raw!r}.", param="limit") from exc
-    if not 1 <= limit <= maximum:
-        raise ValidationFailed(f"limit must be between 1 and {maximum}, got {limit}.", param="limit")
-    return limit
+def cursor_limit(*, maximum: int) -> serializers.IntegerField:
+    """The ``limit`` parameter of a list: objects per page, 1 to ``maximum``."""
+    return serializers.IntegerField(
+        required=False,
+        default=DEFAULT_LIMIT,
+        min_value=1,
+        max_value=maximum,
+        help_text=f"Objects per page, 1 to {maximum}.",
+    )
+
+
+class CursorQuerySerializer(serializers.Serializer[Any]):
+    """The query parameters of a list (OpenAI's cursor pagination), validated by the views and published as
+    their OpenAPI parameters. A list with another page-size bound overrides ``limit`` with ``cursor_limit``."""
+
+    after = StrictCharField(
+        required=False,
+        allow_blank=True,
+        help_text="The `last_id` of the previous page; the list continues after that object.",
+    )
+    limit = cursor_limit(maximum=MAX_LIMIT)
 
 
 def cursor_page(
     queryset: QuerySet[M],
     *,
-    after: str | None,
+    after: str | None = None,
     limit: int,
     render: Callable[[list[M]], list[dict[str, Any]]],
 ) -> dict[str, Any]:

@@ -1,32 +1,33 @@
-"""OpenAPI description of ``/v1/files`` (core/openapi.py says why these serializers only document).
-
-``FileSerializer`` mirrors ``serializers.file_render``; the fuzz test checks real responses against it."""
+"""``/v1/files``: the request serializers the views validate with (core/input.py) and the OpenAPI
+description built from them. The response serializers only document (core/openapi.py says why):
+``FileSerializer`` mirrors ``render.file_render``, and the fuzz test checks real responses against it."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import serializers
 
+from controlplane.core.input import StrictCharField, strict_choice
 from controlplane.core.openapi import (
     IDEMPOTENCY_KEY,
     REPLAYED,
     RESPONSE_HEADERS,
     cursor_page_of,
-    cursor_parameters,
     error_responses,
     link,
     path_id,
     response_links_add,
 )
-from controlplane.files.lifecycle import EXPIRES_AFTER_MAX_SECONDS, EXPIRES_AFTER_MIN_SECONDS
+from controlplane.core.pagination import CursorQuerySerializer, cursor_limit
+from controlplane.files.lifecycle import EXPIRES_AFTER_MAX_SECONDS, EXPIRES_AFTER_MIN_SECONDS, expires_after_from_form
 from controlplane.files.models import File
 
 TAGS = ["Files"]
 _FILE_ID = path_id("file_id", "file-abc123")
-# parse_limit's maximum in FileListCreateView.get: a listing is cheap, OpenAI allows up to 10,000 too.
+# A file listing's page size bound: a listing is cheap, OpenAI allows up to 10,000 too.
 LIST_MAX_LIMIT = 10_000
 
 
@@ -47,6 +48,11 @@ class FileSerializer(serializers.Serializer[Any]):
 FileListSerializer = cursor_page_of(FileSerializer, name="FileList")
 
 
+class FileListQuerySerializer(CursorQuerySerializer):
+    limit = cursor_limit(maximum=LIST_MAX_LIMIT)
+    purpose = StrictCharField(required=False, allow_blank=True, help_text="Only files with this purpose.")
+
+
 class DeletedFileSerializer(serializers.Serializer[Any]):
     id = serializers.CharField()
     object = serializers.ChoiceField(choices=["file"])
@@ -54,14 +60,22 @@ class DeletedFileSerializer(serializers.Serializer[Any]):
 
 
 class FileUploadSerializer(serializers.Serializer[Any]):
-    # The multipart form. expires_after comes as two fields, the way the openai SDK sends the object
-    # (lifecycle.expires_after_from_form); their names are no Python identifiers, hence get_fields.
+    # The multipart form. expires_after comes as two fields, the way the openai SDK sends the object; their
+    # names are no Python identifiers, hence get_fields. The domain's rule (lifecycle.expires_after_from_form)
+    # checks them first, as a whole: it also refuses unknown expires_after[...] fields and a JSON
+    # expires_after, and names the culprit `expires_after.seconds` as for a batch's output_expires_after.
     # (A comment, not a docstring: drf-spectacular would publish a docstring as the component's description.)
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        expires_after = expires_after_from_form(data)
+        values = super().to_internal_value(data)
+        return {"file": values["file"], "purpose": values["purpose"], "expires_after": expires_after}
 
     def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
         return {
-            "file": serializers.FileField(help_text="The JSONL input: one request per line."),
-            "purpose": serializers.ChoiceField(choices=["batch"]),
+            # Empty files are accepted, as before: validation gives a batch over one its line-numbered answer.
+            "file": serializers.FileField(allow_empty_file=True, help_text="The JSONL input: one request per line."),
+            "purpose": strict_choice(["batch"]),
             "expires_after[anchor]": serializers.ChoiceField(
                 choices=["created_at"], required=False, help_text="With `expires_after[seconds]`: the file expires."
             ),
@@ -79,11 +93,7 @@ file_list_create = extend_schema_view(
         operation_id="listFiles",
         summary="List the tenant's files",
         tags=TAGS,
-        parameters=[
-            OpenApiParameter("purpose", str, description="Only files with this purpose."),
-            *cursor_parameters(maximum=LIST_MAX_LIMIT),
-            *RESPONSE_HEADERS,
-        ],
+        parameters=[FileListQuerySerializer, *RESPONSE_HEADERS],
         responses={200: FileListSerializer, **error_responses()},
     ),
     post=extend_schema(

@@ -12,14 +12,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.core.errors import PayloadTooLarge, ValidationFailed
+from controlplane.core.errors import PayloadTooLarge
 from controlplane.core.idempotency import idempotency_key, idempotency_key_seen, idempotent, request_fingerprint
-from controlplane.core.pagination import cursor_page, parse_limit
+from controlplane.core.input import input_validate
+from controlplane.core.pagination import cursor_page
 from controlplane.core.parsers import LimitedJSONParser, declared_length
 from controlplane.files import schema, selectors, services
-from controlplane.files.lifecycle import expires_after_from_form
 from controlplane.files.quota import StorageRoom, storage_room
-from controlplane.files.serializers import file_render
+from controlplane.files.render import file_render
 from controlplane.files.storage import READ_CHUNK_BYTES, blob_open
 from controlplane.files.uploads import ContentHashUploadHandler, SizeLimitUploadHandler
 from controlplane.tenants.auth import request_tenant
@@ -40,13 +40,9 @@ class FileListCreateView(APIView):
     parser_classes = (LimitedJSONParser, MultiPartParser)
 
     def get(self, request: Request) -> Response:
-        qs = selectors.file_list(tenant=request_tenant(request), purpose=request.query_params.get("purpose"))
-        page = cursor_page(
-            qs,
-            after=request.query_params.get("after"),
-            limit=parse_limit(request.query_params.get("limit"), maximum=10_000),
-            render=lambda files: [file_render(f) for f in files],
-        )
+        query = input_validate(schema.FileListQuerySerializer, request.query_params)
+        qs = selectors.file_list(tenant=request_tenant(request), purpose=query.pop("purpose", None))
+        page = cursor_page(qs, **query, render=lambda files: [file_render(f) for f in files])
         return Response(page)
 
     def post(self, request: Request) -> Response:
@@ -64,24 +60,20 @@ class FileListCreateView(APIView):
         room.check(max(0, declared - _MULTIPART_SLACK))
         guard = SizeLimitUploadHandler(request._request, max_bytes=room.read_limit(limit))
         handlers = request._request.upload_handlers
-        # A list until the body is parsed (then Django freezes it); request.FILES below is the first read.
+        # A list until the body is parsed (then Django freezes it); request.data below is the first read.
         assert isinstance(handlers, list)
         handlers.insert(0, guard)
         # With a key, the content is hashed as it streams in, for the fingerprint below.
         hasher = ContentHashUploadHandler(request._request) if key is not None else None
         if hasher is not None:
             handlers.insert(1, hasher)
-        upload = request.FILES.get("file")
+        form = request.data  # the first read: the body streams in through the handlers above
         if guard.exceeded:
             if guard.received <= limit:
                 room.check(guard.received)  # stopped at the quota: the file alone is over it (413)
             raise _too_large()
-        purpose = request.data.get("purpose")
-        if upload is None:
-            raise ValidationFailed("Attach the JSONL file as multipart field 'file'.", param="file")
-        if purpose != "batch":
-            raise ValidationFailed(f"purpose must be 'batch', got {purpose!r}.", param="purpose")
-        expires_after = expires_after_from_form(request.data)
+        body = input_validate(schema.FileUploadSerializer, form)
+        upload, purpose, expires_after = body["file"], body["purpose"], body["expires_after"]
         room.check(upload.size)  # before it reaches storage; file_create checks again under a lock
         filename = upload.name or "upload.jsonl"
 

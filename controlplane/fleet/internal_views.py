@@ -19,8 +19,9 @@ from rest_framework.views import APIView
 
 from controlplane.core import dispatch
 from controlplane.core.errors import DomainError, ValidationFailed
+from controlplane.core.input import input_validate
 from controlplane.fleet.membership import DrainStatus, server_drain, server_join
-from controlplane.fleet.models import TritonServer
+from controlplane.fleet.render import server_render
 
 logger = logging.getLogger(__name__)
 
@@ -66,32 +67,24 @@ class ServerRegisterSerializer(serializers.Serializer[Any]):
     )
 
 
+class DrainQuerySerializer(serializers.Serializer[Any]):
+    wait = serializers.FloatField(required=False, default=0.0)
+
+    def validate_wait(self, value: float) -> float:
+        if not 0 <= value <= MAX_WAIT_SECONDS:  # also refuses nan and inf
+            raise serializers.ValidationError(f"a number of seconds from 0 to {MAX_WAIT_SECONDS:g}.")
+        return value
+
+
 class _FleetView(APIView):
     authentication_classes = ()
     permission_classes = (HasFleetToken,)
     schema = None  # not tenant API: kept out of /v1/openapi.json
 
 
-def server_render(server: TritonServer, *, created: bool) -> dict[str, Any]:
-    return {
-        "object": "fleet.server",
-        "name": server.name,
-        "grpc_url": server.grpc_url,
-        "http_url": server.http_url,
-        "metrics_url": server.metrics_url,
-        "pool": server.pool,
-        "state": server.state,
-        "real_gpus": server.real_gpus,
-        "gpus": [{"index": g.index, "memory_bytes": g.total_memory_bytes} for g in server.gpus.all()],
-        "created": created,
-    }
-
-
 class ServerRegisterView(_FleetView):
     def post(self, request: Request) -> Response:
-        body = ServerRegisterSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        data = body.validated_data
+        data = input_validate(ServerRegisterSerializer, request.data)
         server, created = server_join(
             name=data["name"],
             grpc_url=data["grpc_url"],
@@ -114,13 +107,7 @@ def _reconcile_soon() -> None:
 
 class ServerDrainView(_FleetView):
     def post(self, request: Request, name: str) -> Response:
-        raw = request.query_params.get("wait", "0")
-        try:
-            wait = float(raw)
-        except ValueError:
-            wait = -1.0
-        if not 0 <= wait <= MAX_WAIT_SECONDS:  # also refuses nan and inf
-            raise ValidationFailed(f"wait must be a number of seconds from 0 to {MAX_WAIT_SECONDS:g}", param="wait")
+        wait = input_validate(DrainQuerySerializer, request.query_params)["wait"]
         if not re.match(_NAME, name) or len(name) > 100:
             raise ValidationFailed("not a server name", param="name")
         deadline = time.monotonic() + wait

@@ -1,6 +1,6 @@
 """OpenAPI description of ``/v1/models`` (core/openapi.py says why these serializers only document).
 
-``ModelSerializer`` mirrors ``views.model_render``; the fuzz test checks real responses against it."""
+``ModelSerializer`` mirrors ``render.model_render``; the fuzz test checks real responses against it."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ from controlplane.fleet.models import (
     ServerState,
     TritonServer,
 )
-from controlplane.fleet.scaling_settings import FleetScaling
+from controlplane.fleet.sizing_types import FleetScaling
 from controlplane.fleet.work import work_source
 
 logger = logging.getLogger(__name__)

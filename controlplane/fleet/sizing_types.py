@@ -158,3 +158,49 @@ class PoolPlan:
 class FleetPlan:
     pools: tuple[PoolPlan, ...]  # sorted by pool
     desired_workers: int
+
+
+@dataclass(frozen=True)
+class FleetScaling:
+    """The fleet-size loop's settings and those of servers joining and leaving, as one typed object:
+    ``settings.FLEET_SCALING``, read from the environment by controlplane/settings/fleet.py."""
+
+    # How often beat recomputes the plan: a tenth of the 300 s scale-down cooldown and at most a few
+    # seconds behind the placement loop (10 s), so a flood is seen within one reconcile interval.
+    interval_s: float = 10.0
+    pools: dict[str, PoolLimits] = field(default_factory=dict)
+    default_limits: PoolLimits = field(default_factory=lambda: PoolLimits("*", 0, 4))
+    drain_horizon_s: float = 300.0  # plan to finish a backlog without a nearer deadline within 5 minutes
+    startup_s: float = 60.0  # a GPU node's Triton start plus model loads, before it serves anything
+    headroom: float = 0.8  # plan servers for 80 % utilisation: measured throughput is an average
+    hysteresis: float = 0.2  # like FLEET_HYSTERESIS for instances: ±20 % need moves nothing
+    scale_down_cooldown_s: float = 300.0  # KEDA/HPA's default scale-down stabilisation window
+    activation_work_s: float = 0.0  # instance-seconds that wake a pool at zero (0: the first line does)
+    queue_ms_target: float = 500.0  # Triton queue time per request that counts as saturated
+    gpu_utilization_target: float = 0.9
+    worker_slots: int = 4  # shard worker concurrency (deploy/local WORKER_CONCURRENCY, --concurrency)
+    min_workers: int = 0
+    max_workers: int = 16
+    instances_per_server: int = 1  # for pools with no registered server to count GPUs on
+    # Registration and drain (POST /internal/fleet/...): bearer token; unset, the endpoints refuse (403).
+    token: str = ""
+    drain_poll_s: float = 1.0  # a waiting drain re-checks this often; each check is a few small queries
+
+
+def parse_pools(text: str) -> tuple[dict[str, PoolLimits], PoolLimits | None]:
+    """``"default=0:4,*=0:2"`` → ({pool: limits}, the ``*`` limits or None); ValueError on a bad entry."""
+    pools: dict[str, PoolLimits] = {}
+    fallback = None
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        name, sep, bounds = entry.partition("=")
+        lo, colon, hi = bounds.partition(":")
+        if not sep or not colon or not name.strip():
+            raise ValueError(f"{entry!r} is not POOL=MIN:MAX")
+        limits = PoolLimits(name.strip(), int(lo), int(hi))
+        if limits.pool == "*":
+            fallback = limits
+        else:
+            pools[limits.pool] = limits
+    return pools, fallback

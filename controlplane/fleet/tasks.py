@@ -30,7 +30,7 @@ def fleet_reconcile_task(actor: str = "beat") -> list[str]:
     return report.changes + report.failures
 
 
-# Every FLEET_SIZE_INTERVAL_SECONDS (10 s, fleet/scaling_settings.py): a few grouped queries, no Triton call.
+# Every FLEET_SIZE_INTERVAL_SECONDS (10 s, settings/fleet.py): a few grouped queries, no Triton call.
 # Runs with or without registered servers: a pool at zero is exactly when its first work must wake it.
 @shared_task(name="fleet.size_plan")
 def fleet_size_plan_task() -> dict[str, int]:

@@ -3,39 +3,14 @@ openai SDK's ``client.models.list()`` and ``retrieve()`` work."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.core.errors import NotFound
 from controlplane.fleet import schema
-from controlplane.fleet.models import CatalogueModel, ModelKind
+from controlplane.fleet.render import model_render
 from controlplane.fleet.selectors import catalogue_model_get, catalogue_models_enabled
-
-# Which batch endpoint serves each kind (batches.models.Endpoint; named here so fleet need not import batches).
-_ENDPOINT = {ModelKind.EMBEDDINGS: "/v1/embeddings", ModelKind.TENSOR: "/v2/infer"}
-
-
-def model_render(model: CatalogueModel) -> dict[str, Any]:
-    """OpenAI's Model object plus what a batch author needs: the endpoint its lines go to, rows per
-    Triton call, and for tensor models the tensors a line sends and gets back."""
-    body: dict[str, Any] = {
-        "id": model.name,
-        "object": "model",
-        "created": int(model.created_at.timestamp()),
-        "owned_by": "system",
-        "kind": model.kind,
-        "endpoint": _ENDPOINT.get(ModelKind(model.kind)),
-        "max_batch_size": model.max_batch_size,
-    }
-    if model.kind == ModelKind.EMBEDDINGS:
-        body["embedding_dimensions"] = model.embedding_dimensions
-    else:
-        body["inputs"] = model.inputs
-        body["outputs"] = model.outputs
-    return body
 
 
 @schema.model_list

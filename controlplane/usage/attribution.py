@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import transaction
 
 from controlplane.fleet.models import Placement, PlacementStatus
 from controlplane.triton.client import TritonError
-from controlplane.usage import usage_settings
 from controlplane.usage.models import CapacityInterval, ComputeSource, StatisticsCursor, UsageRecord
 from controlplane.usage.rules import counter_delta, split_delta
 from controlplane.usage.services import usage_records_attribute
@@ -65,7 +65,7 @@ def usage_attribute(*, now: datetime, read: ComputeReader) -> AttributionReport:
 def _candidates(*, server: str, triton_model: str, now: datetime) -> list[tuple[int, int]]:
     """(ledger row id, weight) of the rows not yet attributed that ran on this placement: tokens for
     embeddings, rows for tensor models."""
-    oldest = now - timedelta(seconds=usage_settings.USAGE_ATTRIBUTION_MAX_AGE_SECONDS)
+    oldest = now - timedelta(seconds=settings.USAGE_ATTRIBUTION_MAX_AGE_SECONDS)
     rows = (
         UsageRecord.objects.filter(
             triton_model=triton_model,
@@ -93,7 +93,7 @@ def _placement_attribute(placement: Placement, total_ns: int, now: datetime, sha
         return  # a concurrent or later run already covered this interval
     busy_ns = counter_delta(previous=cursor.compute_ns, current=total_ns)
     pool_ns = busy_ns + cursor.carry_ns
-    elapsed = min((now - cursor.read_at).total_seconds(), usage_settings.USAGE_ATTRIBUTION_MAX_GAP_SECONDS)
+    elapsed = min((now - cursor.read_at).total_seconds(), settings.USAGE_ATTRIBUTION_MAX_GAP_SECONDS)
     candidates = _candidates(server=server, triton_model=triton_model, now=now)
     attributed_ns = 0
     # No growth: leave the rows on their dispatch time (the baseline may postdate their calls).

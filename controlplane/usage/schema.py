@@ -1,15 +1,17 @@
-"""OpenAPI description of the usage and costs API (core/openapi.py says why these serializers only
-document). The objects mirror usage/reports.py."""
+"""The usage and costs API: the query serializers the views validate with (core/input.py) and the OpenAPI
+description built from them. The response serializers only document (core/openapi.py says why): the
+objects mirror usage/reports.py."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import serializers
 
 from controlplane.core.openapi import RESPONSE_HEADERS, error_responses
+from controlplane.usage.reports import ReportQuery, report_query_parse
 
 TAGS = ["Usage"]
 
@@ -77,25 +79,43 @@ def _page_of(result: type[serializers.Serializer[Any]], name: str) -> type[seria
     )
 
 
-def _array(name: str, description: str, enum: list[str] | None = None) -> OpenApiParameter:
-    return OpenApiParameter(
-        name,
-        {"type": "array", "items": {"type": "string", **({"enum": enum} if enum else {})}},
-        description=description,
+_GROUPS = ["model", "api_key_id", "api_key", "batch", "batch_id", "project_id", "user_id"]
+
+
+def _array(help_text: str, choices: list[str] | None = None) -> serializers.ListField:
+    child = serializers.ChoiceField(choices=choices) if choices else serializers.CharField()
+    return serializers.ListField(child=child, required=False, help_text=help_text)
+
+
+class UsageQuerySerializer(serializers.Serializer[Any]):
+    # The query of a usage report. Its fields describe the parameters; reports.report_query_parse checks them
+    # as a whole (arrays come three ways, the page must belong to the query), naming the parameter at fault.
+    # (A comment, not a docstring: drf-spectacular would publish a docstring as the component's description.)
+    costs = False
+
+    start_time = serializers.IntegerField(help_text="Unix seconds, inclusive.")
+    end_time = serializers.IntegerField(required=False, help_text="Unix seconds, exclusive; default now.")
+    bucket_width = serializers.ChoiceField(choices=["1m", "1h", "1d"], required=False, help_text="Default 1d.")
+    limit = serializers.IntegerField(
+        required=False, help_text="Buckets per page: 1d default 7 max 31, 1h 24/168, 1m 60/1440."
+    )
+    page = serializers.CharField(required=False, help_text="`next_page` of the previous page.")
+    models = _array("Only these models.")
+    api_key_ids = _array("Only these API keys (`key_<id>`).")
+    group_by = _array("Group results by these fields.", _GROUPS)
+    format = serializers.ChoiceField(
+        choices=["csv"], required=False, help_text="`csv`: the same page as CSV (or `Accept: text/csv`)."
     )
 
+    def to_internal_value(self, data: Any) -> dict[str, ReportQuery]:
+        return {"query": report_query_parse(data, costs=self.costs)}
 
-_COMMON = [
-    OpenApiParameter("start_time", int, required=True, description="Unix seconds, inclusive."),
-    OpenApiParameter("end_time", int, description="Unix seconds, exclusive; default now."),
-    OpenApiParameter("bucket_width", str, enum=["1m", "1h", "1d"], description="Default 1d."),
-    OpenApiParameter("limit", int, description="Buckets per page: 1d default 7 max 31, 1h 24/168, 1m 60/1440."),
-    OpenApiParameter("page", str, description="`next_page` of the previous page."),
-    _array("models", "Only these models."),
-    _array("api_key_ids", "Only these API keys (`key_<id>`)."),
-    OpenApiParameter("format", str, enum=["csv"], description="`csv`: the same page as CSV (or `Accept: text/csv`)."),
-]
-_GROUPS = ["model", "api_key_id", "api_key", "batch", "batch_id", "project_id", "user_id"]
+
+class CostsQuerySerializer(UsageQuerySerializer):
+    costs = True
+    group_by = _array("Group results by these fields.", [*_GROUPS, "line_item"])
+
+
 _CSV = {
     "text/csv": OpenApiResponse(
         response=OpenApiTypes.STR, description="One row per bucket result; `X-Next-Page` header when more."
@@ -111,7 +131,7 @@ def _usage(kind: str, result: type[serializers.Serializer[Any]], name: str) -> A
             description="Array parameters are accepted repeated (`group_by=model`), with brackets "
             "(`group_by[]=model`, as the openai SDK sends them) or comma-separated.",
             tags=TAGS,
-            parameters=[*_COMMON, _array("group_by", "Group results by these fields.", _GROUPS), *RESPONSE_HEADERS],
+            parameters=[UsageQuerySerializer, *RESPONSE_HEADERS],
             responses={
                 (200, "application/json"): _page_of(result, f"Usage{name}"),
                 (200, "text/csv"): _CSV["text/csv"],
@@ -128,11 +148,7 @@ costs = extend_schema_view(
         operation_id="usageCosts",
         summary="Costs of the tenant, in time buckets",
         tags=TAGS,
-        parameters=[
-            *_COMMON,
-            _array("group_by", "Group results by these fields.", [*_GROUPS, "line_item"]),
-            *RESPONSE_HEADERS,
-        ],
+        parameters=[CostsQuerySerializer, *RESPONSE_HEADERS],
         responses={
             (200, "application/json"): _page_of(CostsResultSerializer, "Costs"),
             (200, "text/csv"): _CSV["text/csv"],

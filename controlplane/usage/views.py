@@ -12,9 +12,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.core.input import input_validate
 from controlplane.tenants.auth import request_tenant
 from controlplane.usage import schema
-from controlplane.usage.reports import cost_report, report_query_parse, usage_report
+from controlplane.usage.reports import cost_report, usage_report
 
 CSV_COLUMNS = (
     "start_time",
@@ -77,19 +78,19 @@ class _ReportView(APIView):
 @schema.usage_embeddings
 class UsageEmbeddingsView(_ReportView):
     def get(self, request: Request) -> Response:
-        query = report_query_parse(request.query_params)
-        return Response(usage_report(tenant_id=request_tenant(request).id, query=query, kind="embeddings"))
+        query = input_validate(schema.UsageQuerySerializer, request.query_params)
+        return Response(usage_report(tenant_id=request_tenant(request).id, **query, kind="embeddings"))
 
 
 @schema.usage_tensors
 class UsageTensorsView(_ReportView):
     def get(self, request: Request) -> Response:
-        query = report_query_parse(request.query_params)
-        return Response(usage_report(tenant_id=request_tenant(request).id, query=query, kind="tensors"))
+        query = input_validate(schema.UsageQuerySerializer, request.query_params)
+        return Response(usage_report(tenant_id=request_tenant(request).id, **query, kind="tensors"))
 
 
 @schema.costs
 class CostsView(_ReportView):
     def get(self, request: Request) -> Response:
-        query = report_query_parse(request.query_params, costs=True)
-        return Response(cost_report(tenant_id=request_tenant(request).id, query=query))
+        query = input_validate(schema.CostsQuerySerializer, request.query_params)
+        return Response(cost_report(tenant_id=request_tenant(request).id, **query))

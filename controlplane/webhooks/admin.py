@@ -14,7 +14,7 @@ from django.utils.html import format_html
 
 from controlplane.core.audit import AuditedAdmin
 from controlplane.webhooks.models import EVENT_TYPES, WebhookAttempt, WebhookDelivery, WebhookEndpoint
-from controlplane.webhooks.serializers import endpoint_render
+from controlplane.webhooks.render import endpoint_render
 from controlplane.webhooks.services import (
     deliveries_redeliver,
     webhook_endpoint_create,

@@ -15,11 +15,11 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db.models import Count, QuerySet
 from django.utils import timezone
 
 from controlplane.core import metrics
-from controlplane.webhooks import housekeeping_settings as config
 from controlplane.webhooks.models import OPEN_STATUSES, DeliveryStatus, WebhookDelivery, WebhookEvent
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ def deliveries_cap(*, now: datetime, cap: int | None = None) -> int:
     """Drop the oldest open deliveries of every endpoint above ``cap`` (WEBHOOK_MAX_OPEN_PER_ENDPOINT) open
     ones. Returns how many were dropped. An attempt already running on a dropped delivery still finishes,
     but its outcome no longer changes the delivery (attempts.py records only on open ones)."""
-    limit = config.MAX_OPEN_PER_ENDPOINT if cap is None else cap
+    limit = settings.WEBHOOK_MAX_OPEN_PER_ENDPOINT if cap is None else cap
     over = (
         WebhookDelivery.objects.filter(status__in=OPEN_STATUSES)
         .values("endpoint_id")
@@ -70,7 +70,7 @@ def deliveries_cap(*, now: datetime, cap: int | None = None) -> int:
 def delivery_log_prune(*, now: datetime, limit: int = PRUNE_ROWS_PER_RUN) -> dict[str, int]:
     """Delete closed deliveries created more than WEBHOOK_LOG_RETENTION_DAYS before ``now`` (their attempts
     go with them), then events as old that no delivery refers to. Returns the counts."""
-    cutoff = now - timedelta(days=config.LOG_RETENTION_DAYS)
+    cutoff = now - timedelta(days=settings.WEBHOOK_LOG_RETENTION_DAYS)
     deliveries = _delete_in_chunks(
         WebhookDelivery.objects.filter(status__in=CLOSED_STATUSES, created_at__lt=cutoff), limit=limit
     )

@@ -1,15 +1,17 @@
-"""OpenAPI description of the webhook endpoint API (core/openapi.py says why these serializers only
-document). The objects mirror serializers.py; the fuzz test checks real responses against them."""
+"""The webhook endpoint API: the request serializers the views validate with (core/input.py) and the
+OpenAPI description built from them. The response serializers only document (core/openapi.py says why):
+they mirror render.py, and the fuzz test checks real responses against them."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import serializers
 
-from controlplane.core.openapi import RESPONSE_HEADERS, cursor_page_of, cursor_parameters, error_responses, path_id
-from controlplane.core.pagination import MAX_LIMIT
+from controlplane.core.input import StrictBooleanField, StrictCharField, strict_choice
+from controlplane.core.openapi import RESPONSE_HEADERS, cursor_page_of, error_responses, path_id
+from controlplane.core.pagination import CursorQuerySerializer
 from controlplane.webhooks.models import EVENT_TYPES, DeliveryStatus
 from controlplane.webhooks.services import MAX_ENDPOINTS_PER_TENANT, MAX_NAME_LENGTH
 from controlplane.webhooks.urlguard import MAX_URL_LENGTH
@@ -29,7 +31,7 @@ def _unix(help_text: str = "Unix time (seconds).", *, allow_null: bool = False) 
 
 def _event_types(**kwargs: Any) -> serializers.ListField:
     return serializers.ListField(
-        child=serializers.ChoiceField(choices=list(EVENT_TYPES)), min_length=1, help_text=_EVENT_TYPES_HELP, **kwargs
+        child=strict_choice(list(EVENT_TYPES)), min_length=1, help_text=_EVENT_TYPES_HELP, **kwargs
     )
 
 
@@ -56,15 +58,16 @@ WebhookEndpointListSerializer = cursor_page_of(WebhookEndpointSerializer, name="
 
 
 class WebhookEndpointCreateSerializer(serializers.Serializer[Any]):
-    url = serializers.CharField(max_length=MAX_URL_LENGTH, help_text=_URL_HELP)
-    name = serializers.CharField(max_length=MAX_NAME_LENGTH, required=False, allow_blank=True)
-    event_types = _event_types(required=False)
+    url = StrictCharField(max_length=MAX_URL_LENGTH, help_text=_URL_HELP)
+    name = StrictCharField(max_length=MAX_NAME_LENGTH, required=False, allow_blank=True, allow_null=True)
+    event_types = _event_types(required=False, allow_null=True)
 
 
 class WebhookEndpointUpdateSerializer(serializers.Serializer[Any]):
-    url = serializers.CharField(max_length=MAX_URL_LENGTH, required=False, help_text=_URL_HELP)
-    name = serializers.CharField(max_length=MAX_NAME_LENGTH, required=False, allow_blank=True)
-    event_types = _event_types(required=False)
+    # null, like absent, leaves a field unchanged (services.webhook_endpoint_update).
+    url = StrictCharField(max_length=MAX_URL_LENGTH, required=False, allow_null=True, help_text=_URL_HELP)
+    name = StrictCharField(max_length=MAX_NAME_LENGTH, required=False, allow_blank=True, allow_null=True)
+    event_types = _event_types(required=False, allow_null=True)
 
 
 class DeletedWebhookEndpointSerializer(serializers.Serializer[Any]):
@@ -74,13 +77,13 @@ class DeletedWebhookEndpointSerializer(serializers.Serializer[Any]):
 
 
 class RotateSecretSerializer(serializers.Serializer[Any]):
-    keep_old_secret_active_for_24_hours = serializers.BooleanField(
+    keep_old_secret_active_for_24_hours = StrictBooleanField(
         required=False, help_text="Sign with both secrets for 24 hours (default: the old one stops now)."
     )
 
 
 class TestRequestSerializer(serializers.Serializer[Any]):
-    event_type = serializers.ChoiceField(choices=list(EVENT_TYPES))
+    event_type = strict_choice(list(EVENT_TYPES))
 
 
 class TestResultSerializer(serializers.Serializer[Any]):
@@ -132,12 +135,16 @@ class DeliverySerializer(serializers.Serializer[Any]):
 DeliveryListSerializer = cursor_page_of(DeliverySerializer, name="DeliveryList")
 
 
+class DeliveryListQuerySerializer(CursorQuerySerializer):
+    status = strict_choice(list(DeliveryStatus.values), required=False, help_text="Only deliveries in this state.")
+
+
 endpoint_list_create = extend_schema_view(
     get=extend_schema(
         operation_id="listWebhookEndpoints",
         summary="List the tenant's webhook endpoints",
         tags=TAGS,
-        parameters=[*cursor_parameters(maximum=MAX_LIMIT), *RESPONSE_HEADERS],
+        parameters=[CursorQuerySerializer, *RESPONSE_HEADERS],
         responses={200: WebhookEndpointListSerializer, **error_responses()},
     ),
     post=extend_schema(
@@ -224,8 +231,7 @@ delivery_list = extend_schema_view(
         tags=TAGS,
         parameters=[
             _ENDPOINT_ID,
-            OpenApiParameter("status", {"type": "string", "enum": list(DeliveryStatus.values)}, required=False),
-            *cursor_parameters(maximum=MAX_LIMIT),
+            DeliveryListQuerySerializer,
             *RESPONSE_HEADERS,
         ],
         responses={200: DeliveryListSerializer, **error_responses(404)},

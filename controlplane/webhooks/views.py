@@ -4,45 +4,33 @@ send; ``/v1/webhook_endpoints/{id}/deliveries`` (an extension) is the endpoint's
 
 from __future__ import annotations
 
-from typing import Any
-
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.core.errors import ValidationFailed
-from controlplane.core.pagination import cursor_page, parse_limit
+from controlplane.core.input import input_validate
+from controlplane.core.pagination import CursorQuerySerializer, cursor_page
 from controlplane.tenants.auth import request_tenant
 from controlplane.webhooks import schema, selectors, services
 from controlplane.webhooks.models import EVENT_TYPES
-from controlplane.webhooks.serializers import delivery_render, endpoint_render
-
-
-def _body(request: Request) -> dict[str, Any]:
-    data = request.data if request.data else {}
-    if not isinstance(data, dict):
-        raise ValidationFailed("The request body must be a JSON object.")
-    return data
+from controlplane.webhooks.render import delivery_render, endpoint_render
 
 
 @schema.endpoint_list_create
 class WebhookEndpointListCreateView(APIView):
     def get(self, request: Request) -> Response:
+        query = input_validate(CursorQuerySerializer, request.query_params)
         page = cursor_page(
             selectors.webhook_endpoint_list(tenant=request_tenant(request)),
-            after=request.query_params.get("after"),
-            limit=parse_limit(request.query_params.get("limit")),
+            **query,
             render=lambda endpoints: [endpoint_render(e) for e in endpoints],
         )
         return Response(page)
 
     def post(self, request: Request) -> Response:
-        data = _body(request)
-        if "url" not in data:
-            raise ValidationFailed("Missing required parameter: 'url'.", param="url")
-        endpoint = services.webhook_endpoint_create(
-            tenant=request_tenant(request), url=data["url"], name=data.get("name"), event_types=data.get("event_types")
-        )
+        body = input_validate(schema.WebhookEndpointCreateSerializer, request.data or {})
+        endpoint = services.webhook_endpoint_create(tenant=request_tenant(request), **body)
         return Response(endpoint_render(endpoint, with_secret=True))
 
 
@@ -53,12 +41,9 @@ class WebhookEndpointDetailView(APIView):
         return Response(endpoint_render(endpoint))
 
     def post(self, request: Request, endpoint_id: str) -> Response:
-        data = _body(request)
+        body = input_validate(schema.WebhookEndpointUpdateSerializer, request.data or {})
         endpoint = selectors.webhook_endpoint_get(tenant=request_tenant(request), endpoint_id=endpoint_id)
-        endpoint = services.webhook_endpoint_update(
-            endpoint=endpoint, url=data.get("url"), name=data.get("name"), event_types=data.get("event_types")
-        )
-        return Response(endpoint_render(endpoint))
+        return Response(endpoint_render(services.webhook_endpoint_update(endpoint=endpoint, **body)))
 
     def delete(self, request: Request, endpoint_id: str) -> Response:
         endpoint = selectors.webhook_endpoint_get(tenant=request_tenant(request), endpoint_id=endpoint_id)
@@ -69,21 +54,18 @@ class WebhookEndpointDetailView(APIView):
 @schema.endpoint_rotate_secret
 class WebhookEndpointRotateSecretView(APIView):
     def post(self, request: Request, endpoint_id: str) -> Response:
-        data = _body(request)
+        body = input_validate(schema.RotateSecretSerializer, request.data or {})
         endpoint = selectors.webhook_endpoint_get(tenant=request_tenant(request), endpoint_id=endpoint_id)
-        endpoint = services.webhook_endpoint_rotate_secret(
-            endpoint=endpoint,
-            keep_old_secret_active_for_24_hours=data.get("keep_old_secret_active_for_24_hours", False),
-        )
+        endpoint = services.webhook_endpoint_rotate_secret(endpoint=endpoint, **body)
         return Response(endpoint_render(endpoint, with_secret=True))
 
 
 @schema.endpoint_test
 class WebhookEndpointTestView(APIView):
     def post(self, request: Request, endpoint_id: str) -> Response:
-        data = _body(request)
+        body = input_validate(schema.TestRequestSerializer, request.data or {})
         endpoint = selectors.webhook_endpoint_get(tenant=request_tenant(request), endpoint_id=endpoint_id)
-        outcome = services.webhook_endpoint_test(endpoint=endpoint, event_type=data.get("event_type"))
+        outcome = services.webhook_endpoint_test(endpoint=endpoint, **body)
         if outcome.status_code is None:
             raise ValidationFailed(
                 f"The test event could not be delivered to {endpoint.url}: {outcome.error}",
@@ -94,7 +76,7 @@ class WebhookEndpointTestView(APIView):
             {
                 "object": "webhook_endpoint.test",
                 "webhook_endpoint_id": endpoint.id,
-                "event_type": data["event_type"],
+                "event_type": body["event_type"],
                 "status_code": outcome.status_code,
                 "success": True,
             }
@@ -111,10 +93,10 @@ class WebhookEventTypesView(APIView):
 class WebhookDeliveryListView(APIView):
     def get(self, request: Request, endpoint_id: str) -> Response:
         endpoint = selectors.webhook_endpoint_get(tenant=request_tenant(request), endpoint_id=endpoint_id)
+        query = input_validate(schema.DeliveryListQuerySerializer, request.query_params)
         page = cursor_page(
-            selectors.webhook_delivery_list(endpoint=endpoint, status=request.query_params.get("status")),
-            after=request.query_params.get("after"),
-            limit=parse_limit(request.query_params.get("limit")),
+            selectors.webhook_delivery_list(endpoint=endpoint, status=query.pop("status", None)),
+            **query,
             render=lambda deliveries: [delivery_render(d) for d in deliveries],
         )
         return Response(page)

@@ -15,7 +15,7 @@ from controlplane.batches.execution import shard_execute, shard_run
 from controlplane.batches.finalize import batch_try_finalize
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard, ShardStatus
 from controlplane.batches.pinning import pinned_model
-from controlplane.batches.serializers import batch_render
+from controlplane.batches.render import batch_render
 from controlplane.batches.shards import shard_claim
 from controlplane.core import dispatch
 from controlplane.files.models import File

@@ -150,7 +150,7 @@ def test_cancel_keeps_finished_lines_and_accounts_for_the_rest(tenant, eager):
 
 def test_a_cancelled_batch_writing_its_files_shows_cancelling_not_finalizing(tenant, eager):
     """OpenAI's path is in_progress → cancelling → cancelled: the finalizing step stays internal."""
-    from controlplane.batches.serializers import batch_render
+    from controlplane.batches.render import batch_render
 
     batch = _create(tenant, [embedding_line(f"r{i}", f"text {i}") for i in range(4)])
     services.batch_validate(batch_id=batch.id)

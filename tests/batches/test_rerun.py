@@ -12,6 +12,8 @@ from controlplane.batches.rerun import batch_rerun_failed
 from controlplane.core.errors import Conflict, ValidationFailed
 from controlplane.files.models import File
 from controlplane.files.storage import blob_open
+from controlplane.tenants.models import ApiKey
+from controlplane.usage.models import BatchOrigin
 from tests.batches.helpers import embedding_line, jsonl
 from tests.batches.test_dead_letters import CrashingBackend, _run, sent
 from tests.batches.test_lifecycle import _create, _read
@@ -47,6 +49,8 @@ def test_failed_lines_rerun_through_the_api_complete_the_work_exactly_once(api, 
     body = response.json()
     assert body["object"] == "batch" and body["status"] == "validating"
     assert body["rerun_of"] == half_failed.id
+    # The key that asked is the new batch's origin (the ledger groups by it), written with the batch.
+    assert BatchOrigin.objects.get(batch_id=body["id"]).api_key_id == ApiKey.objects.get(tenant=half_failed.tenant).id
     assert (body["endpoint"], body["metadata"], body["priority"]) == ("/v1/embeddings", {"team": "search"}, "low")
     # The new input is the failed lines, byte for byte and in their original order.
     assert _content(body["input_file_id"]) == jsonl(LINES[:4])

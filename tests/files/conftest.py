@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from controlplane.files.storage_settings import s3_storage_entry
+from controlplane.settings.storage import s3_storage_entry
 
 # Smallest part S3 accepts; two in flight keep the upload memory tests' bound tight (~15 MiB).
 S3_TEST_CHUNK_BYTES = 5 * 1024 * 1024
@@ -155,7 +155,7 @@ class S3Bucket:
 
 @pytest.fixture
 def s3_bucket(s3_server, settings, storage_dir) -> S3Bucket:
-    """A fresh bucket on the moto server as the default storage, configured as settings.py does for
+    """A fresh bucket on the moto server as the default storage, configured as settings/storage.py does for
     STORAGE_BACKEND=s3 (after the autouse local-storage fixture, so this one wins)."""
     name = f"test-{uuid.uuid4().hex[:16]}"
     client = s3_server.client()

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.django_db
 MiB = 1024 * 1024
 FILE_BYTES = 64 * MiB  # big enough that holding it, or any sizeable part of it, breaks every bound below
 READ_BOUND = 8 * MiB  # a read holds one 256 KiB buffer and one line; the rest is slack for the client stack
-# An S3 upload holds up to (in-memory parts + the reading thread's part) × part size (storage_settings.py),
+# An S3 upload holds up to (in-memory parts + the reading thread's part) × part size (settings/storage.py),
 # one more part while the upload's line counter splits the part it was handed (files/linecount.py), and
 # 1 MiB hashing buffers per request (checksum, signature). A local upload copies in 64 KiB chunks.
 UPLOAD_BOUND = {"local": READ_BOUND, "s3": (S3_TEST_CONCURRENCY + 2) * S3_TEST_CHUNK_BYTES + 6 * MiB}

@@ -133,7 +133,7 @@ def test_the_admin_lists_the_plans_with_their_reason(sizing, tenant, admin_clien
 
 
 def test_pool_limits_come_from_fleet_pools():
-    from controlplane.fleet.scaling_settings import parse_pools
+    from controlplane.fleet.sizing_types import parse_pools
 
     pools, fallback = parse_pools("default=0:4, a100=1:8,*=0:2,")
     assert pools == {"default": PoolLimits("default", 0, 4), "a100": PoolLimits("a100", 1, 8)}

@@ -12,7 +12,6 @@ from django.utils import timezone
 from controlplane.batches.tasks import history_prune_task
 from controlplane.core.metrics import WEBHOOK_DELIVERIES_DROPPED
 from controlplane.webhooks import attempts, housekeeping, services
-from controlplane.webhooks import housekeeping_settings as config
 from controlplane.webhooks.models import DeliveryStatus, WebhookAttempt, WebhookDelivery, WebhookEvent
 
 pytestmark = pytest.mark.django_db
@@ -81,11 +80,11 @@ def test_an_attempt_that_was_running_when_its_delivery_was_dropped_leaves_it_dro
     assert WebhookAttempt.objects.filter(delivery=first).count() == 1  # the log still shows the attempt
 
 
-def test_old_closed_deliveries_go_with_their_log_and_orphaned_events(tenant, endpoints):
+def test_old_closed_deliveries_go_with_their_log_and_orphaned_events(tenant, endpoints, settings):
     dead, alive = endpoints
     _emit(tenant, 3)
     now = timezone.now()
-    old = now - timedelta(days=config.LOG_RETENTION_DAYS + 1)
+    old = now - timedelta(days=settings.WEBHOOK_LOG_RETENTION_DAYS + 1)
     WebhookDelivery.objects.update(created_at=old)
     WebhookEvent.objects.update(created_at=old)
     WebhookDelivery.objects.filter(endpoint=alive).update(status=DeliveryStatus.SUCCEEDED)
@@ -109,9 +108,9 @@ def test_old_closed_deliveries_go_with_their_log_and_orphaned_events(tenant, end
     assert housekeeping.delivery_log_prune(now=now) == {"webhook_deliveries": 0, "webhook_events": 0}
 
 
-def test_the_retention_sweep_runs_the_housekeeping(tenant, endpoints, monkeypatch):
+def test_the_retention_sweep_runs_the_housekeeping(tenant, endpoints, settings):
     dead, _ = endpoints
-    monkeypatch.setattr(config, "MAX_OPEN_PER_ENDPOINT", 2)
+    settings.WEBHOOK_MAX_OPEN_PER_ENDPOINT = 2
     _emit(tenant, 3)
     result = history_prune_task()
     # Three waiting on each endpoint, cap two: the oldest of each is dropped.

@@ -1,4 +1,6 @@
-"""Django settings.
+"""Django settings (DJANGO_SETTINGS_MODULE=controlplane.settings): this module and one module per concern
+beside it (paths, storage, openapi, fleet, webhooks, usage, console), whose values it imports. Apps read
+every value as ``django.conf.settings.X``, never from these modules.
 
 Every value comes from the environment through controlplane.core.env, with embedded defaults that run
 the whole service on one machine with no services (SQLite, kombu's filesystem broker, local storage).
@@ -8,12 +10,10 @@ Production sets DATABASE_URL, CELERY_BROKER_URL and storage variables; see docs/
 from __future__ import annotations
 
 from datetime import timedelta
-from pathlib import Path
 
 import dj_database_url
 
-from controlplane.console import console_settings
-from controlplane.core import fs_broker, logs, openapi_settings, queues
+from controlplane.core import fs_broker, logs, queues
 from controlplane.core.env import (
     SECRET_KEY_FILENAME,
     env_bool,
@@ -25,11 +25,22 @@ from controlplane.core.env import (
     env_secret_key,
     env_str,
 )
-from controlplane.fleet import scaling_settings
-from controlplane.usage import usage_settings
-
-BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(env_str("CONTROLPLANE_VAR_DIR", str(BASE_DIR / "var")))
+from controlplane.settings.console import *  # noqa: F403
+from controlplane.settings.console import CONSOLE_SAMPLES_INTERVAL_SECONDS
+from controlplane.settings.fleet import *  # noqa: F403
+from controlplane.settings.fleet import (
+    FLEET_HEARTBEAT_INTERVAL_SECONDS,
+    FLEET_RECONCILE_INTERVAL_SECONDS,
+    FLEET_SCALING,
+)
+from controlplane.settings.openapi import SPECTACULAR_SETTINGS as SPECTACULAR_SETTINGS
+from controlplane.settings.paths import BASE_DIR as BASE_DIR
+from controlplane.settings.paths import VAR_DIR as VAR_DIR
+from controlplane.settings.storage import *  # noqa: F403
+from controlplane.settings.usage import *  # noqa: F403
+from controlplane.settings.usage import USAGE_ATTRIBUTION_INTERVAL_SECONDS
+from controlplane.settings.webhooks import *  # noqa: F403
+from controlplane.settings.webhooks import WEBHOOK_SWEEP_INTERVAL_SECONDS
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
 # DJANGO_SECRET_KEY, else the local runner's generated var/secret_key; the public embedded key only with
@@ -143,32 +154,7 @@ STATIC_URL = "static/"
 SERVE_STATIC = env_bool("SERVE_STATIC", True)
 STATIC_ROOT = VAR_DIR / "static"
 
-# Storage: local directory by default; STORAGE_BACKEND=s3 switches to django-storages' S3 backend on any
-# S3-compatible store (S3_ENDPOINT_URL for MinIO/Ceph/...). Credentials come from boto3's own chain
-# (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile, an instance or pod role), never from settings.
-MEDIA_ROOT = Path(env_str("STORAGE_ROOT", str(VAR_DIR / "storage")))
-if env_choice("STORAGE_BACKEND", "local", ("local", "s3")) == "s3":
-    from controlplane.files.storage_settings import s3_storage_entry
-
-    _default_storage = s3_storage_entry(
-        bucket=env_str("S3_BUCKET", env_str("AWS_STORAGE_BUCKET_NAME", "controlplane")),
-        endpoint_url=env_str("S3_ENDPOINT_URL", "") or None,
-        region=env_str("S3_REGION", env_str("AWS_DEFAULT_REGION", "")) or None,
-        prefix=env_str("S3_PREFIX", ""),
-        # S3 parts must be ≥ 5 MiB; with 4 in flight an upload holds ~40 MiB of RAM at most.
-        chunk_bytes=env_int("S3_TRANSFER_CHUNK_BYTES", 8 * 1024 * 1024, minimum=5 * 1024 * 1024),
-        concurrency=env_int("S3_TRANSFER_CONCURRENCY", 4, minimum=1),
-    )
-else:
-    _default_storage = {"BACKEND": "django.core.files.storage.FileSystemStorage"}
-STORAGES = {
-    "default": _default_storage,
-    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
-}
-# Uploads above this size spill to a temporary file instead of memory; the hard limit is FILE_MAX_BYTES.
-FILE_UPLOAD_MAX_MEMORY_SIZE = 4 * 1024 * 1024
-DATA_UPLOAD_MAX_MEMORY_SIZE = 4 * 1024 * 1024
-FILE_UPLOAD_TEMP_DIR = None
+# Storage (MEDIA_ROOT, STORAGES, upload spooling): storage.py.
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["controlplane.tenants.auth.ApiKeyAuthentication"],
@@ -184,8 +170,6 @@ REST_FRAMEWORK = {
     # `?format=` is no API parameter: DRF would answer `?format=csv` on any endpoint with a 404.
     "URL_FORMAT_OVERRIDE": None,
 }
-# The OpenAPI description of the tenant API: static, so it lives beside the apps' schema modules.
-SPECTACULAR_SETTINGS = openapi_settings.SPECTACULAR_SETTINGS
 
 # --- Product limits -------------------------------------------------------------------------------
 FILE_MAX_BYTES = env_int("FILE_MAX_BYTES", 1024**3, minimum=1)  # 1 GiB, as OpenAI's batch limit
@@ -280,31 +264,7 @@ SCHEDULER_SLOT_BUDGET_SECONDS = env_float("SCHEDULER_SLOT_BUDGET_SECONDS", 10.0)
 # How often beat tops up every model's slots (the other top-ups are event-driven).
 SCHEDULER_TOPUP_INTERVAL_SECONDS = env_float("SCHEDULER_TOPUP_INTERVAL_SECONDS", 2.0)
 
-# --- Webhooks: each value and its reason in webhooks/delivery_settings.py ---------------------------------
-from controlplane.webhooks.delivery_settings import *  # noqa: E402, F403
-
-# --- Triton ---------------------------------------------------------------------------------------
-TRITON_GRPC_URLS = env_list("TRITON_GRPC_URLS", ["127.0.0.1:8011"])
-TRITON_TIMEOUT_SECONDS = env_float("TRITON_TIMEOUT_SECONDS", 120.0)
-TRITON_MODEL_REPOSITORY = Path(env_str("TRITON_MODEL_REPOSITORY", str(BASE_DIR / "triton_models")))
-
-# --- Fleet and placement (docs/ARCHITECTURE.md, "Placement loop") ---------------------------------
-FLEET_HEARTBEAT_INTERVAL_SECONDS = env_float("FLEET_HEARTBEAT_INTERVAL_SECONDS", 5.0)
-# Long enough for a load to finish inside one run; a model load here takes ~15 s.
-FLEET_RECONCILE_INTERVAL_SECONDS = env_float("FLEET_RECONCILE_INTERVAL_SECONDS", 10.0)
-FLEET_RECONCILE_LOCK_SECONDS = env_float("FLEET_RECONCILE_LOCK_SECONDS", 300.0)
-FLEET_PROBE_TIMEOUT_SECONDS = env_float("FLEET_PROBE_TIMEOUT_SECONDS", 2.0)
-# Idle models keep their instances this long after their last work, then scale to min_instances.
-FLEET_IDLE_TTL_SECONDS = env_float("FLEET_IDLE_TTL_SECONDS", 300.0)
-# A new instance must pay back its load time within this horizon of serving the current backlog.
-FLEET_PAYBACK_HORIZON_SECONDS = env_float("FLEET_PAYBACK_HORIZON_SECONDS", 60.0)
-# Demand may move ±20 % around the current size before instances change: no thrash on noise.
-FLEET_HYSTERESIS = env_float("FLEET_HYSTERESIS", 0.2)
-# Longer than the dispatch route cache (1 s), so no new call is routed to a model being unloaded.
-FLEET_UNLOAD_GRACE_SECONDS = env_float("FLEET_UNLOAD_GRACE_SECONDS", 1.5)
-FLEET_BREAKER_FAILURES = env_int("FLEET_BREAKER_FAILURES", 3, minimum=1)
-FLEET_BREAKER_OPEN_SECONDS = env_float("FLEET_BREAKER_OPEN_SECONDS", 30.0)
-FLEET_SCALING = scaling_settings.from_env()  # fleet size, pools, registration: fleet/scaling_settings.py
+# Webhooks: webhooks.py. Triton, placement and the fleet size (FLEET_SCALING): fleet.py.
 
 # --- Celery ---------------------------------------------------------------------------------------
 _broker_dir = VAR_DIR / "broker"
@@ -354,7 +314,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "fleet.reconcile",
         "schedule": timedelta(seconds=FLEET_RECONCILE_INTERVAL_SECONDS),
     },
-    "fleet-size-plan": scaling_settings.beat_entry(FLEET_SCALING),  # every FLEET_SIZE_INTERVAL_SECONDS
+    "fleet-size-plan": {  # every FLEET_SIZE_INTERVAL_SECONDS
+        "task": "fleet.size_plan",
+        "schedule": timedelta(seconds=FLEET_SCALING.interval_s),
+    },
     "outbox-relay": {
         "task": "core.outbox_relay",
         "schedule": timedelta(seconds=OUTBOX_RELAY_INTERVAL_SECONDS),
@@ -377,11 +340,17 @@ CELERY_BEAT_SCHEDULE = {
     },
     "webhooks-due": {
         "task": "webhooks.deliveries_due",
-        "schedule": timedelta(seconds=WEBHOOK_SWEEP_INTERVAL_SECONDS),  # noqa: F405
+        "schedule": timedelta(seconds=WEBHOOK_SWEEP_INTERVAL_SECONDS),
     },
-    "usage-attribute": usage_settings.BEAT_ENTRY,  # USAGE_ATTRIBUTION_INTERVAL_SECONDS, usage/usage_settings.py
+    "usage-attribute": {
+        "task": "usage.attribute",
+        "schedule": USAGE_ATTRIBUTION_INTERVAL_SECONDS,
+    },
+    "console-samples": {  # the operators' dashboards
+        "task": "console.samples_take",
+        "schedule": timedelta(seconds=CONSOLE_SAMPLES_INTERVAL_SECONDS),
+    },
 }
-CELERY_BEAT_SCHEDULE |= console_settings.BEAT_SCHEDULE  # dashboard samples (controlplane/console)
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 # Prometheus (controlplane/metrics, docs/OPERATIONS.md). /metrics on the web tier answers only a request with

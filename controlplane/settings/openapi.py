@@ -1,5 +1,4 @@
-"""drf-spectacular's settings for the tenant API's OpenAPI schema (imported by controlplane/settings.py;
-no environment in it, so it needs none of the settings module)."""
+"""drf-spectacular's settings for the tenant API's OpenAPI schema (no environment in them)."""
 
 from __future__ import annotations
 

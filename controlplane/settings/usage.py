@@ -1,4 +1,4 @@
-"""Settings of the usage ledger (imported by controlplane/settings.py for its beat entry)."""
+"""Settings of the usage ledger's attribution (usage/attribution.py; its beat entry is in __init__.py)."""
 
 from __future__ import annotations
 
@@ -14,5 +14,3 @@ USAGE_ATTRIBUTION_MAX_GAP_SECONDS = env_float("USAGE_ATTRIBUTION_MAX_GAP_SECONDS
 # Ledger rows older than this are left with their dispatch time: a placement read again after a long
 # pause must not pour its busy time onto shards that finished long before.
 USAGE_ATTRIBUTION_MAX_AGE_SECONDS = env_float("USAGE_ATTRIBUTION_MAX_AGE_SECONDS", 600.0)
-
-BEAT_ENTRY = {"task": "usage.attribute", "schedule": USAGE_ATTRIBUTION_INTERVAL_SECONDS}

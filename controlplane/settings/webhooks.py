@@ -1,23 +1,10 @@
-"""Webhook settings (docs/ARCHITECTURE.md, "Webhooks"), read from the environment; controlplane/settings.py
-imports them all, so they are Django settings (``settings.WEBHOOK_TIMEOUT_SECONDS``) that tests override."""
+"""Settings of webhooks (docs/ARCHITECTURE.md, "Webhooks"): delivery, its deadlines and caps, retries and the
+delivery log's housekeeping (webhooks/housekeeping.py, run by the batches' retention sweep: no beat entry of
+its own)."""
 
 from __future__ import annotations
 
 from controlplane.core.env import env_bool, env_float, env_int, env_int_list
-
-__all__ = [
-    "WEBHOOK_ALLOW_LOOPBACK",
-    "WEBHOOK_BACKOFF_BASE_SECONDS",
-    "WEBHOOK_BACKOFF_MAX_SECONDS",
-    "WEBHOOK_EXTRA_PORTS",
-    "WEBHOOK_MAX_INFLIGHT_PER_ENDPOINT",
-    "WEBHOOK_MAX_INFLIGHT_PER_TENANT",
-    "WEBHOOK_RETRY_WINDOW_SECONDS",
-    "WEBHOOK_SWEEP_INTERVAL_SECONDS",
-    "WEBHOOK_TEST_MAX_INFLIGHT",
-    "WEBHOOK_TEST_TIMEOUT_SECONDS",
-    "WEBHOOK_TIMEOUT_SECONDS",
-]
 
 # Endpoints on 127.0.0.0/8 and ::1 (only those; private and link-local stay refused): tests, the local runner.
 WEBHOOK_ALLOW_LOOPBACK = env_bool("WEBHOOK_ALLOW_LOOPBACK", False)
@@ -40,3 +27,11 @@ WEBHOOK_BACKOFF_BASE_SECONDS = env_float("WEBHOOK_BACKOFF_BASE_SECONDS", 5.0)
 WEBHOOK_BACKOFF_MAX_SECONDS = env_float("WEBHOOK_BACKOFF_MAX_SECONDS", 3600.0)
 # How often beat sends the deliveries that are due (retries, lost messages): one indexed query.
 WEBHOOK_SWEEP_INTERVAL_SECONDS = env_float("WEBHOOK_SWEEP_INTERVAL_SECONDS", 2.0)
+# Closed deliveries (succeeded, exhausted, dropped) and their attempt log are deleted this long after they
+# were created: the delivery log an operator reads while debugging an endpoint, kept as long as batch history
+# (BATCH_RETENTION_DAYS' default) so one batch's story stays complete.
+WEBHOOK_LOG_RETENTION_DAYS = env_int("WEBHOOK_LOG_RETENTION_DAYS", 30, minimum=1)
+# Open deliveries (pending or failed, waiting to be retried) one endpoint may have; beyond it the oldest are
+# dropped (status ``dropped``, counted in webhook_deliveries_dropped_total). A dead endpoint of a tenant that
+# runs a batch a minute reaches ~1,440 in its 24 h retry window; 1,000 keeps the last ~17 h of its events.
+WEBHOOK_MAX_OPEN_PER_ENDPOINT = env_int("WEBHOOK_MAX_OPEN_PER_ENDPOINT", 1000, minimum=1)

@@ -1,0 +1,73 @@
+"""Storage settings: local directory by default; STORAGE_BACKEND=s3 switches to django-storages' S3 backend on
+any S3-compatible store (S3_ENDPOINT_URL for MinIO/Ceph/...). Credentials come from boto3's own chain
+(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile, an instance or pod role), never from settings.
+
+``s3_storage_entry`` builds the ``STORAGES["default"]`` entry from typed values: this module reads them from
+the environment, and the S3 tests point the same entry at their own server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from controlplane.core.env import env_choice, env_int, env_str
+from controlplane.settings.paths import VAR_DIR
+
+
+def s3_storage_entry(
+    *,
+    bucket: str,
+    endpoint_url: str | None,
+    region: str | None,
+    prefix: str,
+    chunk_bytes: int,
+    concurrency: int,
+) -> dict[str, Any]:
+    """django-storages' S3Storage, with uploads that hold at most (concurrency + 1) × chunk_bytes in
+    memory whatever the file's size: s3transfer reads each part of a file object into memory, up to
+    ``max_in_memory_upload_chunks`` of them plus one per thread still reading the source."""
+    # Imported here: boto3 takes ~0.2 s to import, and only an S3 deployment (or its tests) needs it.
+    from boto3.s3.transfer import TransferConfig
+
+    transfer = TransferConfig(
+        multipart_threshold=chunk_bytes,
+        multipart_chunksize=chunk_bytes,
+        max_concurrency=concurrency,
+    )
+    transfer.max_in_memory_upload_chunks = concurrency
+    transfer.max_submission_concurrency = 1
+    return {
+        "BACKEND": "storages.backends.s3.S3Storage",
+        "OPTIONS": {
+            "bucket_name": bucket,
+            "endpoint_url": endpoint_url,
+            "region_name": region,
+            "location": prefix,
+            # files/storage.blob_save wants to see a name clash (a bug), not silently overwrite a blob.
+            "file_overwrite": False,
+            "transfer_config": transfer,
+        },
+    }
+
+
+MEDIA_ROOT = Path(env_str("STORAGE_ROOT", str(VAR_DIR / "storage")))
+if env_choice("STORAGE_BACKEND", "local", ("local", "s3")) == "s3":
+    _default_storage = s3_storage_entry(
+        bucket=env_str("S3_BUCKET", env_str("AWS_STORAGE_BUCKET_NAME", "controlplane")),
+        endpoint_url=env_str("S3_ENDPOINT_URL", "") or None,
+        region=env_str("S3_REGION", env_str("AWS_DEFAULT_REGION", "")) or None,
+        prefix=env_str("S3_PREFIX", ""),
+        # S3 parts must be ≥ 5 MiB; with 4 in flight an upload holds ~40 MiB of RAM at most.
+        chunk_bytes=env_int("S3_TRANSFER_CHUNK_BYTES", 8 * 1024 * 1024, minimum=5 * 1024 * 1024),
+        concurrency=env_int("S3_TRANSFER_CONCURRENCY", 4, minimum=1),
+    )
+else:
+    _default_storage = {"BACKEND": "django.core.files.storage.FileSystemStorage"}
+STORAGES = {
+    "default": _default_storage,
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+# Uploads above this size spill to a temporary file instead of memory; the hard limit is FILE_MAX_BYTES.
+FILE_UPLOAD_MAX_MEMORY_SIZE = 4 * 1024 * 1024
+DATA_UPLOAD_MAX_MEMORY_SIZE = 4 * 1024 * 1024
+FILE_UPLOAD_TEMP_DIR = None
