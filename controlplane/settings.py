@@ -66,6 +66,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "controlplane.console.login_throttle.AdminLoginThrottleMiddleware",  # failed admin logins per user and address
     "django.contrib.messages.middleware.MessageMiddleware",
     # x-ratelimit-*-requests headers on every API response, like OpenAI's (tenants/auth.py counts).
     "controlplane.tenants.middleware.RateLimitHeadersMiddleware",
