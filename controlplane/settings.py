@@ -162,14 +162,14 @@ if env_choice("STORAGE_BACKEND", "local", ("local", "s3")) == "s3":
     )
 else:
     _default_storage = {"BACKEND": "django.core.files.storage.FileSystemStorage"}
+FILE_DOWNLOAD_ACCEL_PREFIX = env_str("FILE_DOWNLOAD_ACCEL_PREFIX", "")  # local storage served by nginx (files/views.py)
 STORAGES = {
     "default": _default_storage,
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
 # Uploads above this size spill to a temporary file instead of memory; the hard limit is FILE_MAX_BYTES.
 FILE_UPLOAD_MAX_MEMORY_SIZE = 4 * 1024 * 1024
-DATA_UPLOAD_MAX_MEMORY_SIZE = 4 * 1024 * 1024
-FILE_UPLOAD_TEMP_DIR = None
+DATA_UPLOAD_MAX_MEMORY_SIZE = 4 * 1024 * 1024  # (FILE_UPLOAD_TEMP_DIR: Django's default, the system's temp dir)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["controlplane.tenants.auth.ApiKeyAuthentication"],
