@@ -28,6 +28,13 @@ def batch_admit(*, tenant: Tenant, input_file: File, priority: str | None) -> st
     tenant may not use, QuotaExceeded (429) when the tenant is at its monthly spend cap, at its
     concurrent-batch limit, or the file's lines would take its enqueued lines over the limit.
     ``tenant`` must be the locked row."""
+    # A file stored before uploads counted lines adds nothing here; validation still checks its real count.
+    return batch_admit_lines(tenant=tenant, incoming_lines=input_file.line_count or 0, priority=priority)
+
+
+def batch_admit_lines(*, tenant: Tenant, incoming_lines: int, priority: str | None) -> str:
+    """``batch_admit`` for a batch whose input does not exist yet (a re-run's, built by its validation task
+    from its source's failed lines): ``incoming_lines`` is what it will hold at most."""
     chosen = _priority_choose(tenant=tenant, priority=priority)
     spend_cap_enforce(tenant=tenant, now=timezone.now())
     active = selectors.batch_active_count(tenant=tenant)
@@ -43,12 +50,11 @@ def batch_admit(*, tenant: Tenant, input_file: File, priority: str | None) -> st
             retry_after=ADMISSION_RETRY_AFTER_SECONDS,
             headers=_NO_SDK_RETRY,
         )
-    # A file stored before uploads counted lines adds nothing here; validation still checks its real count.
-    incoming = input_file.line_count or 0
+    incoming = incoming_lines
     enqueued = selectors.batch_enqueued_lines(tenant=tenant)
     if enqueued + incoming > tenant.max_enqueued_lines:
         raise QuotaExceeded(
-            f"The input file's {incoming} requests would bring the tenant's enqueued requests to "
+            f"The batch's {incoming} requests would bring the tenant's enqueued requests to "
             f"{enqueued + incoming}, over the limit of {tenant.max_enqueued_lines} ({enqueued} already "
             "enqueued); wait for a batch to finish, cancel one, or split the file.",
             code="enqueued_lines_limit_exceeded",

@@ -74,6 +74,9 @@ class Batch(models.Model):
     output_expires_after = models.PositiveIntegerField(null=True, blank=True)
     # The batch whose failed lines this batch re-runs (batches.rerun.batch_rerun_failed), if any.
     rerun_of = models.CharField(max_length=40, null=True, blank=True, db_index=True)
+    # The error codes a re-run was asked for (null: every failed line). Its input file is built from them by
+    # its validation task, which may run again after a lost message, so they are kept here, not in the message.
+    rerun_error_codes = models.JSONField(null=True, blank=True)
     output_file_id = models.CharField(max_length=40, null=True, blank=True)
     error_file_id = models.CharField(max_length=40, null=True, blank=True)
     total_lines = models.PositiveBigIntegerField(default=0)

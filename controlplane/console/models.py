@@ -63,3 +63,20 @@ class Dashboard(ModelSample):
         proxy = True
         verbose_name = "dashboard"
         verbose_name_plural = "dashboards"
+
+
+class AdminLoginWindow(models.Model):
+    """Admin login attempts for one username, or from one client address, in one fixed window
+    (console/login_throttle.py). A table for the reason tenants.ApiKeyRequestWindow is one: every web process
+    shares the count, on SQLite and Postgres alike. ``key`` is a digest of the scope and the username or
+    address, so the table keeps no typed-in username (a password typed in the wrong field) and no address."""
+
+    key = models.CharField(max_length=64)
+    window_start = models.DateTimeField(db_index=True)
+    count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = (models.UniqueConstraint(fields=["key", "window_start"], name="uniq_admin_login_window"),)
+
+    def __str__(self) -> str:
+        return f"{self.key[:12]}… @ {self.window_start:%H:%M}: {self.count}"

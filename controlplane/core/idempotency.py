@@ -16,6 +16,17 @@ back (then it creates). So a visible row always has its answer, and a crash betw
 leaves nothing behind. On Postgres the wait is bounded (``IDEMPOTENCY_WAIT_SECONDS``); past it the loser
 gets a retryable 409 ``idempotency_key_in_progress``.
 
+SQLite has one write lock for the whole database, and the settings' IMMEDIATE transactions take it at BEGIN:
+the protocol above held it for the whole create, so a 1 GiB upload with a key stopped every other writer
+(another tenant's batch create, the workers' commits) for the length of its blob copy. On SQLite the claim is
+therefore committed alone in a short transaction, the create runs outside it, and the answer is recorded in
+another short one (an error deletes the claim instead). A same-key request meanwhile gets the retryable 409
+``idempotency_key_in_progress`` at once rather than waiting: a wait would hold a web thread for as long as the
+first request's copy, which is what this avoids, and the openai SDK retries that 409 by itself (Retry-After,
+``x-should-retry: true``). A claim left unanswered by a crash is taken over once it is older than
+``IDEMPOTENCY_CLAIM_TIMEOUT_SECONDS``. The price: a crash after the create and before its answer is recorded
+lets a retry after that timeout create a second object, which the one-transaction protocol rules out.
+
 Only 2xx answers are stored. An error (4xx validation, quota 429, 5xx) rolls the claim back with the rest,
 so a retry with the same key after fixing the request works. (Stripe also stores 4xx; ours are validation
 and quota errors that a client fixes and retries, and replaying them would only get in the way.)
@@ -86,6 +97,8 @@ def idempotent(*, tenant_id: int, key: str | None, fingerprint: str, respond: Ca
     if key is None:
         return respond()
     now = timezone.now()
+    if connection.vendor == "sqlite":
+        return _idempotent_claim_apart(tenant_id=tenant_id, key=key, fingerprint=fingerprint, respond=respond, now=now)
     with transaction.atomic():
         claimed = _claim(tenant_id=tenant_id, key=key, fingerprint=fingerprint, now=now)
         if claimed is not None:
@@ -100,6 +113,33 @@ def idempotent(*, tenant_id: int, key: str | None, fingerprint: str, respond: Ca
             return response
     # Someone else's claim was committed first (or is still running, past our wait).
     return _replay(tenant_id=tenant_id, key=key, fingerprint=fingerprint, now=now)
+
+
+def _idempotent_claim_apart(
+    *, tenant_id: int, key: str, fingerprint: str, respond: Callable[[], Response], now: datetime
+) -> Response:
+    """The SQLite protocol (module docstring): claim committed, work outside any transaction, answer recorded."""
+    with transaction.atomic():
+        # A claim older than the timeout with no answer is a crashed request's: the key is free again.
+        stale = now - timedelta(seconds=settings.IDEMPOTENCY_CLAIM_TIMEOUT_SECONDS)
+        IdempotencyRecord.objects.filter(
+            tenant_id=tenant_id, key=key, response_status__isnull=True, created_at__lt=stale
+        ).delete()
+        claimed = _claim(tenant_id=tenant_id, key=key, fingerprint=fingerprint, now=now)
+    if claimed is None:
+        return _replay(tenant_id=tenant_id, key=key, fingerprint=fingerprint, now=now)
+    try:
+        response = respond()
+    except BaseException:
+        IdempotencyRecord.objects.filter(id=claimed.id).delete()  # nothing was answered: the key is free again
+        raise
+    if 200 <= response.status_code < 300:
+        IdempotencyRecord.objects.filter(id=claimed.id).update(
+            response_status=response.status_code, response_body=response.data
+        )
+    else:
+        IdempotencyRecord.objects.filter(id=claimed.id).delete()
+    return response
 
 
 def idempotency_key_seen(*, tenant_id: int, key: str) -> bool:

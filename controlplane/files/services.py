@@ -19,16 +19,25 @@ def _storage_name(tenant: Tenant, file_id: str) -> str:
 
 
 def file_create(
-    *, tenant: Tenant, content: IO[bytes], filename: str, purpose: str, size: int, expires_after: int | None = None
+    *,
+    tenant: Tenant,
+    content: IO[bytes],
+    filename: str,
+    purpose: str,
+    size: int,
+    expires_after: int | None = None,
+    file_id: str | None = None,
 ) -> File:
     """Store the blob first, then the row: a crash between the two leaves an orphan blob (the storage
     collector removes it), never a row pointing at nothing. Its non-blank lines are counted as storage
     reads it (``line_count``), so batch create can check the enqueued-lines quota without reading the file
     again. The row's transaction checks the tenant's storage quota (files/quota.py) and sets
-    ``expires_at`` from ``expires_after`` seconds; over the quota, the stored blob is deleted."""
+    ``expires_at`` from ``expires_after`` seconds; over the quota, the stored blob is deleted. ``file_id`` is
+    an id handed out before the content existed (a re-run batch names its input at once, batches/rerun.py);
+    a second create of the same id fails at its blob (blob_save refuses a clash) or at the row."""
     if purpose not in File.Purpose.values:
         raise ValidationFailed(f"purpose must be 'batch' for uploads, got {purpose!r}.", param="purpose")
-    file_id = new_file_id()
+    file_id = file_id or new_file_id()
     counting = LineCountingReader(content, size=size)
     # cast: storage only calls read/seek/tell on it, which the wrapper provides.
     name = blob_save(_storage_name(tenant, file_id), cast(IO[bytes], counting))

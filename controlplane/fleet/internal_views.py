@@ -65,6 +65,8 @@ class ServerRegisterSerializer(serializers.Serializer[Any]):
     gpu_memory_gib = serializers.ListField(
         child=serializers.FloatField(min_value=0.001, max_value=1e6), required=False, default=list, max_length=64
     )
+    # An operator's override: move a server whose heartbeat is healthy to other addresses (membership.readdress_check).
+    force = serializers.BooleanField(required=False, default=False)
 
 
 class DrainQuerySerializer(serializers.Serializer[Any]):
@@ -93,6 +95,7 @@ class ServerRegisterView(_FleetView):
             pool=data["pool"],
             gpu_memory_bytes=[int(g * 1024**3) for g in data["gpu_memory_gib"]],
             actor="fleet_api",
+            force=data["force"],
         )
         return Response(server_render(server, created=created), status=201 if created else 200)
 

@@ -17,14 +17,23 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
+from datetime import timedelta
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from controlplane.core.errors import Conflict, DomainError, ValidationFailed
 from controlplane.fleet.gpu_metrics import parse_gpu_metrics
-from controlplane.fleet.inventory import gpus_store, metrics_fetch, server_set_operator_state
+from controlplane.fleet.inventory import (
+    UNHEALTHY_AFTER_FAILURES,
+    gpus_store,
+    metrics_fetch,
+    server_set_operator_state,
+)
 from controlplane.fleet.models import Gpu, Placement, PlacementEvent, PlacementStatus, ServerState, TritonServer
 from controlplane.fleet.work import work_source
+from controlplane.triton.client import TritonClient
 
 logger = logging.getLogger(__name__)
 
@@ -69,11 +78,16 @@ def server_join(
     gpu_memory_bytes: list[int] | None = None,
     real_gpus: bool = False,
     actor: str = "fleet",
+    force: bool = False,
 ) -> tuple[TritonServer, bool]:
     """Register or update a server; returns (server, created). Idempotent: the same call again changes
     nothing. Re-registering a server that is draining (an orchestrator restarted it) ends the drain; an
-    operator's cordon stays. Raises Conflict when ``grpc_url`` belongs to another server, ValidationFailed
-    when there are neither measured nor declared GPUs, MetricsUnavailable when only the metrics could say."""
+    operator's cordon stays. Raises Conflict when ``grpc_url`` belongs to another server, or when the server
+    is live at other addresses and ``force`` is not set (``readdress_check``), ValidationFailed when there are
+    neither measured nor declared GPUs, MetricsUnavailable when only the metrics could say."""
+    existing = TritonServer.objects.filter(name=name).first()
+    if existing is not None and not force:
+        readdress_check(existing, grpc_url=grpc_url, http_url=http_url)
     declared = list(gpu_memory_bytes or [])
     measured: list[dict[str, float]] = []
     if metrics_url:
@@ -108,8 +122,14 @@ def server_join(
             else:
                 changed = {k: v for k, v in fields.items() if getattr(server, k) != v}
                 if changed:
+                    moved = _moved(server, grpc_url=grpc_url, http_url=http_url)
                     TritonServer.objects.filter(id=server.id).update(**changed)
                     server.refresh_from_db()
+                    if moved:
+                        reason = f"re-registered at {', '.join(moved)}" + (" (forced)" if force else "")
+                        PlacementEvent.objects.create(
+                            server=server, action="server_readdress", actor=actor, reason=reason
+                        )
             _gpus_set(server, measured, declared)
             if created:
                 PlacementEvent.objects.create(server=server, action="server_join", actor=actor, reason=_joined(server))
@@ -119,6 +139,44 @@ def server_join(
         server_set_operator_state(server=server, state=None, actor=actor)
         server.refresh_from_db()
     return server, created
+
+
+def _moved(server: TritonServer, *, grpc_url: str, http_url: str) -> list[str]:
+    """The addresses a registration changes (``old → new``); an HTTP URL given for the first time is no move."""
+    pairs = (("gRPC", server.grpc_url, grpc_url), ("HTTP", server.http_url, http_url))
+    return [f"{kind} {old} → {new or '(none)'}" for kind, old, new in pairs if old and old != new]
+
+
+def readdress_check(server: TritonServer, *, grpc_url: str, http_url: str) -> None:
+    """Refuse (409) to move a live server to other addresses: a second Triton started under the same name by
+    mistake (a copied config, a reused pod name) would otherwise take the row, and the one still running
+    would keep its models loaded outside the fleet's view. Live means both: the heartbeat found it healthy
+    within the time it takes to mark it unhealthy, and its old gRPC address answers now. The second check
+    lets the ordinary replacement through at once (a restarted host or pod on a new address: the old one is
+    gone, the heartbeat just has not noticed yet). An operator who knows better forces it."""
+    moved = _moved(server, grpc_url=grpc_url, http_url=http_url)
+    if not moved:
+        return
+    window = timedelta(seconds=(UNHEALTHY_AFTER_FAILURES + 1) * settings.FLEET_HEARTBEAT_INTERVAL_SECONDS)
+    beat = server.last_heartbeat_at
+    if beat is None or beat < timezone.now() - window:
+        return
+    if server.state == ServerState.UNHEALTHY or server.consecutive_failures:
+        return
+    client = TritonClient(server.grpc_url, timeout_s=settings.FLEET_PROBE_TIMEOUT_SECONDS)
+    try:
+        answers = client.is_live()
+    finally:
+        client.close()
+    if answers:
+        raise Conflict(
+            f"Server {server.name!r} is live at {server.grpc_url} (heartbeat healthy, answering now); refusing to "
+            f"re-register it with {'; '.join(moved)}. Drain it first, register the new one under another name, or, "
+            'if the old server is really gone, force it (`fleet_register --force`, or `"force": true` on '
+            "POST /internal/fleet/servers).",
+            param="name",
+            code="server_live",
+        )
 
 
 def _gpus_set(server: TritonServer, measured: list[dict[str, float]], declared: list[int]) -> None:

@@ -77,6 +77,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "controlplane.console.login_throttle.AdminLoginThrottleMiddleware",  # failed admin logins per user and address
     "django.contrib.messages.middleware.MessageMiddleware",
     # x-ratelimit-*-requests headers on every API response, like OpenAI's (tenants/auth.py counts).
     "controlplane.tenants.middleware.RateLimitHeadersMiddleware",
@@ -176,10 +177,11 @@ FILE_MAX_BYTES = env_int("FILE_MAX_BYTES", 1024**3, minimum=1)  # 1 GiB, as Open
 BATCH_MAX_LINE_BYTES = env_int("BATCH_MAX_LINE_BYTES", 1024 * 1024, minimum=1)
 API_MAX_JSON_BYTES = env_int("API_MAX_JSON_BYTES", 1024 * 1024, minimum=1)  # JSON request bodies (413 above)
 BATCH_MAX_LINES = env_int("BATCH_MAX_LINES", 5_000_000, minimum=1)
-# Idempotency-Key on POST /v1/files and /v1/batches (core/idempotency.py): how long a key holds its answer
-# (OpenAI and Stripe keep 24 h), how long a same-key request waits for one in flight before a retryable 409.
+# Idempotency-Key on POST /v1/files and /v1/batches (core/idempotency.py): a key's lifetime (OpenAI, Stripe: 24 h),
+# a same-key request's wait before a retryable 409, the age at which an unanswered SQLite claim is taken over.
 IDEMPOTENCY_KEY_TTL_SECONDS = env_int("IDEMPOTENCY_KEY_TTL_SECONDS", 24 * 3600, minimum=1)
 IDEMPOTENCY_WAIT_SECONDS = env_float("IDEMPOTENCY_WAIT_SECONDS", 10.0)
+IDEMPOTENCY_CLAIM_TIMEOUT_SECONDS = env_int("IDEMPOTENCY_CLAIM_TIMEOUT_SECONDS", 900, minimum=1)
 IDEMPOTENCY_PRUNE_INTERVAL_SECONDS = env_int("IDEMPOTENCY_PRUNE_INTERVAL_SECONDS", 3600, minimum=1)
 OUTBOX_RELAY_INTERVAL_SECONDS = env_float("OUTBOX_RELAY_INTERVAL_SECONDS", 1.0)  # retry of a failed send
 # Shards run while the rest of their file is validated, invisible until it is valid (batches/early_dispatch.py);

@@ -63,6 +63,7 @@ if env_choice("STORAGE_BACKEND", "local", ("local", "s3")) == "s3":
     )
 else:
     _default_storage = {"BACKEND": "django.core.files.storage.FileSystemStorage"}
+FILE_DOWNLOAD_ACCEL_PREFIX = env_str("FILE_DOWNLOAD_ACCEL_PREFIX", "")  # local storage served by nginx (files/views.py)
 STORAGES = {
     "default": _default_storage,
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
@@ -70,4 +71,3 @@ STORAGES = {
 # Uploads above this size spill to a temporary file instead of memory; the hard limit is FILE_MAX_BYTES.
 FILE_UPLOAD_MAX_MEMORY_SIZE = 4 * 1024 * 1024
 DATA_UPLOAD_MAX_MEMORY_SIZE = 4 * 1024 * 1024
-FILE_UPLOAD_TEMP_DIR = None

@@ -115,3 +115,47 @@ def compose_validator() -> jsonschema.protocols.Validator:
 
 def compose_errors(doc: dict[str, Any]) -> list[str]:
     return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in compose_validator().iter_errors(doc)]
+
+
+NGINX_CONF = DEPLOY / "k8s" / "base" / "nginx.conf"
+
+
+def nginx_parse(text: str) -> list[Any]:
+    """nginx's configuration as nested lists: a directive is ``[name, *args]``, a block ``[name, *args, [body]]``.
+    Enough of the grammar for the shipped file: comments, quoted strings, ``;``, ``{`` and ``}``."""
+    tokens = re.findall(r'"(?:[^"\\]|\\.)*"|\'[^\']*\'|[{};]|[^\s{};]+', re.sub(r"#[^\n]*", "", text))
+    stack: list[list[Any]] = [[]]
+    words: list[str] = []
+    for token in tokens:
+        if token == ";":
+            stack[-1].append(words)
+            words = []
+        elif token == "{":
+            body: list[Any] = []
+            stack[-1].append([*words, body])
+            stack.append(body)
+            words = []
+        elif token == "}":
+            assert not words, f"unterminated directive {words}"
+            stack.pop()
+        else:
+            words.append(token.strip("\"'"))
+    assert len(stack) == 1 and not words, "unbalanced braces"
+    return stack[0]
+
+
+def nginx_directives(block: list[Any], name: str) -> list[list[Any]]:
+    return [d for d in block if d and d[0] == name]
+
+
+def nginx_size(text: str) -> int:
+    units = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+    match = re.fullmatch(r"(\d+)([kKmMgG]?)", text)
+    assert match, text
+    return int(match.group(1)) * units[match.group(2).lower()]
+
+
+def nginx_seconds(text: str) -> float:
+    match = re.fullmatch(r"(\d+)(ms|s|m)?", text)
+    assert match, text
+    return int(match.group(1)) * {"ms": 0.001, "s": 1, None: 1, "m": 60}[match.group(2)]

@@ -45,6 +45,11 @@ class Command(BaseCommand):
         parser.add_argument("--gpu-memory-gib", type=float, nargs="+", default=[], help="declared GPUs' memory")
         parser.add_argument("--gpu-memory", help="declared GPUs as sizes, comma-separated: 16G,16G")
         parser.add_argument("--real-gpus", action="store_true", help="run instances as KIND_GPU on these GPUs")
+        parser.add_argument(
+            "--force",
+            action="store_true",
+            help="move a server that is live (healthy heartbeat, old address answering) to new addresses",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         name = options["name"] or options["name_arg"]
@@ -69,6 +74,7 @@ class Command(BaseCommand):
                 gpu_memory_bytes=sizes,
                 real_gpus=options["real_gpus"],
                 actor="fleet_register",
+                force=options["force"],
             )
         except DomainError as exc:
             raise CommandError(exc.message) from exc
