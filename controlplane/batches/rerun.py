@@ -15,7 +15,8 @@ from django.db import transaction
 
 from controlplane.batches.lines import LineIssue, iter_lines, load_json_line
 from controlplane.batches.models import Batch, BatchStatus
-from controlplane.batches.services import batch_create, event_record
+from controlplane.batches.services import batch_create
+from controlplane.batches.transitions import event_record
 from controlplane.core.errors import Conflict, ValidationFailed
 from controlplane.files.models import File
 from controlplane.files.services import file_create, file_delete

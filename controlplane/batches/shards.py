@@ -1,6 +1,11 @@
-"""Shard claims, leases, commits, releases and dead letters. Every write is a conditional UPDATE;
-``attempt`` is the fencing token, so a worker that lost its lease can never overwrite the work of the one
-that took over.
+"""The shard state machine's one writer: claims, leases, commits, releases, skips, rescues and dead letters.
+Every write of a shard's ``status`` is a function here (tests/batches/test_state_writers.py fails when one is
+written anywhere else), and each records its BatchEvent. Every write is a conditional UPDATE; ``attempt`` is
+the fencing token, so a worker that lost its lease can never overwrite the work of the one that took over.
+
+    pending ──claim──► running ──commit──► succeeded / stopped
+       ▲                  │ release (content failures spend the budget; at its end: dead)
+       └──────────────────┘ rescue (lease expired)       pending / running of a stopping batch ──► skipped
 
 Only failures caused by a shard's own content spend its budget (``content_failures`` against
 SHARD_MAX_ATTEMPTS); infrastructure faults (Triton down or restarting, no capacity, a lost worker) release
@@ -19,7 +24,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
-from controlplane.batches.services import event_record
+from controlplane.batches.transitions import event_record
 from controlplane.batches.usage_rows import shard_usage_from_row
 from controlplane.core import dispatch
 from controlplane.core.errors import Conflict, NotFound
@@ -33,6 +38,39 @@ RUNNABLE_BATCH_STATUSES = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)
 
 def _lease_until() -> datetime:
     return timezone.now() + timedelta(seconds=settings.SHARD_LEASE_SECONDS)
+
+
+def shard_claim_selected(*, shard_id: int, owner: str, now: datetime) -> Shard | None:
+    """Take the pending shard the scheduler selected by policy (scheduling/claims.py), in its transaction and
+    under its row lock: attempt + 1 (the new fencing token), a fresh lease. None when the shard is no longer
+    pending — SQLite has no row locks, and a caller that selected without one must not take a running shard
+    from its worker."""
+    won = Shard.objects.filter(id=shard_id, status=ShardStatus.PENDING).update(
+        status=ShardStatus.RUNNING,
+        attempt=F("attempt") + 1,
+        lease_owner=owner,
+        not_before=None,
+        lease_expires_at=now + timedelta(seconds=settings.SHARD_LEASE_SECONDS),
+        started_at=now,
+    )
+    if won != 1:
+        return None
+    shard = Shard.objects.select_related("batch", "batch__tenant").get(id=shard_id)
+    event_record(
+        batch_id=shard.batch_id,
+        shard_index=shard.index,
+        kind="shard_claimed",
+        message=f"attempt {shard.attempt} by {owner}",
+    )
+    return shard
+
+
+def shards_skip_pending(*, batch_id: str) -> int:
+    """A batch stops (cancel, expiry): its pending shards close as ``skipped`` without running (their lines
+    become batch_cancelled / batch_expired); running ones stop between calls. In the stop's transaction."""
+    return Shard.objects.filter(batch_id=batch_id, status=ShardStatus.PENDING).update(
+        status=ShardStatus.SKIPPED, finished_at=timezone.now(), lease_expires_at=None, not_before=None
+    )
 
 
 def shard_skip_if_stopping(*, shard_id: int) -> bool:
