@@ -23,7 +23,8 @@ from controlplane.webhooks.services import batch_event_emit
 
 logger = logging.getLogger(__name__)
 
-# What a batch leaves ``finalizing`` as, by its stop reason, and the timestamp that records it.
+# What a batch leaves ``finalizing`` as, by its stop reason (none: it ran to the end), and the timestamp that
+# records it.
 _TERMINAL_BY_STOP_REASON: dict[str | None, BatchStatus] = {
     StopReason.CANCEL: BatchStatus.CANCELLED,
     StopReason.EXPIRE: BatchStatus.EXPIRED,
@@ -32,7 +33,6 @@ _STAMP = {
     BatchStatus.COMPLETED: "completed_at",
     BatchStatus.CANCELLED: "cancelled_at",
     BatchStatus.EXPIRED: "expired_at",
-    BatchStatus.FAILED: "failed_at",
 }
 FINALIZABLE = (BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING)
 
