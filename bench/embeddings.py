@@ -43,7 +43,7 @@ CatalogueModel.objects.update_or_create(name="embed-stub", defaults=dict(
     triton_name="embed_stub", kind="embeddings", max_batch_size=int(c["max_batch_size"]), embedding_dimensions=384,
     inputs=[{"name": "TEXT", "datatype": "BYTES", "dims": [1]}], outputs=t(c["output"]),
     memory_per_instance_bytes=256 * 1024**2, load_seconds=2.0, max_instances=2,
-    lines_per_second_per_instance=20000.0, seconds_per_work_unit=0.00001))
+    seconds_per_work_unit=0.00001))
 """
 
 

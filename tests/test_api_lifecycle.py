@@ -13,13 +13,13 @@ from django.core.wsgi import get_wsgi_application
 from django.utils import timezone
 
 from controlplane.batches import services as batch_services
-from controlplane.batches.execution import shard_run
 from controlplane.batches.models import Batch, BatchStatus, Shard
 from controlplane.core import dispatch
 from controlplane.files.models import File
 from controlplane.files.uploads import SizeLimitUploadHandler
 from tests.batches.helpers import embedding_line, jsonl
 from tests.fakes import FakeBackend
+from tests.running import run_batch
 
 pytestmark = pytest.mark.django_db
 
@@ -165,8 +165,7 @@ class TestOutputExpiresAfter:
         )
         assert Batch.objects.get(id=batch.id).output_expires_after == 86400
         batch_services.batch_validate(batch_id=batch.id)
-        for shard in Shard.objects.filter(batch_id=batch.id):
-            shard_run(shard_id=shard.id, owner="test", backend_factory=lambda name: FakeBackend())
+        run_batch(Batch.objects.get(id=batch.id), FakeBackend())
         done = client.batches.retrieve(batch.id)
         assert done.status == BatchStatus.COMPLETED and done.output_file_id
         output = client.files.retrieve(done.output_file_id)

@@ -1,6 +1,7 @@
-"""Running one shard: claim it, pack its requests into Triton calls with several in flight, write a
-part, and commit it under the attempt number. Cancel/expiry stop it between calls, keeping the lines
-already done. A keeper thread renews the lease for the whole run (model load and part upload included).
+"""Running one shard the scheduler claimed (scheduling/runner.py): pack its requests into Triton calls with
+several in flight, write a part, and commit it under the attempt number. Cancel/expiry stop it between
+calls, keeping the lines already done. A keeper thread renews the lease for the whole run (model load and
+part upload included).
 
 Whose fault a failure is decides what it costs (shards.shard_release):
 - infrastructure, free: TransientTritonError (Triton unreachable, restarting, overloaded, model not
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from functools import partial
 from typing import Any
@@ -25,6 +25,7 @@ from controlplane.batches.backend import InferenceBackend
 from controlplane.batches.columns import columns_load
 from controlplane.batches.fastparse import ValidatedTensorLines
 from controlplane.batches.finalize import batch_try_finalize
+from controlplane.batches.leases import LeaseKeeper
 from controlplane.batches.lines import iter_lines
 from controlplane.batches.models import Shard, ShardStatus
 from controlplane.batches.packing import (
@@ -41,16 +42,7 @@ from controlplane.batches.parts import encode_entry
 from controlplane.batches.pinning import pinned_model
 from controlplane.batches.records import failed_response_record, output_record
 from controlplane.batches.requests import ModelResolver, ParsedLine, parse_line
-from controlplane.batches.shards import (
-    LeaseKeeper,
-    PartSummary,
-    batch_stop_requested,
-    shard_claim,
-    shard_commit,
-    shard_release,
-    shard_renew,
-    shard_skip_if_stopping,
-)
+from controlplane.batches.shards import PartSummary, batch_stop_requested, shard_commit, shard_release, shard_renew
 from controlplane.core import metrics
 from controlplane.core.database import when_database_answers
 from controlplane.files.models import File
@@ -69,32 +61,6 @@ STOP_GRACE_SECONDS = 1.0
 
 class LeaseLost(Exception):
     """Another attempt owns the shard now; this one must stop and publish nothing."""
-
-
-class ShardDeferred(Exception):
-    """Triton stayed unavailable; the shard went back to pending (runnable again after its not_before)."""
-
-
-def shard_run(*, shard_id: int, owner: str, backend_factory: Callable[[str], InferenceBackend]) -> str:
-    """Claim one given shard and run it (tests and operator tools; the scheduler claims by policy and
-    calls shard_execute). Raises ShardDeferred when Triton stayed unavailable."""
-    model = _shard_model(shard_id)
-    backend: InferenceBackend | None = None
-    if model is not None:
-        try:
-            backend = backend_factory(model.triton_name)
-        except TransientTritonError as exc:
-            raise ShardDeferred(str(exc)) from exc  # nowhere to run it yet: leave it pending, unclaimed
-    shard = shard_claim(shard_id=shard_id, owner=owner)
-    if shard is None or model is None or backend is None:
-        if shard_skip_if_stopping(shard_id=shard_id):
-            batch_try_finalize(batch_id=Shard.objects.only("batch_id").get(id=shard_id).batch_id)
-            return "skipped"
-        return "not_claimed"
-    outcome = shard_execute(shard=shard, model=model, backend=backend)
-    if outcome == "deferred":
-        raise ShardDeferred(shard.last_error or "Triton unavailable")
-    return outcome
 
 
 def shard_execute(*, shard: Shard, model: CatalogueModel, backend: InferenceBackend) -> str:
@@ -197,14 +163,6 @@ def _give_back(shard: Shard, exc: Exception) -> str:
         batch_try_finalize(batch_id=shard.batch_id)
         return str(status)
     return "retry" if content_failure else "deferred"
-
-
-def _shard_model(shard_id: int) -> CatalogueModel | None:
-    row = Shard.objects.filter(id=shard_id).values_list("batch__model", "batch__model_snapshot").first()
-    if row is None or not row[0]:
-        return None
-    name, snapshot = row
-    return pinned_model(snapshot) if snapshot else CatalogueModel.objects.filter(name=name).first()
 
 
 def _read_shard(shard: Shard) -> dict[int, ParsedLine]:

@@ -21,7 +21,7 @@ from controlplane.batches.lines import iter_lines
 from controlplane.batches.models import SHARD_OPEN_STATUSES, Batch, BatchStatus, Shard, ShardStatus, StopReason
 from controlplane.batches.parts import decode_entry, dumps
 from controlplane.batches.records import error_record
-from controlplane.batches.services import batch_terminal_notify, event_record
+from controlplane.batches.transitions import FINALIZABLE, batch_finalizing, batch_finish, event_record
 from controlplane.files.lifecycle import file_expiry_set
 from controlplane.files.models import File
 from controlplane.files.storage import blob_delete, blob_open, blob_read_range, blob_save_spooled, blob_spool
@@ -29,8 +29,6 @@ from controlplane.files.storage import blob_delete, blob_open, blob_read_range, 
 logger = logging.getLogger(__name__)
 
 KINDS = ("output", "error")
-
-FINALIZABLE = (BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING)
 
 _MISSING_LINE_ERRORS = {
     StopReason.CANCEL: ("batch_cancelled", "The batch was cancelled before this request ran."),
@@ -51,10 +49,8 @@ def batch_try_finalize(*, batch_id: str) -> bool:
             return False
         if Shard.objects.filter(batch_id=batch_id, status__in=SHARD_OPEN_STATUSES).exists():
             return False
-        won = Batch.objects.filter(id=batch_id, status__in=FINALIZABLE).update(
-            status=BatchStatus.FINALIZING, finalizing_at=timezone.now()
-        )
-    if won != 1:
+        won = batch_finalizing(batch_id=batch_id, now=timezone.now())
+    if not won:
         return False
     batch_finalize(batch_id=batch_id)
     return True
@@ -182,41 +178,31 @@ def batch_finalize(*, batch_id: str) -> None:
             _store_result(batch, out, "output", completed, names["output"]),
             _store_result(batch, err, "error", failed, names["error"]),
         ]
-    # Keyed by the column's type (str | None): no stop reason, or one not listed, means it ran to the end.
-    terminal_by_stop_reason: dict[str | None, BatchStatus] = {
-        StopReason.CANCEL: BatchStatus.CANCELLED,
-        StopReason.EXPIRE: BatchStatus.EXPIRED,
-    }
-    terminal = terminal_by_stop_reason.get(batch.stop_reason, BatchStatus.COMPLETED)
-    now = timezone.now()
-    stamp = {BatchStatus.CANCELLED: "cancelled_at", BatchStatus.EXPIRED: "expired_at"}.get(terminal, "completed_at")
     with transaction.atomic():
         for file in files:
             if file is not None:
                 file.save(force_insert=True)
                 file_expiry_set(file=file, seconds=batch.output_expires_after)
-        won = Batch.objects.filter(id=batch_id, status=BatchStatus.FINALIZING).update(
-            status=terminal,
-            completed_lines=completed,
-            failed_lines=failed,
-            **{stamp: now},
+        for shard_index in lost_parts:
+            event_record(
+                batch_id=batch_id,
+                shard_index=shard_index,
+                kind="part_lost",
+                message="part missing from storage; its lines are part_lost errors",
+            )
+        won = batch_finish(
+            batch_id=batch_id,
+            stop_reason=batch.stop_reason,
+            completed=completed,
+            failed=failed,
             output_file_id=files[0].id if files[0] else None,
             error_file_id=files[1].id if files[1] else None,
+            now=timezone.now(),
         )
-        if won != 1:
-            # Another finalizer finished first; ours must not leave rows behind.
+        if won is None:
+            # Another finalizer finished first; ours must not leave rows behind (its events included).
             transaction.set_rollback(True)
-        else:
-            for shard_index in lost_parts:
-                event_record(
-                    batch_id=batch_id,
-                    shard_index=shard_index,
-                    kind="part_lost",
-                    message="part missing from storage; its lines are part_lost errors",
-                )
-            event_record(batch_id=batch_id, kind=terminal, message=f"{completed} ok, {failed} errors")
-            batch_terminal_notify(batch_id=batch_id, status=terminal, at=now)
-    if won != 1:
+    if won is None:
         for file in files:
             if file is not None:
                 blob_delete(file.storage_name)

@@ -15,7 +15,7 @@ import logging
 from django.db import transaction
 
 from controlplane.batches.models import Batch, BatchStatus
-from controlplane.batches.services import event_record
+from controlplane.batches.transitions import event_record
 from controlplane.core import dispatch
 from controlplane.core.errors import Conflict, NotFound, ValidationFailed
 from controlplane.tenants.models import Priority

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from controlplane.batches.admission import batch_admit_lines
 from controlplane.batches.models import Batch, BatchStatus
-from controlplane.batches.services import event_record
+from controlplane.batches.transitions import event_record
 from controlplane.batches.windows import parse_completion_window
 from controlplane.core import dispatch
 from controlplane.core.errors import Conflict, ValidationFailed

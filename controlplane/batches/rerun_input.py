@@ -23,7 +23,8 @@ from django.db import InterfaceError, OperationalError
 
 from controlplane.batches.lines import LineIssue, iter_lines, load_json_line
 from controlplane.batches.models import Batch, BatchStatus
-from controlplane.batches.services import batch_validation_fail, event_record, validation_error_entry
+from controlplane.batches.services import batch_validation_fail, validation_error_entry
+from controlplane.batches.transitions import event_record
 from controlplane.batches.validation_deadline import DeadlineStream, ValidationDeadlinePassed, attempt_stop_at
 from controlplane.core.errors import DomainError
 from controlplane.files.models import File

@@ -1,10 +1,9 @@
-"""Batch lifecycle: create, validate, cancel, expire. Only services change batch and shard rows,
-and every change writes a BatchEvent."""
+"""Batch lifecycle: create, validate, cancel, expire. The status changes themselves are transitions.py's
+(batch) and shards.py's (shard), which write each change's BatchEvent with it."""
 
 from __future__ import annotations
 
 import logging
-from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -21,17 +20,15 @@ from controlplane.batches.early_dispatch import (
     shards_discard,
     validation_attempt_begin,
 )
-from controlplane.batches.models import (
-    ACTIVE_STATUSES,
-    Batch,
-    BatchEvent,
-    BatchStatus,
-    Endpoint,
-    Shard,
-    ShardStatus,
-    StopReason,
+from controlplane.batches.models import ACTIVE_STATUSES, Batch, BatchStatus, Endpoint, Shard, StopReason
+from controlplane.batches.shards import shards_skip_pending
+from controlplane.batches.transitions import (
+    batch_end_validating,
+    batch_fail,
+    batch_start,
+    batch_stop_running,
+    event_record,
 )
-from controlplane.batches.usage_rows import held_usage_record
 from controlplane.batches.validation import validate_input
 from controlplane.batches.validation_deadline import DeadlineStream, ValidationDeadlinePassed, attempt_stop_at
 from controlplane.batches.windows import parse_completion_window
@@ -44,21 +41,8 @@ from controlplane.files.selectors import file_get
 from controlplane.files.storage import blob_delete, blob_open, blob_save
 from controlplane.tenants.models import Tenant
 from controlplane.usage.services import batch_origin_record
-from controlplane.webhooks.services import batch_event_emit
 
 logger = logging.getLogger(__name__)
-
-
-def event_record(*, batch_id: str, kind: str, message: str = "", shard_index: int | None = None) -> None:
-    BatchEvent.objects.create(batch_id=batch_id, kind=kind, message=message, shard_index=shard_index)
-    logger.info("batch=%s shard=%s %s %s", batch_id, shard_index, kind, message)
-
-
-def batch_terminal_notify(*, batch_id: str, status: str, at: datetime) -> None:
-    """The tenant's webhooks for a batch that just reached a terminal status (``batch.completed``, …). Call it
-    in the transaction that sets the status: the deliveries commit with it, and are only rows until then."""
-    tenant_id = Batch.objects.values_list("tenant_id", flat=True).get(id=batch_id)
-    batch_event_emit(tenant_id=tenant_id, batch_id=batch_id, event_type=f"batch.{status}", created_at=at)
 
 
 def metadata_validate(metadata: Any) -> dict[str, str] | None:
@@ -229,30 +213,23 @@ def _batch_validate_input(batch: Batch, attempt: int) -> None:
         return
     now = timezone.now()
     with transaction.atomic():
-        moved = Batch.objects.filter(id=batch.id, status=BatchStatus.VALIDATING, validation_attempt=attempt).update(
-            status=BatchStatus.IN_PROGRESS,
-            in_progress_at=now,
-            last_dispatched_at=now,
+        started = batch_start(
+            batch_id=batch.id,
+            attempt=attempt,
+            now=now,
             total_lines=result.total,
             work_units=result.work_units,
             model=result.model,
             model_snapshot=result.model_snapshot,
+            shards=len(result.shards),
+            added_early=early.added,
         )
-        if moved != 1:
+        if not started:
             # Cancelled or expired while we validated (its shards went with it), or superseded.
             transaction.on_commit(columns.discard)
             return
-        # The shards not yet added early, and the ledger rows of those that ran while the file was checked.
+        # The shards not yet added early.
         Shard.objects.bulk_create(shard_rows(batch.id, result.shards[early.added :]))
-        held = held_usage_record(batch_id=batch.id)
-        event_record(
-            batch_id=batch.id,
-            kind="in_progress",
-            message=(
-                f"{result.total} requests in {len(result.shards)} shards, model {result.model}"
-                + (f"; {early.added} added while validating, {held} of them done" if early.added else "")
-            ),
-        )
         # The batch is runnable: the dispatcher decides when its shards run (Postgres is the queue).
         dispatch.slots_topup_enqueue(result.model)
         if early.added:
@@ -300,33 +277,19 @@ def _enqueued_quota_error(batch: Batch, lines: int, work: int) -> dict[str, Any]
 def batch_validation_fail(batch: Batch, errors: list[dict[str, Any]], *, attempt: int | None = None) -> None:
     """Fail a validating batch (only as its current validation ``attempt``, when given); the shards that
     ran while it validated go with it (batches/early_dispatch.py)."""
-    now = timezone.now()
-    current = Batch.objects.filter(id=batch.id, status=BatchStatus.VALIDATING)
-    if attempt is not None:
-        current = current.filter(validation_attempt=attempt)
     with transaction.atomic():
-        moved = current.update(status=BatchStatus.FAILED, failed_at=now, errors={"object": "list", "data": errors})
-        if moved == 1:
+        if batch_fail(batch_id=batch.id, errors=errors, attempt=attempt, now=timezone.now()):
             shards_discard(batch_id=batch.id)
-            event_record(batch_id=batch.id, kind="failed", message=f"{len(errors)} validation errors")
-            batch_terminal_notify(batch_id=batch.id, status=BatchStatus.FAILED, at=now)
 
 
 def batch_cancel(*, batch: Batch) -> Batch:
     """Stop a batch, keeping every line already finished. Idempotent for a batch already stopping."""
     now = timezone.now()
     with transaction.atomic():
-        if Batch.objects.filter(id=batch.id, status=BatchStatus.VALIDATING).update(
-            status=BatchStatus.CANCELLED, stop_reason=StopReason.CANCEL, cancelling_at=now, cancelled_at=now
-        ):
+        if batch_end_validating(batch_id=batch.id, reason=StopReason.CANCEL, now=now):
             shards_discard(batch_id=batch.id)
-            event_record(batch_id=batch.id, kind="cancelled", message="cancelled before validation finished")
-            batch_terminal_notify(batch_id=batch.id, status=BatchStatus.CANCELLED, at=now)
-        elif Batch.objects.filter(id=batch.id, status=BatchStatus.IN_PROGRESS).update(
-            status=BatchStatus.CANCELLING, stop_reason=StopReason.CANCEL, cancelling_at=now
-        ):
-            _stop_pending_shards(batch.id)
-            event_record(batch_id=batch.id, kind="cancelling")
+        elif batch_stop_running(batch_id=batch.id, reason=StopReason.CANCEL, now=now):
+            shards_skip_pending(batch_id=batch.id)
             dispatch.batch_finalize_enqueue(batch.id)
         else:
             current = Batch.objects.get(id=batch.id)
@@ -335,12 +298,6 @@ def batch_cancel(*, batch: Batch) -> Batch:
                     f"Batch {batch.id} is {current.status} and can no longer be cancelled.", param="batch_id"
                 )
     return Batch.objects.get(id=batch.id)
-
-
-def _stop_pending_shards(batch_id: str) -> None:
-    Shard.objects.filter(batch_id=batch_id, status=ShardStatus.PENDING).update(
-        status=ShardStatus.SKIPPED, finished_at=timezone.now(), lease_expires_at=None, not_before=None
-    )
 
 
 def batches_expire() -> list[str]:
@@ -352,17 +309,10 @@ def batches_expire() -> list[str]:
         expires_at__lt=now, status__in=(BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS), stop_reason__isnull=True
     ).values_list("id", flat=True):
         with transaction.atomic():
-            if Batch.objects.filter(id=batch_id, status=BatchStatus.VALIDATING).update(
-                status=BatchStatus.EXPIRED, stop_reason=StopReason.EXPIRE, expired_at=now
-            ):
+            if batch_end_validating(batch_id=batch_id, reason=StopReason.EXPIRE, now=now):
                 shards_discard(batch_id=batch_id)
-                event_record(batch_id=batch_id, kind="expired", message="expired before validation finished")
-                batch_terminal_notify(batch_id=batch_id, status=BatchStatus.EXPIRED, at=now)
-            elif Batch.objects.filter(id=batch_id, status=BatchStatus.IN_PROGRESS, stop_reason__isnull=True).update(
-                stop_reason=StopReason.EXPIRE
-            ):
-                _stop_pending_shards(batch_id)
-                event_record(batch_id=batch_id, kind="expiring")
+            elif batch_stop_running(batch_id=batch_id, reason=StopReason.EXPIRE, now=now):
+                shards_skip_pending(batch_id=batch_id)
                 dispatch.batch_finalize_enqueue(batch_id)
             else:
                 continue

@@ -1,6 +1,11 @@
-"""Shard claims, leases, commits, releases and dead letters. Every write is a conditional UPDATE;
-``attempt`` is the fencing token, so a worker that lost its lease can never overwrite the work of the one
-that took over.
+"""The shard state machine's one writer: claims, leases, commits, releases, skips, rescues and dead letters.
+Every write of a shard's ``status`` is a function here (tests/batches/test_state_writers.py fails when one is
+written anywhere else), and each records its BatchEvent. Every write is a conditional UPDATE; ``attempt`` is
+the fencing token, so a worker that lost its lease can never overwrite the work of the one that took over.
+
+    pending ──claim──► running ──commit──► succeeded / stopped
+       ▲                  │ release (content failures spend the budget; at its end: dead)
+       └──────────────────┘ rescue (lease expired)       pending / running of a stopping batch ──► skipped
 
 Only failures caused by a shard's own content spend its budget (``content_failures`` against
 SHARD_MAX_ATTEMPTS); infrastructure faults (Triton down or restarting, no capacity, a lost worker) release
@@ -10,18 +15,16 @@ it (``shard_requeue``) or its batch finalizes and reports its lines as ``interna
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import DatabaseError, connection, transaction
+from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
-from controlplane.batches.services import event_record
+from controlplane.batches.transitions import event_record
 from controlplane.batches.usage_rows import shard_usage_from_row
 from controlplane.core import dispatch
 from controlplane.core.errors import Conflict, NotFound
@@ -37,80 +40,37 @@ def _lease_until() -> datetime:
     return timezone.now() + timedelta(seconds=settings.SHARD_LEASE_SECONDS)
 
 
-def lease_renew_interval() -> float:
-    """Renew every second (a quarter of a short lease at most): a lease survives a few missed renewals."""
-    return max(0.2, min(1.0, settings.SHARD_LEASE_SECONDS / 4))
-
-
-class LeaseKeeper:
-    """Renews a lease from a background thread for as long as the holder works, whatever it is doing
-    (reading its input, waiting for a model to load, a slow Triton call, uploading its part), so leases
-    can be short. ``lost`` is set once a renewal matched nothing: the holder must stop and publish
-    nothing. A database error is not a lost lease: the next tick tries again, and if the database stays
-    away the lease simply expires (the rescuer treats that as the infrastructure fault it is)."""
-
-    def __init__(self, renew: Callable[[], bool], *, name: str) -> None:
-        self.name = name
-        self.lost = threading.Event()
-        self._renew = renew
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-
-    def __enter__(self) -> LeaseKeeper:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def _run(self) -> None:
-        interval = lease_renew_interval()
-        try:
-            while not self._stop.wait(interval):
-                try:
-                    renewed = self._renew()
-                except DatabaseError:
-                    logger.warning("%s: renewing the lease failed; retrying", self.name, exc_info=True)
-                    connection.close()  # reconnect on the next tick
-                    continue
-                if not renewed:
-                    self.lost.set()
-                    return
-        finally:
-            connection.close()  # this thread's own connection
-
-
-def shard_claim(*, shard_id: int, owner: str) -> Shard | None:
-    """Take a pending shard of a running batch. None means someone else holds it, it is finished,
-    or its batch is stopping — in every case there is nothing for this caller to do."""
-    with transaction.atomic():
-        won = Shard.objects.filter(
-            id=shard_id,
-            status=ShardStatus.PENDING,
-            batch__status__in=RUNNABLE_BATCH_STATUSES,
-            batch__stop_reason__isnull=True,
-        ).update(
-            status=ShardStatus.RUNNING,
-            attempt=F("attempt") + 1,
-            lease_owner=owner,
-            lease_expires_at=_lease_until(),
-            started_at=timezone.now(),
-        )
-        if won != 1:
-            return None  # lost the race, or nothing to do
-        shard = Shard.objects.select_related("batch").get(id=shard_id)
-        event_record(
-            batch_id=shard.batch_id,
-            shard_index=shard.index,
-            kind="shard_claimed",
-            message=f"attempt {shard.attempt} by {owner}",
-        )
+def shard_claim_selected(*, shard_id: int, owner: str, now: datetime) -> Shard | None:
+    """Take the pending shard the scheduler selected by policy (scheduling/claims.py), in its transaction and
+    under its row lock: attempt + 1 (the new fencing token), a fresh lease. None when the shard is no longer
+    pending — SQLite has no row locks, and a caller that selected without one must not take a running shard
+    from its worker."""
+    won = Shard.objects.filter(id=shard_id, status=ShardStatus.PENDING).update(
+        status=ShardStatus.RUNNING,
+        attempt=F("attempt") + 1,
+        lease_owner=owner,
+        not_before=None,
+        lease_expires_at=now + timedelta(seconds=settings.SHARD_LEASE_SECONDS),
+        started_at=now,
+    )
+    if won != 1:
+        return None
+    shard = Shard.objects.select_related("batch", "batch__tenant").get(id=shard_id)
+    event_record(
+        batch_id=shard.batch_id,
+        shard_index=shard.index,
+        kind="shard_claimed",
+        message=f"attempt {shard.attempt} by {owner}",
+    )
     return shard
+
+
+def shards_skip_pending(*, batch_id: str) -> int:
+    """A batch stops (cancel, expiry): its pending shards close as ``skipped`` without running (their lines
+    become batch_cancelled / batch_expired); running ones stop between calls. In the stop's transaction."""
+    return Shard.objects.filter(batch_id=batch_id, status=ShardStatus.PENDING).update(
+        status=ShardStatus.SKIPPED, finished_at=timezone.now(), lease_expires_at=None, not_before=None
+    )
 
 
 def shard_skip_if_stopping(*, shard_id: int) -> bool:

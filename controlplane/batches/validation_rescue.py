@@ -11,7 +11,8 @@ from django.db.models import Max, Q
 from django.utils import timezone
 
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus
-from controlplane.batches.services import batch_validation_fail, event_record, validation_error_entry
+from controlplane.batches.services import batch_validation_fail, validation_error_entry
+from controlplane.batches.transitions import event_record
 from controlplane.batches.validation_deadline import VALIDATION_ATTEMPT_EVENTS
 from controlplane.core import dispatch
 

@@ -1,16 +1,15 @@
-"""The shard table's answers to what fleet asks (fleet/work.py): live demand, finished work, backlog by batch
-deadline and the shards routed to a server. Registered as fleet's WorkSource in apps.py."""
+"""The shard table's answers to what fleet asks (fleet/work.py): live demand, backlog by batch deadline and
+the shards routed to a server. Registered as fleet's WorkSource in apps.py."""
 
 from __future__ import annotations
 
 import re
-from datetime import datetime
 
-from django.db.models import Count, F, Q, Sum
+from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from controlplane.batches.models import BatchStatus, Shard, ShardStatus
-from controlplane.fleet.work import BatchBacklog, Demand, FinishedWork
+from controlplane.fleet.work import BatchBacklog, Demand
 
 
 class ShardWork:
@@ -22,24 +21,16 @@ class ShardWork:
                 batch__stop_reason__isnull=True,
             )
             .values("batch__model")
-            .annotate(lines=Sum("request_count"), running=Count("id", filter=Q(status=ShardStatus.RUNNING)))
-        )
-        return {row["batch__model"]: Demand(int(row["lines"] or 0), int(row["running"])) for row in rows}
-
-    def finished_since(self, since: datetime) -> list[FinishedWork]:
-        rows = (
-            Shard.objects.filter(status=ShardStatus.SUCCEEDED, finished_at__gte=since, started_at__isnull=False)
-            .values("batch__model")
-            .annotate(lines=Sum(F("completed_lines") + F("failed_lines")), busy=Sum(F("finished_at") - F("started_at")))
-        )
-        return [
-            FinishedWork(
-                model=row["batch__model"],
-                lines=int(row["lines"] or 0),
-                busy_seconds=row["busy"].total_seconds() if row["busy"] else 0.0,
+            .annotate(
+                lines=Sum("request_count"),
+                work=Sum("work_units"),
+                running=Count("id", filter=Q(status=ShardStatus.RUNNING)),
             )
+        )
+        return {
+            row["batch__model"]: Demand(int(row["lines"] or 0), int(row["running"]), float(row["work"] or 0))
             for row in rows
-        ]
+        }
 
     def schedulable_backlog(self) -> list[BatchBacklog]:
         # Pending work of a paused tenant is left out: it cannot run, so servers would not help it.

@@ -101,7 +101,7 @@ class CatalogueModelAdmin(AuditedAdmin, admin.ModelAdmin):
     )
     list_filter = ("kind", "is_enabled", "paused")
     search_fields = ("name", "triton_name")
-    readonly_fields = ("lines_per_second_per_instance", "last_active_at")
+    readonly_fields = ("seconds_per_work_unit", "last_active_at")
     # Pausing goes through the actions (fleet.services.model_set_paused): they write a PlacementEvent and top up slots.
     actions = ("pause_dispatch", "resume_dispatch")
     fieldsets = (
@@ -132,7 +132,7 @@ class CatalogueModelAdmin(AuditedAdmin, admin.ModelAdmin):
                     "memory_per_instance_bytes",
                     "load_seconds",
                     "gpus_per_instance",
-                    "lines_per_second_per_instance",
+                    "seconds_per_work_unit",
                     "last_active_at",
                 ),
             },

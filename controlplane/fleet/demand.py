@@ -1,41 +1,47 @@
-"""The demand signal the planner reads: pending lines per model (from the batch pipeline through fleet/work.py), measured lines/s
-per instance (smoothed), and when each model last had work."""
+"""The demand signal the planner reads: pending lines per model (from the batch pipeline through fleet/work.py),
+each model's speed per instance (from the scheduler's measured seconds per work unit), and when each model
+last had work."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
+from django.conf import settings
 from django.utils import timezone
 
 from controlplane.fleet.models import CatalogueModel
 from controlplane.fleet.work import Demand, work_source
 
-__all__ = ["Demand", "activity_touch", "demand_by_model", "throughput_refresh"]
-
-# Throughput is averaged over recently finished shards, then smoothed: one slow shard (a cold model,
-# a long text) must not halve the instance count the planner asks for.
-THROUGHPUT_WINDOW = timedelta(minutes=5)
-SMOOTHING = 0.5
+__all__ = [
+    "Demand",
+    "activity_touch",
+    "demand_by_model",
+    "lines_per_second_per_instance",
+    "units_per_second_per_instance",
+]
 
 
 def demand_by_model() -> dict[str, Demand]:
-    """Catalogue name → lines waiting or running in shards of live batches."""
+    """Catalogue name → lines (and work units) waiting or running in shards of live batches."""
     return work_source().demand_by_model()
 
 
-def throughput_refresh() -> None:
-    """Update each model's smoothed lines/s per instance from shards finished in the window."""
-    since = timezone.now() - THROUGHPUT_WINDOW
-    for done in work_source().finished_since(since):
-        if done.busy_seconds <= 0 or not done.lines:
-            continue
-        measured = done.lines / done.busy_seconds
-        model = CatalogueModel.objects.filter(name=done.model).first()
-        if model is None:
-            continue
-        old = model.lines_per_second_per_instance
-        model.lines_per_second_per_instance = measured if old <= 0 else SMOOTHING * measured + (1 - SMOOTHING) * old
-        model.save(update_fields=["lines_per_second_per_instance"])
+def units_per_second_per_instance(model: CatalogueModel) -> float:
+    """Work units per second one instance serves (0 = unknown). ``seconds_per_work_unit`` is measured per
+    dispatch slot (scheduling/claims.py), and an instance takes SCHEDULER_CALLS_PER_INSTANCE calls, a slot
+    DISPATCH_INFLIGHT_CALLS of them."""
+    if model.seconds_per_work_unit <= 0:
+        return 0.0
+    slots_per_instance = settings.SCHEDULER_CALLS_PER_INSTANCE / settings.DISPATCH_INFLIGHT_CALLS
+    return slots_per_instance / model.seconds_per_work_unit
+
+
+def lines_per_second_per_instance(model: CatalogueModel, demand: Demand | None) -> float:
+    """The planner's rate, in the lines it counts: work units per second converted at the pending work's own
+    lines per unit (a line's tokens or rows), so long texts ask for more instances than short ones. 0 when
+    either is unknown (the planner then keeps the size of a busy model)."""
+    units = units_per_second_per_instance(model)
+    if demand is None or units <= 0 or demand.pending_work_units <= 0:
+        return 0.0
+    return units * demand.pending_lines / demand.pending_work_units
 
 
 def activity_touch(names: list[str]) -> None:

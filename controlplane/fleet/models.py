@@ -31,12 +31,16 @@ class CatalogueModel(models.Model):
     gpus_per_instance = models.PositiveIntegerField(default=1)
     min_instances = models.PositiveIntegerField(default=0)
     max_instances = models.PositiveIntegerField(default=4)
-    lines_per_second_per_instance = models.FloatField(default=0.0, help_text="Smoothed measured throughput")
     # Scheduling (controlplane/scheduling/): the cap on Triton calls in flight for this model across
     # the fleet; empty means derived from ready instances (SCHEDULER_CALLS_PER_INSTANCE each).
     max_inflight_calls = models.PositiveIntegerField(null=True, blank=True)
-    # Measured shard seconds per work unit (token or row) for one dispatch slot, smoothed; declared
-    # until the first shard finishes. Shards are sized from it to run SCHEDULER_SHARD_SECONDS.
+    # The model's one speed estimate: measured shard seconds per work unit (token or row) for one dispatch
+    # slot, smoothed at every commit (scheduling/claims.py); declared in the seed until the first shard
+    # finishes. Work units are the unit everything else is counted in — shards are sized by them, tenants
+    # charged, deadlines and queue estimates computed — and a slot's cycle is what is actually measured,
+    # claim and commit included. A lines/s figure would drift with the length of the lines being served;
+    # the planner derives its lines/s per instance from this at the pending work's lines per unit
+    # (fleet/demand.py), and the fleet-size loop uses work units directly (fleet/size_plans.py).
     seconds_per_work_unit = models.FloatField(default=0.0005)
     paused = models.BooleanField(default=False, help_text="No new shard of this model is dispatched.")
     pin_server = models.ForeignKey("TritonServer", on_delete=models.SET_NULL, null=True, blank=True, related_name="+")

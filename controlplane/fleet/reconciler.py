@@ -22,7 +22,7 @@ from django.utils import timezone
 from controlplane.core import dispatch
 from controlplane.fleet import planner
 from controlplane.fleet import planner_types as pt
-from controlplane.fleet.demand import activity_touch, demand_by_model, throughput_refresh
+from controlplane.fleet.demand import activity_touch, demand_by_model, lines_per_second_per_instance
 from controlplane.fleet.models import (
     CatalogueModel,
     FleetLock,
@@ -142,7 +142,7 @@ def planner_inputs(now: float) -> tuple:
             pt.ModelDemand(
                 model=m.triton_name,
                 pending_lines=d.pending_lines if d else 0,
-                lines_per_second_per_instance=m.lines_per_second_per_instance,
+                lines_per_second_per_instance=lines_per_second_per_instance(m, d),
                 last_active_at=m.last_active_at.timestamp() if m.last_active_at else None,
                 in_flight=d.in_flight_shards if d else 0,
             )
@@ -184,7 +184,6 @@ def fleet_reconcile(*, actor: str = "reconciler") -> ReconcileReport:
     if not lock_acquire("reconcile", ttl_s=settings.FLEET_RECONCILE_LOCK_SECONDS):
         return ReconcileReport(ran=False)
     try:
-        throughput_refresh()
         servers = list(TritonServer.objects.all())
         _sync_actual_state(servers)
         result = planner.plan(*planner_inputs(time.time()))

@@ -17,7 +17,6 @@ SEED = [
         "memory_per_instance_bytes": 512 * 1024**2,
         "load_seconds": 15.0,
         "max_instances": 2,
-        "lines_per_second_per_instance": 20.0,
         # ~40 lines/s of ~25 tokens per dispatch slot on this 2-core host: shards of ~0.5 s are ~500 tokens.
         "seconds_per_work_unit": 0.001,
     },
@@ -32,7 +31,6 @@ SEED = [
         "memory_per_instance_bytes": 64 * 1024**2,
         "load_seconds": 2.0,
         "max_instances": 4,
-        "lines_per_second_per_instance": 100.0,
         # A [1, 4] row costs the control plane ~0.3 ms; the model itself nearly nothing.
         "seconds_per_work_unit": 0.0003,
     },
@@ -47,7 +45,6 @@ SEED = [
         "memory_per_instance_bytes": 64 * 1024**2,
         "load_seconds": 2.0,
         "max_instances": 4,
-        "lines_per_second_per_instance": 100.0,
         # A [1, 4] row costs the control plane ~0.3 ms; the model itself nearly nothing.
         "seconds_per_work_unit": 0.0003,
     },

@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from controlplane.fleet import sizing
 from controlplane.fleet import sizing_types as st
+from controlplane.fleet.demand import units_per_second_per_instance
 from controlplane.fleet.models import (
     CatalogueModel,
     FleetSizePlan,
@@ -50,17 +51,12 @@ def _backlogs(now: datetime) -> list[st.ModelBacklog]:
         running[model.name] += row.running_shards
         left = (row.expires_at - now).total_seconds()
         work[model.name].append(st.DeadlineWork(seconds_left=left, work_units=units))
-    # One slot (a shard at a time) per DISPATCH_INFLIGHT_CALLS calls; an instance takes CALLS_PER_INSTANCE.
-    slots_per_instance = settings.SCHEDULER_CALLS_PER_INSTANCE / settings.DISPATCH_INFLIGHT_CALLS
     return [
         st.ModelBacklog(
             model=name,
             pool=m.pool,
             work_units=sum(d.work_units for d in work[name]),
-            # seconds_per_work_unit is measured per slot (scheduling/claims.py).
-            units_per_second_per_instance=slots_per_instance / m.seconds_per_work_unit
-            if m.seconds_per_work_unit > 0
-            else 0.0,
+            units_per_second_per_instance=units_per_second_per_instance(m),
             deadlines=tuple(work[name]),
             in_flight=running[name],
             memory_per_instance_bytes=m.memory_per_instance_bytes,

@@ -16,19 +16,12 @@ from django.core.exceptions import ImproperlyConfigured
 
 @dataclass(frozen=True)
 class Demand:
-    """A model's live work: lines waiting or running in shards of running batches, and shards in flight."""
+    """A model's live work: lines waiting or running in shards of running batches, the work units they hold
+    (tokens or rows: the unit the model's speed is measured in), and shards in flight."""
 
     pending_lines: int
     in_flight_shards: int
-
-
-@dataclass(frozen=True)
-class FinishedWork:
-    """Shards of a model that succeeded in a window: lines answered and the seconds they ran."""
-
-    model: str
-    lines: int
-    busy_seconds: float
+    pending_work_units: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -46,8 +39,6 @@ class BatchBacklog:
 
 class WorkSource(Protocol):
     def demand_by_model(self) -> dict[str, Demand]: ...
-
-    def finished_since(self, since: datetime) -> list[FinishedWork]: ...
 
     def schedulable_backlog(self) -> list[BatchBacklog]: ...
 

@@ -7,15 +7,15 @@ neither waits on the other's row. The claimed work is charged to the tenant's vi
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
 from controlplane.batches.models import Batch, Endpoint, Shard, ShardStatus
-from controlplane.batches.services import event_record
+from controlplane.batches.shards import shard_claim_selected
+from controlplane.batches.transitions import event_record
 from controlplane.fleet.models import CatalogueModel
 from controlplane.scheduling import policy, selectors
 from controlplane.scheduling.models import SchedulerClock, TenantShare
@@ -43,24 +43,10 @@ def shard_claim_next(*, model: CatalogueModel, owner: str) -> Shard | None:
             )
             if shard_id is None:
                 continue  # its shards were claimed by someone else since the ranking was read
-            won = Shard.objects.filter(id=shard_id, status=ShardStatus.PENDING).update(
-                status=ShardStatus.RUNNING,
-                attempt=F("attempt") + 1,
-                lease_owner=owner,
-                not_before=None,
-                lease_expires_at=now + timedelta(seconds=settings.SHARD_LEASE_SECONDS),
-                started_at=now,
-            )
-            if won != 1:
-                continue  # SQLite has no row locks; its single writer makes this unreachable, but be safe
-            shard = Shard.objects.select_related("batch", "batch__tenant").get(id=shard_id)
+            shard = shard_claim_selected(shard_id=shard_id, owner=owner, now=now)
+            if shard is None:
+                continue  # no longer pending (SQLite has no row locks to keep it so)
             _charge(tenant_id=shard.batch.tenant_id, weight=shard.batch.tenant.weight, work=shard.work_units, now=now)
-            event_record(
-                batch_id=shard.batch_id,
-                shard_index=shard.index,
-                kind="shard_claimed",
-                message=f"attempt {shard.attempt} by {owner}",
-            )
             promote = not candidate.deadline_promoted and policy.deadline_at_risk(
                 candidate, now.timestamp(), selectors.policy_config()
             )

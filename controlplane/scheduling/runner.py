@@ -7,13 +7,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
 from django.conf import settings
 
 from controlplane.batches.backend import InferenceBackend
 from controlplane.batches.execution import shard_execute
-from controlplane.batches.shards import LeaseKeeper
+from controlplane.batches.leases import LeaseKeeper
 from controlplane.core.database import when_database_answers
 from controlplane.core.logs import log_context_bind
 from controlplane.fleet.models import CatalogueModel
@@ -22,6 +23,18 @@ from controlplane.scheduling.slots import slot_finish, slot_renew, slot_start, s
 from controlplane.triton.client import TransientTritonError
 
 logger = logging.getLogger(__name__)
+
+# A cycle's outcome when the model had nowhere to run (no ready placement, server down): nothing was claimed.
+UNROUTABLE = "unroutable"
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """What one cycle of a slot did: ``outcome`` is shard_execute's for the shard it claimed (succeeded,
+    stopped, deferred, retry, dead, skipped, stale, lease_lost), or UNROUTABLE with ``shard_id`` None."""
+
+    outcome: str
+    shard_id: int | None = None
 
 
 def slot_run(*, slot_id: int, owner: str, backend_factory: Callable[[str], InferenceBackend]) -> int:
@@ -61,22 +74,35 @@ def _run_shards(
     ran = 0
     deadline = time.monotonic() + settings.SCHEDULER_SLOT_BUDGET_SECONDS
     while time.monotonic() < deadline and not keeper.lost.is_set():
-        cycle_started = time.monotonic()  # what a shard costs its slot: routing, claim, run, commit
-        try:
-            backend = backend_factory(model.triton_name)
-        except TransientTritonError as exc:
-            # Nowhere to run it (no ready placement, server down): shards stay pending, unclaimed;
-            # the next top-up (placement change, beat) gives the model a slot again.
-            logger.info("%s: model %s has nowhere to run: %s", keeper.name, model.name, exc)
-            return ran, True
-        shard = shard_claim_next(model=model, owner=owner)
-        if shard is None:
+        cycle = shard_run_next(model=model, owner=owner, backend_factory=backend_factory)
+        if cycle is None:
             break
-        log_context_bind(batch_id=shard.batch_id, shard_id=shard.id, shard_index=shard.index, attempt=shard.attempt)
-        outcome = shard_execute(shard=shard, model=model, backend=backend)
+        if cycle.outcome == UNROUTABLE:
+            # Shards stay pending, unclaimed; the next top-up (placement change, beat) gives the model a slot.
+            return ran, True
         ran += 1
-        if outcome == "succeeded":
-            shard_settle(shard_id=shard.id, cycle_seconds=time.monotonic() - cycle_started)
-        if outcome == "deferred":
+        if cycle.outcome == "deferred":
             return ran, True  # Triton is away: the slot ends rather than claim shards it cannot run
     return ran, False
+
+
+def shard_run_next(
+    *, model: CatalogueModel, owner: str, backend_factory: Callable[[str], InferenceBackend]
+) -> Cycle | None:
+    """One cycle of a slot: route the model, claim the shard the policy serves next (shard_claim_next: SKIP
+    LOCKED, runnable shards only, charged to the tenant's fair share), run it and settle it. None when
+    nothing of the model is runnable. The one way shards run, in workers and in tests alike."""
+    started = time.monotonic()  # what a shard costs its slot: routing, claim, run, commit
+    try:
+        backend = backend_factory(model.triton_name)
+    except TransientTritonError as exc:
+        logger.info("%s: model %s has nowhere to run: %s", owner, model.name, exc)
+        return Cycle(UNROUTABLE)
+    shard = shard_claim_next(model=model, owner=owner)
+    if shard is None:
+        return None
+    log_context_bind(batch_id=shard.batch_id, shard_id=shard.id, shard_index=shard.index, attempt=shard.attempt)
+    outcome = shard_execute(shard=shard, model=model, backend=backend)
+    if outcome == "succeeded":
+        shard_settle(shard_id=shard.id, cycle_seconds=time.monotonic() - started)
+    return Cycle(outcome, shard.id)

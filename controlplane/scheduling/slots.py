@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.batches.shards import lease_renew_interval
+from controlplane.batches.leases import lease_renew_interval
 from controlplane.core import dispatch
 from controlplane.fleet.models import CatalogueModel
 from controlplane.scheduling import selectors
@@ -65,7 +65,7 @@ def _topup_one(model_id: int) -> tuple[str, int]:
 
 def _running_lease() -> timedelta:
     # Three renewals (3 s by default): the slot runner renews it every second in the background while its
-    # shards run (runner.slot_run, batches.shards.LeaseKeeper), so a live slot survives two missed renewals,
+    # shards run (runner.slot_run, batches.leases.LeaseKeeper), so a live slot survives two missed renewals,
     # and a killed worker's slots stop counting against the cap within seconds. It used to be a whole shard
     # lease (10 s): the model's other shards then waited that long after every worker death, and rescued
     # shards of one kill waited again for the slots of the next (tests/chaos measured 20 s).

@@ -22,7 +22,6 @@ from controlplane.batches.columns import (
     columns_decode,
     columns_encode,
 )
-from controlplane.batches.execution import shard_run
 from controlplane.batches.models import Batch, BatchStatus, Shard
 from controlplane.batches.packing import pack_tensors
 from controlplane.batches.quickcheck import FastLane
@@ -34,6 +33,7 @@ from controlplane.files.storage import blob_open, blob_save, blob_storage
 from tests.batches.helpers import jsonl, tensor_line, upload
 from tests.batches.test_fastparse import DTYPES, _assert_same_arrays, _model, _values
 from tests.fakes import FakeBackend
+from tests.running import run_shard
 
 OUTPUTS = ["Y", "Z"]
 
@@ -190,7 +190,7 @@ def _validated(tenant, lines) -> Batch:
 def _run_all(batch: Batch) -> list[str]:
     backend = FakeBackend()
     for shard in Shard.objects.filter(batch=batch).order_by("index"):
-        assert shard_run(shard_id=shard.id, owner="w", backend_factory=lambda name: backend) == "succeeded"
+        assert run_shard(shard, backend, owner="w") == "succeeded"
     batch.refresh_from_db()
     assert batch.status == BatchStatus.COMPLETED
     with blob_open(File.objects.get(id=batch.output_file_id).storage_name) as fh:

@@ -5,20 +5,24 @@ which an operator can requeue while its batch is open. Leases are kept by a keep
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from controlplane.batches import services
-from controlplane.batches.execution import ShardDeferred, shard_run
 from controlplane.batches.finalize import batch_try_finalize
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard, ShardStatus
-from controlplane.batches.shards import shard_claim, shard_requeue, shards_rescue
+from controlplane.batches.shards import shard_requeue, shards_rescue
 from controlplane.core import dispatch
 from controlplane.core.errors import Conflict
+from controlplane.fleet.models import CatalogueModel
+from controlplane.scheduling.claims import shard_claim_next
 from controlplane.triton.client import PermanentTritonError, TransientTritonError
 from tests.batches.helpers import embedding_line
 from tests.batches.test_lifecycle import _create, _read
 from tests.fakes import FakeBackend
+from tests.running import run_shard
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -45,7 +49,17 @@ def _validated(tenant, count: int) -> Batch:
 
 
 def _run(shard: Shard, backend: FakeBackend) -> str:
-    return shard_run(shard_id=shard.id, owner="t", backend_factory=lambda name: backend)
+    """Run the shard the scheduler serves next, which must be ``shard``."""
+    return run_shard(shard, backend, owner="t")
+
+
+def _backoff_passes(shard: Shard) -> None:
+    """A released shard waits in its row (not_before) before a slot may claim it again; let that time pass."""
+    Shard.objects.filter(id=shard.id).update(not_before=timezone.now() - timedelta(seconds=1))
+
+
+def _claim(owner: str) -> Shard | None:
+    return shard_claim_next(model=CatalogueModel.objects.get(name="all-MiniLM-L6-v2"), owner=owner)
 
 
 def test_content_failures_spend_attempts_and_end_in_a_dead_letter(tenant, sent, settings):
@@ -55,6 +69,7 @@ def test_content_failures_spend_attempts_and_end_in_a_dead_letter(tenant, sent, 
     assert _run(shard, CrashingBackend()) == "retry"
     shard.refresh_from_db()
     assert (shard.status, shard.content_failures, shard.attempt) == (ShardStatus.PENDING, 1, 1)
+    _backoff_passes(shard)
     assert _run(shard, CrashingBackend()) == "dead"
     shard.refresh_from_db()
     assert (shard.status, shard.content_failures) == (ShardStatus.DEAD, 2)
@@ -77,8 +92,8 @@ def test_a_model_that_will_not_load_spends_nothing(tenant, sent, settings):
     batch = _validated(tenant, 2)
     shard = Shard.objects.get(batch=batch)
     for _ in range(3):
-        with pytest.raises(ShardDeferred):
-            _run(shard, Unloadable())
+        assert _run(shard, Unloadable()) == "deferred"  # back to pending, for free: the slot ends
+        _backoff_passes(shard)
     shard.refresh_from_db()
     assert (shard.status, shard.content_failures) == (ShardStatus.PENDING, 0)
     assert "could not be prepared" in shard.last_error
@@ -89,7 +104,8 @@ def test_a_lost_worker_spends_nothing(tenant, sent, settings):
     batch = _validated(tenant, 2)
     shard = Shard.objects.get(batch=batch)
     for attempt in range(1, 4):  # three workers die holding it
-        assert shard_claim(shard_id=shard.id, owner=f"w{attempt}") is not None
+        claimed = _claim(f"w{attempt}")
+        assert claimed is not None and claimed.id == shard.id
         Shard.objects.filter(id=shard.id).update(lease_expires_at="2000-01-01T00:00:00Z")
         assert shards_rescue() == [shard.id]
     shard.refresh_from_db()
@@ -103,7 +119,8 @@ def test_a_shard_that_loses_every_worker_becomes_a_dead_letter(tenant, sent, set
     batch = _validated(tenant, 2)
     shard = Shard.objects.get(batch=batch)
     for attempt in range(1, 4):
-        assert shard_claim(shard_id=shard.id, owner=f"w{attempt}") is not None
+        claimed = _claim(f"w{attempt}")
+        assert claimed is not None and claimed.id == shard.id
         Shard.objects.filter(id=shard.id).update(lease_expires_at="2000-01-01T00:00:00Z")
         runnable = shards_rescue()
         assert runnable == ([shard.id] if attempt < 3 else [])

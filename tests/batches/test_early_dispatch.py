@@ -11,18 +11,20 @@ import json
 import pytest
 
 from controlplane.batches import early_dispatch, services
-from controlplane.batches.execution import shard_execute, shard_run
+from controlplane.batches.execution import shard_execute
 from controlplane.batches.finalize import batch_try_finalize
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard, ShardStatus
 from controlplane.batches.pinning import pinned_model
 from controlplane.batches.render import batch_render
-from controlplane.batches.shards import shard_claim
 from controlplane.core import dispatch
 from controlplane.files.models import File
 from controlplane.files.storage import blob_open, blob_storage
+from controlplane.fleet.models import CatalogueModel
+from controlplane.scheduling.claims import shard_claim_next
 from controlplane.usage.models import UsageRecord
 from tests.batches.helpers import jsonl, tensor_line, upload
 from tests.fakes import FakeBackend
+from tests.running import run_batch, run_shard
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -41,7 +43,8 @@ def _create(tenant, lines) -> Batch:
 
 
 def _run(shard: Shard, backend: FakeBackend) -> str:
-    return shard_run(shard_id=shard.id, owner="early-worker", backend_factory=lambda name: backend)
+    """Run the shard the scheduler serves next, which must be ``shard``."""
+    return run_shard(shard, backend, owner="early-worker")
 
 
 def _on_flush(monkeypatch, hook):
@@ -113,8 +116,7 @@ def test_all_shards_done_while_validating_still_finalize(tenant, eager, monkeypa
     backend = FakeBackend()
 
     def worker(batch_id, flush):
-        for shard in Shard.objects.filter(batch_id=batch_id, status=ShardStatus.PENDING):
-            _run(shard, backend)
+        run_batch(Batch.objects.get(id=batch_id), backend, owner="early-worker")
 
     _on_flush(monkeypatch, worker)
     finalize_sent = []
@@ -135,7 +137,7 @@ def test_a_file_found_invalid_late_discards_the_work_already_done(tenant, eager,
     parts = []
 
     def worker(batch_id, flush):
-        for shard in Shard.objects.filter(batch_id=batch_id, status=ShardStatus.PENDING):
+        for shard in Shard.objects.filter(batch_id=batch_id, status=ShardStatus.PENDING).order_by("index"):
             assert _run(shard, backend) == "succeeded"
             parts.append(Shard.objects.get(id=shard.id).part_name)
 
@@ -163,7 +165,9 @@ def test_cancel_while_validating_discards_shards_and_a_running_one_publishes_not
     def worker(batch_id, flush):
         if flush == 1:
             first = Shard.objects.get(batch_id=batch_id, index=0)
-            state["claimed"] = shard_claim(shard_id=first.id, owner="slow-worker")  # running, not finished
+            claimed = shard_claim_next(model=CatalogueModel.objects.get(name="identity"), owner="slow-worker")
+            assert claimed is not None and claimed.id == first.id
+            state["claimed"] = claimed  # running, not finished
             services.batch_cancel(batch=Batch.objects.get(id=batch_id))
 
     _on_flush(monkeypatch, worker)
@@ -202,8 +206,7 @@ def test_a_newer_attempt_supersedes_the_running_one(tenant, eager, monkeypatch):
     batch.refresh_from_db()
     assert batch.status == BatchStatus.IN_PROGRESS and batch.validation_attempt == 3
     assert list(Shard.objects.filter(batch=batch).order_by("index").values_list("index", flat=True)) == [0, 1, 2]
-    for shard in Shard.objects.filter(batch=batch):
-        _run(shard, backend)
+    assert run_batch(batch, backend, owner="early-worker") == ["succeeded"] * 3
     batch.refresh_from_db()
     assert batch.status == BatchStatus.COMPLETED and batch.completed_lines == 10
 

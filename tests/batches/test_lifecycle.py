@@ -7,7 +7,6 @@ import json
 import pytest
 
 from controlplane.batches import services
-from controlplane.batches.execution import shard_run
 from controlplane.batches.finalize import batch_try_finalize
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
 from controlplane.core import dispatch
@@ -15,6 +14,7 @@ from controlplane.files.models import File
 from controlplane.files.storage import blob_open
 from tests.batches.helpers import embedding_line, jsonl, tensor_line, upload
 from tests.fakes import FakeBackend, fake_embedding
+from tests.running import run_batch, run_next, run_shard
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -28,8 +28,7 @@ def _create(tenant, lines, endpoint="/v1/embeddings", **kw) -> Batch:
 
 
 def _run_all(batch: Batch, backend: FakeBackend) -> Batch:
-    for shard in Shard.objects.filter(batch=batch).order_by("index"):
-        shard_run(shard_id=shard.id, owner="test", backend_factory=lambda name: backend)
+    run_batch(batch, backend)
     return Batch.objects.get(id=batch.id)
 
 
@@ -107,19 +106,22 @@ def test_permanent_error_is_pinned_to_its_line(tenant, eager):
 
 
 def test_stale_attempt_cannot_commit(tenant, eager):
-    from controlplane.batches.shards import PartSummary, shard_claim, shard_commit, shards_rescue
+    from controlplane.batches.shards import PartSummary, shard_commit, shards_rescue
+    from controlplane.fleet.models import CatalogueModel
+    from controlplane.scheduling.claims import shard_claim_next
 
     batch = _create(tenant, [embedding_line("a", "x")])
     services.batch_validate(batch_id=batch.id)
     shard = Shard.objects.get(batch=batch)
-    first = shard_claim(shard_id=shard.id, owner="w1")
-    assert first is not None and first.attempt == 1
-    assert shard_claim(shard_id=shard.id, owner="w2") is None  # held
+    model = CatalogueModel.objects.get(name="all-MiniLM-L6-v2")
+    first = shard_claim_next(model=model, owner="w1")
+    assert first is not None and (first.id, first.attempt) == (shard.id, 1)
+    assert shard_claim_next(model=model, owner="w2") is None  # held
     # Worker 1 is presumed dead: its lease expires and the rescuer hands the shard out again.
     Shard.objects.filter(id=shard.id).update(lease_expires_at="2000-01-01T00:00:00Z")
     shards_rescue()
-    second = shard_claim(shard_id=shard.id, owner="w2")
-    assert second is not None and second.attempt == 2
+    second = shard_claim_next(model=model, owner="w2")
+    assert second is not None and (second.id, second.attempt) == (shard.id, 2)
     summary = PartSummary(part_name="parts/x", completed=1, failed=0, prompt_tokens=1, stopped=False)
     assert shard_commit(shard_id=shard.id, attempt=1, summary=summary) is False
     assert shard_commit(shard_id=shard.id, attempt=2, summary=summary) is True
@@ -131,8 +133,7 @@ def test_cancel_keeps_finished_lines_and_accounts_for_the_rest(tenant, eager):
     lines = [embedding_line(f"r{i}", f"text {i}") for i in range(12)]
     batch = _create(tenant, lines)
     services.batch_validate(batch_id=batch.id)
-    first_shard = Shard.objects.get(batch=batch, index=0)
-    shard_run(shard_id=first_shard.id, owner="t", backend_factory=lambda name: FakeBackend())
+    assert run_shard(Shard.objects.get(batch=batch, index=0), FakeBackend()) == "succeeded"
     services.batch_cancel(batch=Batch.objects.get(id=batch.id))
     assert Batch.objects.get(id=batch.id).status == BatchStatus.CANCELLING
     batch_try_finalize(batch_id=batch.id)
@@ -162,14 +163,17 @@ def test_a_cancelled_batch_writing_its_files_shows_cancelling_not_finalizing(ten
 
 
 def test_expiry_marks_unfinished_lines_batch_expired(tenant, eager):
+    from datetime import timedelta
+
     from django.utils import timezone
 
     lines = [embedding_line(f"r{i}", f"text {i}") for i in range(8)]
     batch = _create(tenant, lines)
     services.batch_validate(batch_id=batch.id)
-    shard_run(
-        shard_id=Shard.objects.get(batch=batch, index=1).id, owner="t", backend_factory=lambda name: FakeBackend()
-    )
+    # Shard 0 waits out a backoff (as after a transient failure), so the slot serves shard 1 first: the
+    # finished lines are then the later ones, and the expired ones come before them in the input.
+    Shard.objects.filter(batch=batch, index=0).update(not_before=timezone.now() + timedelta(hours=1))
+    assert run_shard(Shard.objects.get(batch=batch, index=1), FakeBackend()) == "succeeded"
     Batch.objects.filter(id=batch.id).update(expires_at=timezone.now())
     assert services.batches_expire() == [batch.id]
     batch_try_finalize(batch_id=batch.id)
@@ -181,20 +185,29 @@ def test_expiry_marks_unfinished_lines_batch_expired(tenant, eager):
     assert {e["error"]["code"] for e in errors} == {"batch_expired"}
 
 
-def test_transient_failures_release_the_shard_without_spending_attempts(tenant, eager, settings):
-    from controlplane.batches.execution import ShardDeferred
+def test_transient_failures_release_the_shard_without_spending_attempts(tenant, eager, settings, monkeypatch):
+    from datetime import timedelta
 
+    from django.utils import timezone
+
+    from controlplane.batches import shards
+
+    # A backoff no busy machine outlasts between the release and the next claim below.
+    monkeypatch.setattr(shards, "RELEASE_BACKOFF_SECONDS", 60.0)
+    monkeypatch.setattr(shards, "RELEASE_BACKOFF_MAX_SECONDS", 60.0)
     settings.SHARD_MAX_ATTEMPTS = 2
     batch = _create(tenant, [embedding_line("a", "x")])
     services.batch_validate(batch_id=batch.id)
     shard = Shard.objects.get(batch=batch)
     for _ in range(5):  # an outage far longer than the attempt budget
-        with pytest.raises(ShardDeferred):
-            shard_run(shard_id=shard.id, owner="t", backend_factory=lambda name: FakeBackend(transient_failures=99))
+        assert run_shard(shard, FakeBackend(transient_failures=99)) == "deferred"
         shard.refresh_from_db()
         assert (shard.status, shard.content_failures) == (ShardStatus.PENDING, 0)
-        assert shard.not_before is not None  # waits in the row before it is runnable again
-    assert shard_run(shard_id=shard.id, owner="t", backend_factory=lambda name: FakeBackend()) == "succeeded"
+        # It waits in the row before it is runnable again: no slot claims it until then.
+        assert shard.not_before is not None and shard.not_before > timezone.now()
+        assert run_next("all-MiniLM-L6-v2", FakeBackend()) is None
+        Shard.objects.filter(id=shard.id).update(not_before=timezone.now() - timedelta(seconds=1))  # time passes
+    assert run_shard(shard, FakeBackend()) == "succeeded"
     batch = Batch.objects.get(id=batch.id)
     assert batch.status == BatchStatus.COMPLETED
     assert (batch.completed_lines, batch.failed_lines) == (1, 0)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from controlplane.batches import services
-from controlplane.batches.execution import shard_run
 from controlplane.batches.models import Batch, BatchStatus, Shard
 from controlplane.fleet.models import CatalogueModel
 from tests.batches.helpers import tensor_line
 from tests.batches.test_lifecycle import _create, _read, eager
 from tests.fakes import FakeBackend
+from tests.running import run_shard
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -41,12 +41,12 @@ def test_an_entry_edited_mid_batch_does_not_fail_the_remaining_lines(tenant, eag
     batch = _validated_tensor_batch(tenant)
     first, *rest = Shard.objects.filter(batch=batch).order_by("index")
     backend = FakeBackend()
-    assert shard_run(shard_id=first.id, owner="t", backend_factory=lambda name: backend) == "succeeded"
+    assert run_shard(first, backend) == "succeeded"
     # An operator re-registers the model with another interface, then disables it.
     renamed = [{**spec, "name": "RENAMED"} for spec in CatalogueModel.objects.get(name="identity").inputs]
     CatalogueModel.objects.filter(name="identity").update(inputs=renamed, max_batch_size=1, is_enabled=False)
     for shard in rest:
-        assert shard_run(shard_id=shard.id, owner="t", backend_factory=lambda name: backend) == "succeeded"
+        assert run_shard(shard, backend) == "succeeded"
     batch = Batch.objects.get(id=batch.id)
     assert (batch.status, batch.completed_lines, batch.failed_lines) == (BatchStatus.COMPLETED, 8, 0)
     assert [r["custom_id"] for r in _read(batch.output_file_id)] == [f"t{i}" for i in range(8)]

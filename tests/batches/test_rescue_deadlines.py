@@ -12,15 +12,16 @@ import pytest
 from django.utils import timezone
 
 from controlplane.batches import services, tasks, validation_rescue
-from controlplane.batches.execution import shard_run
 from controlplane.batches.finalize import batches_finalize_stuck
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard, ShardStatus
-from controlplane.batches.shards import shard_claim
 from controlplane.core import dispatch
 from controlplane.files.storage import blob_delete
+from controlplane.fleet.models import CatalogueModel
+from controlplane.scheduling.claims import shard_claim_next
 from tests.batches.helpers import embedding_line
 from tests.batches.test_lifecycle import _create, _read
 from tests.fakes import FakeBackend
+from tests.running import run_shard
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -53,7 +54,14 @@ def _validated(tenant, count: int) -> Batch:
 
 
 def _run(shard: Shard) -> str:
-    return shard_run(shard_id=shard.id, owner="t", backend_factory=lambda name: FakeBackend())
+    """Run the shard the scheduler serves next, which must be ``shard``."""
+    return run_shard(shard, FakeBackend(), owner="t")
+
+
+def _claim(shard: Shard, owner: str) -> None:
+    """A worker claims the shard the scheduler serves next, which must be ``shard``."""
+    claimed = shard_claim_next(model=CatalogueModel.objects.get(name="all-MiniLM-L6-v2"), owner=owner)
+    assert claimed is not None and claimed.id == shard.id
 
 
 # --- validating -------------------------------------------------------------------------------------------
@@ -132,7 +140,7 @@ def test_missing_part_becomes_part_lost_lines_not_an_endless_retry(tenant, sent)
 def test_dead_finalizer_is_restarted_after_the_setting(tenant, sent, settings):
     batch = _validated(tenant, 4)
     [shard] = Shard.objects.filter(batch=batch)
-    assert shard_claim(shard_id=shard.id, owner="w") is not None
+    _claim(shard, "w")
     # The shard commits, then the finalizer dies after moving the batch to finalizing.
     Shard.objects.filter(id=shard.id).update(status=ShardStatus.SUCCEEDED, part_name="parts/never-written")
     Batch.objects.filter(id=batch.id).update(status=BatchStatus.FINALIZING, finalizing_at=timezone.now())
@@ -150,7 +158,7 @@ def test_dead_finalizer_is_restarted_after_the_setting(tenant, sent, settings):
 def test_cancelling_batch_whose_worker_died_is_closed_and_finalized(tenant, sent):
     batch = _validated(tenant, 8)
     first, second = Shard.objects.filter(batch=batch).order_by("index")
-    assert shard_claim(shard_id=first.id, owner="w1") is not None  # its worker dies holding it
+    _claim(first, "w1")  # its worker dies holding it
     services.batch_cancel(batch=batch)
     assert Batch.objects.get(id=batch.id).status == BatchStatus.CANCELLING
     assert Shard.objects.get(id=second.id).status == ShardStatus.SKIPPED

@@ -15,13 +15,13 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from controlplane.batches import retention, services, storage_gc, tasks
-from controlplane.batches.execution import shard_run
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard, ShardStatus
 from controlplane.core import dispatch
 from controlplane.files.models import File
 from controlplane.files.storage import blob_save, blob_storage
 from tests.batches.helpers import embedding_line, jsonl, upload
 from tests.fakes import FakeBackend
+from tests.running import run_batch, run_shard
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -45,7 +45,7 @@ def _batch(tenant, lines: int = 6, *, run: int | None = None, **create) -> Batch
     services.batch_validate(batch_id=batch.id)
     backend = FakeBackend()
     for shard in list(Shard.objects.filter(batch=batch).order_by("index"))[:run]:
-        shard_run(shard_id=shard.id, owner="test", backend_factory=lambda name: backend)
+        assert run_shard(shard, backend) == "succeeded"
     return Batch.objects.get(id=batch.id)
 
 
@@ -90,8 +90,7 @@ class TestFileExpiry:
         input_file = File.objects.get(id=batch.input_file_id)
         assert _exists(input_file.storage_name)
         # The batch still reads it to the end, and its finalizer too.
-        for shard in Shard.objects.filter(batch=batch, status=ShardStatus.PENDING):
-            shard_run(shard_id=shard.id, owner="test", backend_factory=lambda name: FakeBackend())
+        run_batch(batch, FakeBackend())
         assert Batch.objects.get(id=batch.id).status == BatchStatus.COMPLETED
         assert retention.files_expire(now=timezone.now()) == [input_file.id]
         assert not _exists(input_file.storage_name)
@@ -114,8 +113,7 @@ class TestFileExpiry:
             output_expires_after={"anchor": "created_at", "seconds": 7200},
         )
         services.batch_validate(batch_id=batch.id)
-        for shard in Shard.objects.filter(batch=batch):
-            shard_run(shard_id=shard.id, owner="test", backend_factory=lambda name: FakeBackend())
+        run_batch(batch, FakeBackend())
         batch = Batch.objects.get(id=batch.id)
         assert batch.status == BatchStatus.COMPLETED and batch.output_expires_after == 7200
         results = File.objects.filter(id__in=[batch.output_file_id, batch.error_file_id])

@@ -9,12 +9,12 @@ import time
 import pytest
 
 from controlplane.batches import services
-from controlplane.batches.execution import shard_run
 from controlplane.batches.finalize import batch_try_finalize
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
 from controlplane.core import dispatch
 from tests.batches.helpers import jsonl, tensor_line, upload
 from tests.fakes import FakeBackend
+from tests.running import run_shard
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -37,11 +37,7 @@ def test_cancel_abandons_calls_stuck_on_a_hung_server(tenant, settings, monkeypa
 
     try:
         started = time.monotonic()
-        outcome = shard_run(
-            shard_id=Shard.objects.get(batch=batch).id,
-            owner="t",
-            backend_factory=lambda name: FakeBackend(on_call=on_call),
-        )
+        outcome = run_shard(Shard.objects.get(batch=batch), FakeBackend(on_call=on_call), owner="t")
         took = time.monotonic() - started
     finally:
         hang.set()

@@ -128,12 +128,12 @@ def test_registered_model_runs_a_batch_through_triton(
     # Imported here, not at the top: the rest of the build_engines suite also runs without Django.
     from controlplane.batches import services
     from controlplane.batches.backend import TritonBackend
-    from controlplane.batches.execution import shard_run
     from controlplane.batches.models import Batch, BatchStatus, Shard
     from controlplane.core import dispatch
     from controlplane.files.models import File
     from controlplane.files.storage import blob_open
     from controlplane.fleet.models import CatalogueModel
+    from controlplane.scheduling.runner import shard_run_next
     from tests.batches.helpers import embedding_line, jsonl, upload
 
     output = _register(served_build, name=ONNX_NAME, triton_name=TRITON_NAME)
@@ -166,8 +166,10 @@ def test_registered_model_runs_a_batch_through_triton(
         asked_for.append(triton_model)
         return backend
 
+    # Three slot cycles, as a worker runs them: each routes the model by its Triton name, then claims.
     for shard in Shard.objects.filter(batch=batch).order_by("index"):
-        assert shard_run(shard_id=shard.id, owner="test", backend_factory=backend_for) == "succeeded"
+        cycle = shard_run_next(model=model, owner="test", backend_factory=backend_for)
+        assert cycle is not None and (cycle.shard_id, cycle.outcome) == (shard.id, "succeeded")
     assert asked_for == [TRITON_NAME] * 3
 
     batch = Batch.objects.get(id=batch.id)

@@ -16,7 +16,6 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.batches import services
-from controlplane.batches.execution import shard_run
 from controlplane.batches.models import Batch, Shard, ShardStatus
 from controlplane.core import dispatch
 from controlplane.fleet.models import CatalogueModel
@@ -24,6 +23,7 @@ from controlplane.scheduling.selectors import runnable_q
 from tests.batches.helpers import embedding_line, jsonl, upload
 from tests.deploy.manifests import DEPLOY, REPO, find, promql_metric_names, render
 from tests.fakes import FakeBackend
+from tests.running import run_shard
 from tests.triton_fixture import triton_client, triton_model_repository, triton_server
 
 TOKEN = "deploy-scrape-token"
@@ -70,7 +70,7 @@ def service_metric_names(db, tenant, settings, monkeypatch, tmp_path) -> set[str
     first = Shard.objects.filter(batch_id=batch.id).order_by("index").first()
     assert first is not None
     backend = FakeBackend()
-    assert shard_run(shard_id=first.id, owner="test", backend_factory=lambda name: backend) == "succeeded"
+    assert run_shard(first, backend) == "succeeded"
     response = Client().get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
     assert response.status_code == 200
     names = _sample_names(response.content.decode())

@@ -75,7 +75,6 @@ s = float(c["parameters"]["seconds_per_row"]["string_value"])
 CatalogueModel.objects.update_or_create(name="{name}", defaults=dict(
     triton_name="{triton}", kind="tensor", max_batch_size=int(c["max_batch_size"]), inputs=t(c["input"]),
     outputs=t(c["output"]), memory_per_instance_bytes=12 * 1024**3, load_seconds=2.0, max_instances=8,
-    lines_per_second_per_instance=1 / (s * {rows}),
     seconds_per_work_unit=s * settings.SCHEDULER_CALLS_PER_INSTANCE / settings.DISPATCH_INFLIGHT_CALLS))
 """
 

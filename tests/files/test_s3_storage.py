@@ -5,12 +5,13 @@ end with its output in S3, a lost part is reported rather than retried forever, 
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.utils import timezone
 
 from controlplane.batches import execution, services
-from controlplane.batches.execution import shard_run
 from controlplane.batches.finalize import batch_try_finalize
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
 from controlplane.core import dispatch
@@ -18,6 +19,7 @@ from controlplane.files.models import File
 from controlplane.files.storage import blob_read_range, blob_save
 from tests.batches.helpers import embedding_line, jsonl, tensor_line, upload
 from tests.fakes import FakeBackend
+from tests.running import run_shard
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -89,9 +91,11 @@ def test_a_shard_fetches_only_its_byte_range(s3_bucket, tenant, eager, settings)
     shard_bytes = shard.end_byte - shard.start_byte
     assert file.bytes > 10 * shard_bytes  # reading the whole input would show
 
+    # The shards before it wait out a backoff (as after a transient failure), so the slot serves the middle one.
+    Shard.objects.filter(batch=batch, index__lt=shard.index).update(not_before=timezone.now() + timedelta(hours=1))
     proxy = s3_bucket.server.proxy
     before = proxy.received
-    assert shard_run(shard_id=shard.id, owner="t", backend_factory=lambda name: FakeBackend()) == "succeeded"
+    assert run_shard(shard, FakeBackend(), owner="t") == "succeeded"
     transferred = proxy.received - before
 
     # One ranged GET of the input; the part's upload (a HEAD for a name clash, a PUT) brings back headers only.
@@ -121,14 +125,14 @@ def test_a_batch_runs_end_to_end_with_its_files_in_s3(s3_bucket, tenant, eager, 
     shards = list(Shard.objects.filter(batch=batch).order_by("index"))
     assert [s.request_count for s in shards] == [4, 4, 4]
 
-    assert shard_run(shard_id=shards[0].id, owner="t", backend_factory=lambda name: FakeBackend()) == "succeeded"
+    assert run_shard(shards[0], FakeBackend(), owner="t") == "succeeded"
 
     def cancel_after_second_call(calls: int) -> None:
         if calls == 2:
             services.batch_cancel(batch=Batch.objects.get(id=batch.id))
 
     backend = FakeBackend(on_call=cancel_after_second_call)
-    assert shard_run(shard_id=shards[1].id, owner="t", backend_factory=lambda name: backend) == "stopped"
+    assert run_shard(shards[1], backend, owner="t") == "stopped"
     assert batch_try_finalize(batch_id=batch.id) or Batch.objects.get(id=batch.id).status == BatchStatus.CANCELLED
 
     batch = Batch.objects.get(id=batch.id)
@@ -154,10 +158,10 @@ def test_a_part_lost_from_the_bucket_becomes_part_lost_lines(s3_bucket, tenant, 
     )
     services.batch_validate(batch_id=batch.id)
     first, second = Shard.objects.filter(batch=batch).order_by("index")
-    assert shard_run(shard_id=first.id, owner="t", backend_factory=lambda name: FakeBackend()) == "succeeded"
+    assert run_shard(first, FakeBackend(), owner="t") == "succeeded"
     first.refresh_from_db()
     s3_bucket.client.delete_object(Bucket=s3_bucket.name, Key=first.part_name)
-    assert shard_run(shard_id=second.id, owner="t", backend_factory=lambda name: FakeBackend()) == "succeeded"
+    assert run_shard(second, FakeBackend(), owner="t") == "succeeded"
 
     batch = Batch.objects.get(id=batch.id)
     assert batch.status == BatchStatus.COMPLETED

@@ -128,3 +128,31 @@ def test_pools_reach_the_planner(catalogue):
     _, servers, _, profiles, _, _ = planner_inputs(time.time())
     assert [s.pool for s in servers if s.server_id == "t-t4"] == ["t4"]
     assert {p.model: p.pool for p in profiles}["identity"] == "t4"
+
+
+def test_the_planner_rate_comes_from_the_one_speed_estimate(tenant, settings, monkeypatch):
+    """The planner's lines/s per instance is derived from the scheduler's measured seconds per work unit (per
+    slot), at the pending lines' own work units per line; there is no second estimate to disagree with it."""
+    import time
+
+    from controlplane.fleet.reconciler import planner_inputs
+
+    monkeypatch.setattr(dispatch, "send", lambda task_name, args: None)
+    settings.SCHEDULER_CALLS_PER_INSTANCE = 6
+    settings.DISPATCH_INFLIGHT_CALLS = 3  # 2 slots per instance
+    CatalogueModel.objects.filter(triton_name="identity").update(seconds_per_work_unit=0.5)  # a slot: 2 rows/s
+    file = upload(tenant, jsonl([tensor_line(f"r-{i}", [[1.0, 2.0]] * 4) for i in range(10)]))  # 4 rows a line
+    batch = services.batch_create(tenant=tenant, input_file_id=file.id, endpoint="/v2/infer", completion_window="24h")
+    services.batch_validate(batch_id=batch.id)
+
+    def identity_demand():
+        return {d.model: d for d in planner_inputs(time.time())[0]}["identity"]
+
+    # 2 slots × 2 rows/s = 4 rows/s an instance; at 4 rows a line, 1 line/s.
+    assert identity_demand().pending_lines == 10
+    assert identity_demand().lines_per_second_per_instance == pytest.approx(1.0)
+    CatalogueModel.objects.filter(triton_name="identity").update(seconds_per_work_unit=0.25)  # measured faster
+    assert identity_demand().lines_per_second_per_instance == pytest.approx(2.0)
+    # No speed known: 0, which the planner reads as "busy without a throughput estimate" (size kept).
+    CatalogueModel.objects.filter(triton_name="identity").update(seconds_per_work_unit=0.0)
+    assert identity_demand().lines_per_second_per_instance == 0.0

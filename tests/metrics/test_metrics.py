@@ -13,7 +13,6 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.batches import services
-from controlplane.batches.execution import shard_run
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
 from controlplane.core import dispatch
 from controlplane.core.errors import QuotaExceeded, api_exception_handler
@@ -23,6 +22,7 @@ from controlplane.webhooks import attempts
 from controlplane.webhooks import services as webhook_services
 from tests.batches.helpers import embedding_line, jsonl, upload
 from tests.fakes import FakeBackend
+from tests.running import run_batch
 from tests.webhooks.receiver import Receiver
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -77,8 +77,7 @@ def test_a_batch_shows_in_the_scrape_by_model_without_tenant_or_batch_ids(tenant
     assert 23 * 3600 < value(before, "batch_runnable_deadline_seconds", model=MODEL) <= 24 * 3600
 
     backend = FakeBackend()
-    for shard in Shard.objects.filter(batch=batch).order_by("index"):
-        assert shard_run(shard_id=shard.id, owner="test", backend_factory=lambda name: backend) == "succeeded"
+    assert run_batch(batch, backend) == ["succeeded"] * 3
     batch.refresh_from_db()
     assert (batch.completed_lines, batch.failed_lines) == (9, 1)
     after = scrape()

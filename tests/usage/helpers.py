@@ -5,13 +5,13 @@ from __future__ import annotations
 from decimal import Decimal
 
 from controlplane.batches import services
-from controlplane.batches.execution import shard_run
-from controlplane.batches.models import Batch, Shard
+from controlplane.batches.models import Batch
 from controlplane.fleet.models import CatalogueModel
 from controlplane.tenants.models import Tenant
 from controlplane.usage.models import Price
 from tests.batches.helpers import embedding_line, jsonl, tensor_line, upload
 from tests.fakes import FakeBackend
+from tests.running import run_batch as run_shards_of
 
 
 def embedding_lines(count: int, prefix: str = "r") -> list[dict]:
@@ -27,9 +27,7 @@ def run_batch(tenant: Tenant, lines: list[dict], endpoint: str = "/v1/embeddings
     file = upload(tenant, jsonl(lines))
     batch = services.batch_create(tenant=tenant, input_file_id=file.id, endpoint=endpoint, completion_window="24h")
     services.batch_validate(batch_id=batch.id)
-    backend = FakeBackend()
-    for shard in Shard.objects.filter(batch=batch).order_by("index"):
-        shard_run(shard_id=shard.id, owner="test", backend_factory=lambda name: backend)
+    run_shards_of(batch, FakeBackend())
     return Batch.objects.get(id=batch.id)
 
 

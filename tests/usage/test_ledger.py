@@ -10,13 +10,13 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from controlplane.batches import services
-from controlplane.batches.execution import shard_run
-from controlplane.batches.models import Shard
+from controlplane.batches.models import Batch, Shard
 from controlplane.core import dispatch
 from controlplane.usage import selectors
 from controlplane.usage.models import UsageRecord
 from tests.batches.helpers import jsonl, upload
 from tests.fakes import FakeBackend
+from tests.running import run_batch as run_shards_of
 from tests.usage.helpers import embedding_lines, price_set, run_batch, tensor_lines
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -83,8 +83,7 @@ def test_api_key_that_created_the_batch_is_on_its_rows(tenant, api):
     batch_id = created.json()["id"]
     assert created.json()["cost"] == {"value": 0.0, "currency": "usd"}
     services.batch_validate(batch_id=batch_id)
-    for shard in Shard.objects.filter(batch_id=batch_id):
-        shard_run(shard_id=shard.id, owner="t", backend_factory=lambda name: FakeBackend())
+    run_shards_of(Batch.objects.get(id=batch_id), FakeBackend(), owner="t")
     key_id = tenant.api_keys.get().id
     assert set(UsageRecord.objects.filter(batch_id=batch_id).values_list("api_key_id", flat=True)) == {key_id}
 

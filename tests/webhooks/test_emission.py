@@ -11,7 +11,6 @@ from django.db import connection
 from django.utils import timezone
 
 from controlplane.batches import services
-from controlplane.batches.execution import shard_run
 from controlplane.batches.finalize import batch_try_finalize
 from controlplane.batches.models import Batch, BatchStatus, Shard
 from controlplane.core import dispatch
@@ -21,6 +20,7 @@ from controlplane.webhooks.services import webhook_endpoint_create
 from controlplane.webhooks.tasks import deliver_task
 from tests.batches.helpers import embedding_line, jsonl, upload
 from tests.fakes import FakeBackend
+from tests.running import run_batch
 from tests.webhooks.conftest import unwrap
 from tests.webhooks.receiver import Receiver
 
@@ -46,8 +46,7 @@ def _create(tenant, lines) -> Batch:
 
 
 def _run_all(batch: Batch) -> None:
-    for shard in Shard.objects.filter(batch=batch).order_by("index"):
-        shard_run(shard_id=shard.id, owner="test", backend_factory=lambda name: FakeBackend())
+    run_batch(batch, FakeBackend())
 
 
 def _events(batch: Batch) -> list[str]:
