@@ -13,13 +13,14 @@ from typing import IO, Any
 from django.conf import settings
 from django.db import transaction
 
-from controlplane.batches.lines import LineIssue, iter_lines, load_json_line
+from controlplane.batches.lines import iter_lines, load_json_line
 from controlplane.batches.models import Batch, BatchStatus
 from controlplane.batches.services import batch_create, event_record
 from controlplane.core.errors import Conflict, ValidationFailed
 from controlplane.files.models import File
 from controlplane.files.services import file_create, file_delete
 from controlplane.files.storage import blob_open
+from controlplane.kinds.base import LineIssue
 from controlplane.tenants.models import PRIORITY_RANK, Priority
 
 RERUNNABLE = (BatchStatus.COMPLETED, BatchStatus.EXPIRED, BatchStatus.CANCELLED)

@@ -13,7 +13,6 @@ from django.db.models import Q, Sum
 from django.utils import timezone
 
 from controlplane.batches.admission import batch_admit
-from controlplane.batches.columns import BatchColumns
 from controlplane.batches.early_dispatch import (
     EarlyShards,
     ValidationSuperseded,
@@ -26,13 +25,12 @@ from controlplane.batches.models import (
     Batch,
     BatchEvent,
     BatchStatus,
-    Endpoint,
     Shard,
     ShardStatus,
     StopReason,
 )
 from controlplane.batches.usage_rows import held_usage_record
-from controlplane.batches.validation import validate_input
+from controlplane.batches.validation import BatchColumns, validate_input
 from controlplane.batches.windows import parse_completion_window
 from controlplane.core import dispatch
 from controlplane.core.errors import Conflict, ValidationFailed
@@ -41,6 +39,7 @@ from controlplane.files.lifecycle import expires_after_parse
 from controlplane.files.models import File
 from controlplane.files.selectors import file_get
 from controlplane.files.storage import blob_delete, blob_open, blob_save
+from controlplane.kinds.registry import KINDS, endpoint_urls, kind_for, token_endpoint_urls
 from controlplane.tenants.models import Tenant
 from controlplane.webhooks.services import batch_event_emit
 
@@ -90,8 +89,8 @@ def batch_create(
     priority: Any = None,
     output_expires_after: Any = None,
 ) -> Batch:
-    if endpoint not in Endpoint.values:
-        raise ValidationFailed(f"endpoint must be one of {Endpoint.values}, got {endpoint!r}.", param="endpoint")
+    if not isinstance(endpoint, str) or endpoint not in KINDS:
+        raise ValidationFailed(f"endpoint must be one of {endpoint_urls()}, got {endpoint!r}.", param="endpoint")
     window = parse_completion_window(completion_window)
     metadata = _validate_metadata(metadata)
     results_expire_after = expires_after_parse(output_expires_after, param="output_expires_after")
@@ -182,7 +181,9 @@ def _batch_validate_input(batch: Batch, attempt: int) -> None:
         )
         return
     early = EarlyShards(batch_id=batch.id, attempt=attempt)
-    columns = BatchColumns(batch_id=batch.id, attempt=attempt, save=blob_save, delete=blob_delete)
+    columns = BatchColumns(
+        kind=kind_for(batch.endpoint), batch_id=batch.id, attempt=attempt, save=blob_save, delete=blob_delete
+    )
     with blob_open(input_file.storage_name) as stream:
         result = validate_input(
             stream,
@@ -239,6 +240,7 @@ def _batch_validate_input(batch: Batch, attempt: int) -> None:
             kind="in_progress",
             message=(
                 f"{result.total} requests in {len(result.shards)} shards, model {result.model}"
+                + (f"; {result.body_errors} refused (400 lines)" if result.body_errors else "")
                 + (f"; {early.added} added while validating, {held} of them done" if early.added else "")
             ),
         )
@@ -256,7 +258,7 @@ def _enqueued_quota_error(batch: Batch, lines: int, work: int) -> dict[str, Any]
     others = (
         Batch.objects.filter(tenant_id=batch.tenant_id, status__in=ACTIVE_STATUSES)
         .exclude(id=batch.id)
-        .aggregate(lines=Sum("total_lines"), work=Sum("work_units", filter=Q(endpoint=Endpoint.EMBEDDINGS)))
+        .aggregate(lines=Sum("total_lines"), work=Sum("work_units", filter=Q(endpoint__in=token_endpoint_urls())))
     )
     queued_lines = (others["lines"] or 0) + lines
     if queued_lines > tenant.max_enqueued_lines:
@@ -269,7 +271,7 @@ def _enqueued_quota_error(batch: Batch, lines: int, work: int) -> dict[str, Any]
                 f"over the limit of {tenant.max_enqueued_lines}."
             ),
         }
-    if batch.endpoint == Endpoint.EMBEDDINGS:
+    if kind_for(batch.endpoint).counts_tokens:
         queued_tokens = (others["work"] or 0) + work
         if queued_tokens > tenant.max_enqueued_tokens:
             # OpenAI's code for the same condition, so clients can handle it the same way.
