@@ -110,6 +110,7 @@ def shard_rows(batch_id: str, plans: list[ShardPlan]) -> list[Shard]:
             request_count=plan.request_count,
             work_units=plan.work_units,
             columns_name=plan.columns_name,
+            body_errors=plan.body_errors,
         )
         for plan in plans
     ]

@@ -9,20 +9,11 @@ from collections.abc import Iterator
 from typing import IO, Any, NamedTuple
 
 from controlplane.core.jsontext import MAX_JSON_DEPTH, bad_text, json_error_text, reject_constant, too_deep
+from controlplane.kinds.base import LineIssue
 
 _SKIP_CHUNK = 1024 * 1024
 # An escaped UTF-16 surrogate (\ud800-\udfff): only then can a decoded string hold a lone one.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-
-
-class LineIssue(Exception):
-    """A line that cannot be run, with the OpenAI-style error code and the field to fix."""
-
-    def __init__(self, code: str, message: str, param: str | None = None):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.param = param
 
 
 def load_json_line(raw: bytes) -> Any:

@@ -13,6 +13,8 @@ def new_batch_id() -> str:
 
 
 class Endpoint(models.TextChoices):
+    """The batch endpoints: exactly the urls of kinds/registry.KINDS (tests/kinds/test_registry.py)."""
+
     EMBEDDINGS = "/v1/embeddings"
     # Generic tensor endpoint: a KServe v2 inference request (plus "model") as the line's body.
     TENSORS = "/v2/infer"
@@ -152,8 +154,12 @@ class Shard(models.Model):
     lease_owner = models.CharField(max_length=200, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     part_name = models.CharField(max_length=500, blank=True, default="")
-    # The arrays validation kept of the shard's lines (batches/columns.py); blank: the run parses its lines.
+    # The arrays validation kept of the shard's lines (kinds/tensor_columns.py); blank: the run parses its lines.
     columns_name = models.CharField(max_length=500, blank=True, default="", db_default="")
+    # Lines whose envelope is valid but whose body the endpoint kind refused at validation (kinds/base.py,
+    # BodyIssue): the run answers them with a 400 each and parses every line of the shard with the checked
+    # parse (the unchecked fast parse is only for lines validation accepted). Not in work_units.
+    body_errors = models.PositiveIntegerField(default=0, db_default=0)
     completed_lines = models.PositiveIntegerField(default=0)
     failed_lines = models.PositiveIntegerField(default=0)
     prompt_tokens = models.PositiveBigIntegerField(default=0)

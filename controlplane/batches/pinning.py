@@ -13,7 +13,7 @@ from typing import Any
 
 from controlplane.fleet.models import CatalogueModel
 
-# Everything that parsing a line and building its Triton call reads (batches/requests.py, packing.py).
+# Everything that parsing a line and building its Triton call reads (batches/requests.py and the kind, kinds/).
 PINNED_FIELDS = ("name", "triton_name", "kind", "max_batch_size", "inputs", "outputs", "embedding_dimensions")
 
 

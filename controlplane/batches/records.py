@@ -22,9 +22,10 @@ def output_record(batch_id: str, line: int, custom_id: str, body: dict[str, Any]
 
 
 def failed_response_record(
-    batch_id: str, line: int, custom_id: str, *, status_code: int, message: str, code: str
+    batch_id: str, line: int, custom_id: str, *, status_code: int, message: str, code: str, param: str | None = None
 ) -> dict[str, Any]:
-    """The model rejected this request: a response with an error body, like a failed API call."""
+    """The request was refused (its body, by its endpoint kind) or the model rejected it: a response with an
+    error body, as the same request sent to the API would have got."""
     rid = request_id(batch_id, line)
     return {
         "id": f"batch_req_{rid}",
@@ -32,7 +33,7 @@ def failed_response_record(
         "response": {
             "status_code": status_code,
             "request_id": rid,
-            "body": {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}},
+            "body": {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}},
         },
         "error": None,
     }

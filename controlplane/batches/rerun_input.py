@@ -21,7 +21,7 @@ from typing import IO, Any
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
-from controlplane.batches.lines import LineIssue, iter_lines, load_json_line
+from controlplane.batches.lines import iter_lines, load_json_line
 from controlplane.batches.models import Batch, BatchStatus
 from controlplane.batches.services import batch_validation_fail, validation_error_entry
 from controlplane.batches.transitions import event_record
@@ -30,6 +30,7 @@ from controlplane.core.errors import DomainError
 from controlplane.files.models import File
 from controlplane.files.services import file_create
 from controlplane.files.storage import blob_open
+from controlplane.kinds.base import LineIssue
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,6 @@ from django.db.models import Q, Sum
 from django.utils import timezone
 
 from controlplane.batches.admission import batch_admit
-from controlplane.batches.columns import BatchColumns
 from controlplane.batches.early_dispatch import (
     EarlyShards,
     ValidationSuperseded,
@@ -20,7 +19,7 @@ from controlplane.batches.early_dispatch import (
     shards_discard,
     validation_attempt_begin,
 )
-from controlplane.batches.models import ACTIVE_STATUSES, Batch, BatchStatus, Endpoint, Shard, StopReason
+from controlplane.batches.models import ACTIVE_STATUSES, Batch, BatchStatus, Shard, StopReason
 from controlplane.batches.shards import shards_skip_pending
 from controlplane.batches.transitions import (
     batch_end_validating,
@@ -29,7 +28,7 @@ from controlplane.batches.transitions import (
     batch_stop_running,
     event_record,
 )
-from controlplane.batches.validation import validate_input
+from controlplane.batches.validation import BatchColumns, validate_input
 from controlplane.batches.validation_deadline import DeadlineStream, ValidationDeadlinePassed, attempt_stop_at
 from controlplane.batches.windows import parse_completion_window
 from controlplane.core import dispatch
@@ -39,6 +38,7 @@ from controlplane.files.lifecycle import expires_after_parse
 from controlplane.files.models import File
 from controlplane.files.selectors import file_get
 from controlplane.files.storage import blob_delete, blob_open, blob_save
+from controlplane.kinds.registry import KINDS, endpoint_urls, kind_for, token_endpoint_urls
 from controlplane.tenants.models import Tenant
 from controlplane.usage.services import batch_origin_record
 
@@ -80,8 +80,8 @@ def batch_create(
     """A batch in ``validating``, its ``created`` event, its origin (the API key that asked, for the usage
     ledger's grouping by key) and its validation message, all in one transaction: a batch never exists
     without its origin row."""
-    if endpoint not in Endpoint.values:
-        raise ValidationFailed(f"endpoint must be one of {Endpoint.values}, got {endpoint!r}.", param="endpoint")
+    if not isinstance(endpoint, str) or endpoint not in KINDS:
+        raise ValidationFailed(f"endpoint must be one of {endpoint_urls()}, got {endpoint!r}.", param="endpoint")
     window = parse_completion_window(completion_window)
     metadata = metadata_validate(metadata)
     results_expire_after = expires_after_parse(output_expires_after, param="output_expires_after")
@@ -176,7 +176,9 @@ def _batch_validate_input(batch: Batch, attempt: int) -> None:
         )
         return
     early = EarlyShards(batch_id=batch.id, attempt=attempt)
-    columns = BatchColumns(batch_id=batch.id, attempt=attempt, save=blob_save, delete=blob_delete)
+    columns = BatchColumns(
+        kind=kind_for(batch.endpoint), batch_id=batch.id, attempt=attempt, save=blob_save, delete=blob_delete
+    )
     stop_at = attempt_stop_at(batch_id=batch.id, created_at=batch.created_at)
     with blob_open(input_file.storage_name) as stream:
         result = validate_input(
@@ -223,6 +225,7 @@ def _batch_validate_input(batch: Batch, attempt: int) -> None:
             model_snapshot=result.model_snapshot,
             shards=len(result.shards),
             added_early=early.added,
+            body_errors=result.body_errors,
         )
         if not started:
             # Cancelled or expired while we validated (its shards went with it), or superseded.
@@ -244,7 +247,7 @@ def _enqueued_quota_error(batch: Batch, lines: int, work: int) -> dict[str, Any]
     others = (
         Batch.objects.filter(tenant_id=batch.tenant_id, status__in=ACTIVE_STATUSES)
         .exclude(id=batch.id)
-        .aggregate(lines=Sum("total_lines"), work=Sum("work_units", filter=Q(endpoint=Endpoint.EMBEDDINGS)))
+        .aggregate(lines=Sum("total_lines"), work=Sum("work_units", filter=Q(endpoint__in=token_endpoint_urls())))
     )
     queued_lines = (others["lines"] or 0) + lines
     if queued_lines > tenant.max_enqueued_lines:
@@ -257,7 +260,7 @@ def _enqueued_quota_error(batch: Batch, lines: int, work: int) -> dict[str, Any]
                 f"over the limit of {tenant.max_enqueued_lines}."
             ),
         }
-    if batch.endpoint == Endpoint.EMBEDDINGS:
+    if kind_for(batch.endpoint).counts_tokens:
         queued_tokens = (others["work"] or 0) + work
         if queued_tokens > tenant.max_enqueued_tokens:
             # OpenAI's code for the same condition, so clients can handle it the same way.

@@ -61,6 +61,7 @@ def batch_start(
     model_snapshot: dict[str, Any] | None,
     shards: int,
     added_early: int,
+    body_errors: int = 0,
 ) -> bool:
     """validating → in_progress with what validation learned, only as validation ``attempt`` (a superseded
     attempt matches nothing). The ledger rows of the shards that committed while the file was checked are
@@ -79,10 +80,11 @@ def batch_start(
         return False
     held = held_usage_record(batch_id=batch_id)
     early = f"; {added_early} added while validating, {held} of them done" if added_early else ""
+    refused = f"; {body_errors} refused (400 lines)" if body_errors else ""
     event_record(
         batch_id=batch_id,
         kind="in_progress",
-        message=f"{total_lines} requests in {shards} shards, model {model}{early}",
+        message=f"{total_lines} requests in {shards} shards, model {model}{refused}{early}",
     )
     return True
 

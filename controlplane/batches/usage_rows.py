@@ -5,12 +5,19 @@ shards that committed while their batch still validated, when the file proved va
 from __future__ import annotations
 
 from controlplane.batches.models import Shard, ShardStatus
+from controlplane.kinds.registry import kind_for
 from controlplane.usage.services import ShardUsage, usage_record_shard
 
 
 def shard_usage_from_row(shard: Shard) -> ShardUsage:
-    """A committed shard's ledger entry (its batch loaded alongside)."""
+    """A committed shard's ledger entry (its batch loaded alongside), billed as its endpoint kind counts."""
     assert shard.finished_at is not None  # set by the commit
+    billed = kind_for(shard.batch.endpoint).ledger_units(
+        completed=shard.completed_lines,
+        runnable=shard.request_count - shard.body_errors,
+        estimated_work_units=shard.work_units,
+        measured_tokens=shard.prompt_tokens,
+    )
     return ShardUsage(
         shard_id=shard.id,
         batch_id=shard.batch_id,
@@ -21,9 +28,8 @@ def shard_usage_from_row(shard: Shard) -> ShardUsage:
         server=shard.triton_server,
         completed=shard.completed_lines,
         failed=shard.failed_lines,
-        prompt_tokens=shard.prompt_tokens,
-        estimated_work_units=shard.work_units,
-        request_count=shard.request_count,
+        tokens=billed.tokens,
+        rows=billed.rows,
         started_at=shard.started_at,
         finished_at=shard.finished_at,
     )

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from controlplane.batches.columns import ColumnCollector
 from controlplane.batches.custom_ids import CustomIds
 from controlplane.batches.lines import iter_lines
 from controlplane.batches.pinning import model_snapshot
@@ -15,6 +15,7 @@ from controlplane.batches.quickcheck import FastLane, LineFacts
 from controlplane.batches.requests import LineIssue, ModelResolver, parse_line, work_units
 from controlplane.core.errors import quote, storable_text
 from controlplane.fleet.models import CatalogueModel
+from controlplane.kinds.base import ColumnCollector, EndpointKind
 
 # The batch's errors list stays readable: the first problems name their lines, a count says the rest.
 MAX_REPORTED_ERRORS = 100
@@ -29,7 +30,9 @@ class ShardPlan:
     end_byte: int
     request_count: int
     work_units: int
-    columns_name: str = ""  # the shard's columns blob, if it has one (batches/columns.py)
+    columns_name: str = ""  # the shard's columns blob, if it has one (kinds/base.ColumnCollector)
+    # Lines whose body the kind refused: answered as 400 lines when the shard runs (no work units).
+    body_errors: int = 0
 
 
 @dataclass
@@ -42,6 +45,8 @@ class ValidationResult:
     shards: list[ShardPlan] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
     error_count: int = 0
+    # Lines with a valid envelope and a refused body: they run as 400 lines, they do not fail the batch.
+    body_errors: int = 0
 
     @property
     def ok(self) -> bool:
@@ -73,8 +78,9 @@ def validate_input(
     ``min_shard_lines`` or above ``shard_lines`` lines; it also closes once it holds ``shard_bytes`` of
     input; ``shard_seconds`` 0 sizes by lines alone. ``on_shard`` hears of each shard as it closes, with
     the result so far (batches/early_dispatch.py runs them while the rest is checked). ``columns_for`` gives
-    the collector that keeps each shard's lines as columns for its run (batches/columns.py), once the model
-    is known."""
+    the collector that keeps each shard's lines as columns for its run (kinds/base.ColumnCollector), once
+    the model is known. A line whose envelope is valid but whose body the kind refuses is no error here: it
+    is planned with its shard (``body_errors``) and answered with a 400 when the shard runs."""
     result = ValidationResult()
     resolver = ModelResolver()
     # Every accepted line's id, 20 bytes each (spilled to files past a million); duplicates are found after
@@ -82,23 +88,25 @@ def validate_input(
     custom_ids = CustomIds()
     mixed_lines = array("I")  # lines that drew mixed_models: a duplicate line keeps only its duplicate error
     shard_start: tuple[int, int] | None = None  # (line, byte) of the open shard's first request
-    shard_count = shard_work = 0
+    shard_count = shard_work = shard_refused = 0
     shard_budget = float("inf")  # work units per shard, known once the model is
     last_line, last_end = 0, 0
     lane: FastLane | None = None  # once the first line named the batch's model: the fast lane for it
     columns: ColumnCollector | None = None
 
     def close_shard(*, last: bool = False) -> None:
-        nonlocal shard_start, shard_count, shard_work
+        nonlocal shard_start, shard_count, shard_work, shard_refused
         if shard_start is not None and shard_count:
             index = len(result.shards)
             # Written before anything can run the shard (on_shard adds it to the database).
             name = columns.close(index=index, request_count=shard_count) if columns is not None else ""
-            plan = ShardPlan(index, shard_start[0], last_line, shard_start[1], last_end, shard_count, shard_work, name)
+            plan = ShardPlan(
+                index, shard_start[0], last_line, shard_start[1], last_end, shard_count, shard_work, name, shard_refused
+            )
             result.shards.append(plan)
             if on_shard is not None and not last:  # the last one goes with the verdict, a moment later
                 on_shard(plan, result)
-        shard_start, shard_count, shard_work = None, 0, 0
+        shard_start, shard_count, shard_work, shard_refused = None, 0, 0, 0
 
     for line in iter_lines(stream, max_line_bytes=max_line_bytes):
         if line.is_blank:
@@ -114,13 +122,15 @@ def validate_input(
             break
         facts = lane.check(line.data) if lane is not None else None
         laned = facts is not None  # then lane.body is this line's
+        refused = False
         if facts is None:
             try:
                 parsed = parse_line(line.data, endpoint=endpoint, resolver=resolver)
             except LineIssue as issue:
                 result.add_error(issue.code, issue.message, line=line.number, param=issue.param)
                 continue
-            facts = LineFacts(parsed.custom_id, parsed.model_name, work_units(parsed))
+            refused = parsed.issue is not None
+            facts = LineFacts(parsed.custom_id, parsed.model_name, work_units(parsed, endpoint=endpoint))
         custom_ids.add(facts.custom_id, line.number)
         if not result.model:
             result.model = facts.model_name
@@ -143,10 +153,13 @@ def validate_input(
             )
             mixed_lines.append(line.number)
             continue
+        if refused:  # its envelope counts (id, model); its body is answered with a 400 when the shard runs
+            result.body_errors += 1
+            shard_refused += 1
         if columns is not None:
             if laned and not result.error_count:
                 columns.add(line.number, facts.custom_id, lane.body)  # type: ignore[union-attr]
-            else:  # a line only the checked parse took, or a file that will fail: no columns
+            else:  # a line only the checked parse took (or refused), or a file that will fail: no columns
                 columns.spoil()
         if shard_start is None:
             shard_start = (line.number, line.start)
@@ -189,3 +202,24 @@ def _report_duplicates(result: ValidationResult, duplicates: list[tuple[int, int
     # Back in line order with the other errors; lineless ones (none exist before this point) would sort last.
     merged = sorted([*listed, *result.errors], key=lambda e: (e["line"] is None, e["line"] or 0))
     result.errors = merged[:MAX_REPORTED_ERRORS]
+
+
+class BatchColumns:
+    """What validation calls once it knows the batch's model (``columns_for``): the kind's collector for a
+    model whose shards can have columns, else None. ``discard`` deletes what it wrote, when the batch did not
+    start (the columns then name no shard; storage_gc would collect them after its grace period)."""
+
+    def __init__(self, *, kind: EndpointKind, batch_id: str, attempt: int, save: Any, delete: Any) -> None:
+        self.kind, self.batch_id, self.attempt, self._save, self._delete = kind, batch_id, attempt, save, delete
+        self.collector: ColumnCollector | None = None
+
+    def __call__(self, model: CatalogueModel) -> ColumnCollector | None:
+        self.collector = self.kind.columns_collector(
+            model, batch_id=self.batch_id, attempt=self.attempt, save=self._save
+        )
+        return self.collector
+
+    def discard(self) -> None:
+        for name in self.collector.written if self.collector is not None else []:
+            with contextlib.suppress(OSError):
+                self._delete(name)

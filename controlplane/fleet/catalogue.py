@@ -18,7 +18,7 @@ from controlplane.core.errors import ValidationFailed
 from controlplane.fleet.models import CatalogueModel, ModelKind
 from controlplane.triton.client import repository_model_config
 
-# The tensors the batch runner sends and reads for an embeddings model (batches/packing.py).
+# The tensors the batch runner sends and reads for an embeddings model (kinds/embeddings.py).
 EMBEDDINGS_INTERFACE = {"inputs": {"TEXT": "BYTES"}, "outputs": {"EMBEDDING": "FP32", "TOKENS": "INT32"}}
 TRITON_VERSION = "1"  # the version folder `build_engines emit` writes
 

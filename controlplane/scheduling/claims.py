@@ -13,10 +13,11 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from controlplane.batches.models import Batch, Endpoint, Shard, ShardStatus
+from controlplane.batches.models import Batch, Shard, ShardStatus
 from controlplane.batches.shards import shard_claim_selected
 from controlplane.batches.transitions import event_record
 from controlplane.fleet.models import CatalogueModel
+from controlplane.kinds.registry import kind_for
 from controlplane.scheduling import policy, selectors
 from controlplane.scheduling.models import SchedulerClock, TenantShare
 
@@ -113,9 +114,9 @@ def shard_settle(*, shard_id: int, cycle_seconds: float | None = None) -> None:
     )
     if row is None or not row["work_units"]:
         return
-    measured = row["work_units"]
-    if row["batch__endpoint"] == Endpoint.EMBEDDINGS and row["prompt_tokens"]:
-        measured = row["prompt_tokens"]
+    measured = kind_for(row["batch__endpoint"]).measured_work_units(
+        estimated=row["work_units"], measured_tokens=row["prompt_tokens"]
+    )
     now = timezone.now()
     if measured != row["work_units"]:
         with transaction.atomic():

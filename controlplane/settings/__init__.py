@@ -185,7 +185,7 @@ IDEMPOTENCY_CLAIM_TIMEOUT_SECONDS = env_int("IDEMPOTENCY_CLAIM_TIMEOUT_SECONDS",
 IDEMPOTENCY_PRUNE_INTERVAL_SECONDS = env_int("IDEMPOTENCY_PRUNE_INTERVAL_SECONDS", 3600, minimum=1)
 OUTBOX_RELAY_INTERVAL_SECONDS = env_float("OUTBOX_RELAY_INTERVAL_SECONDS", 1.0)  # retry of a failed send
 # Shards run while the rest of their file is validated, invisible until it is valid (batches/early_dispatch.py);
-# tensor shards run from the arrays validation kept of their lines, not from their JSON (batches/columns.py).
+# tensor shards run from the arrays validation kept of their lines, not from their JSON (kinds/tensor_columns.py).
 BATCH_EARLY_DISPATCH = env_bool("BATCH_EARLY_DISPATCH", True)
 BATCH_SHARD_COLUMNS = env_bool("BATCH_SHARD_COLUMNS", True)
 # Bounds on a shard, which is sized by time (SCHEDULER_SHARD_SECONDS) below them. Cheap rows hit the line

@@ -9,7 +9,6 @@ from typing import Any
 
 from django.db import transaction
 
-from controlplane.fleet.models import ModelKind
 from controlplane.usage.models import BatchOrigin, ComputeSource, UsageRecord
 from controlplane.usage.rules import PriceTerms, shard_cost
 from controlplane.usage.selectors import price_in_force
@@ -31,7 +30,9 @@ def batch_origin_record(*, batch_id: str, api_key_id: int | None) -> None:
 
 @dataclass(frozen=True)
 class ShardUsage:
-    """What a committed shard did, as the batches app knows it (the ledger imports nothing from batches)."""
+    """What a committed shard did, as the batches app knows it (the ledger imports nothing from batches).
+    ``tokens`` and ``rows`` are what its finished lines are billed, as its endpoint kind counts them
+    (kinds/base.EndpointKind.ledger_units)."""
 
     shard_id: int
     batch_id: str
@@ -42,9 +43,8 @@ class ShardUsage:
     server: str
     completed: int
     failed: int
-    prompt_tokens: int
-    estimated_work_units: int
-    request_count: int
+    tokens: int
+    rows: int
     started_at: datetime | None
     finished_at: datetime
 
@@ -52,14 +52,12 @@ class ShardUsage:
 def usage_record_shard(*, usage: ShardUsage) -> UsageRecord:
     """One ledger row for a shard that just committed, charged at the price in force at its commit.
 
-    Embeddings are charged by their measured tokens; tensor models by rows, the validated row count of the
-    shard scaled to the lines that completed (a stopped shard ran only some of them). Compute seconds
-    start as the shard's dispatch time (claim to commit) and are replaced by its share of Triton's
-    measured busy time once the attribution beat covers its placement (usage/attribution.py)."""
+    Tokens and rows come priced as the endpoint kind counts them (embeddings: measured tokens; tensors: rows
+    of the lines that completed). Compute seconds start as the shard's dispatch time (claim to commit) and
+    are replaced by its share of Triton's measured busy time once the attribution beat covers its placement
+    (usage/attribution.py)."""
     u = usage
     snapshot = u.model_snapshot or {}
-    is_tensor = snapshot.get("kind") == ModelKind.TENSOR if snapshot.get("kind") else u.endpoint != "/v1/embeddings"
-    rows = u.estimated_work_units * u.completed // u.request_count if is_tensor and u.request_count else 0
     dispatch_seconds = max(0.0, (u.finished_at - u.started_at).total_seconds()) if u.started_at else 0.0
     price = price_in_force(model_name=u.model_name, at=u.finished_at)
     origin = BatchOrigin.objects.filter(batch_id=u.batch_id).values_list("api_key_id", flat=True).first()
@@ -74,8 +72,8 @@ def usage_record_shard(*, usage: ShardUsage) -> UsageRecord:
         server=u.server,
         completed_lines=u.completed,
         failed_lines=u.failed,
-        tokens=0 if is_tensor else u.prompt_tokens,
-        rows=rows,
+        tokens=u.tokens,
+        rows=u.rows,
         started_at=u.started_at,
         finished_at=u.finished_at,
         dispatch_seconds=dispatch_seconds,

@@ -6,8 +6,10 @@ import io
 import json
 from typing import Any
 
+from controlplane.batches.requests import ModelResolver, parse_line
 from controlplane.files.models import File
 from controlplane.files.services import file_create
+from controlplane.kinds.base import ParsedLine
 from controlplane.tenants.models import Tenant
 
 
@@ -39,3 +41,12 @@ def jsonl(lines: list[Any]) -> bytes:
 
 def upload(tenant: Tenant, content: bytes, name: str = "input.jsonl") -> File:
     return file_create(tenant=tenant, content=io.BytesIO(content), filename=name, purpose="batch", size=len(content))
+
+
+def parse_accepted(raw: bytes, *, endpoint: str, resolver: ModelResolver) -> ParsedLine:
+    """The checked parse of a line validation would accept: raises the LineIssue of an envelope problem, and
+    the BodyIssue of a refused body (which the pipeline answers as a 400 line instead)."""
+    parsed = parse_line(raw, endpoint=endpoint, resolver=resolver)
+    if parsed.issue is not None:
+        raise parsed.issue
+    return parsed

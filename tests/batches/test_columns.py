@@ -1,4 +1,4 @@
-"""Shard columns (batches/columns.py): the arrays validation keeps of a tensor shard's lines give exactly the
+"""Shard columns (kinds/tensor_columns.py): the arrays validation keeps of a tensor shard's lines give exactly the
 calls the shard's own lines would have given, a shard runs from them to the same output, and anything
 unusable (a line the fast lane left to the checked parse, mixed value types, named outputs, a damaged blob)
 means the lines are parsed as before."""
@@ -13,24 +13,27 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from controlplane.batches import columns as columns_module
 from controlplane.batches import execution, services
-from controlplane.batches.columns import (
-    BatchColumns,
+from controlplane.batches.models import Batch, BatchStatus, Shard
+from controlplane.batches.quickcheck import FastLane
+from controlplane.batches.requests import ModelResolver
+from controlplane.batches.storage_gc import orphans_collect, parts_collect
+from controlplane.batches.validation import BatchColumns
+from controlplane.core import dispatch
+from controlplane.files.models import File
+from controlplane.files.storage import blob_open, blob_save, blob_storage
+from controlplane.kinds import tensor_columns as columns_module
+from controlplane.kinds.base import LineIssue
+from controlplane.kinds.registry import kind_for
+from controlplane.kinds.tensor_columns import (
     ColumnsUnusable,
     ShardColumns,
     columns_decode,
     columns_encode,
 )
-from controlplane.batches.models import Batch, BatchStatus, Shard
-from controlplane.batches.packing import pack_tensors
-from controlplane.batches.quickcheck import FastLane
-from controlplane.batches.requests import KSERVE_DTYPES, LineIssue, ModelResolver, parse_line
-from controlplane.batches.storage_gc import orphans_collect, parts_collect
-from controlplane.core import dispatch
-from controlplane.files.models import File
-from controlplane.files.storage import blob_open, blob_save, blob_storage
-from tests.batches.helpers import jsonl, tensor_line, upload
+from controlplane.kinds.tensor_packing import pack_tensors
+from controlplane.kinds.tensor_values import KSERVE_DTYPES
+from tests.batches.helpers import jsonl, parse_accepted, tensor_line, upload
 from tests.batches.test_fastparse import DTYPES, _assert_same_arrays, _model, _values
 from tests.fakes import FakeBackend
 from tests.running import run_shard
@@ -83,14 +86,18 @@ def _collect(model, raws):
     other accepted line spoils its columns. Returns the checked lines and the columns blob (or None)."""
     saved: dict[str, bytes] = {}
     collector = BatchColumns(
-        batch_id="b", attempt=1, save=lambda name, f: saved.__setitem__(name, f.read()), delete=saved.pop
+        kind=kind_for("/v2/infer"),
+        batch_id="b",
+        attempt=1,
+        save=lambda name, f: saved.__setitem__(name, f.read()),
+        delete=saved.pop,
     )(model)
     assert collector is not None
     lane = FastLane(endpoint="/v2/infer", model=model)
     checked = {}
     for number, raw in enumerate(raws, start=1):
         try:
-            checked[number] = parse_line(raw, endpoint="/v2/infer", resolver=ModelResolver(model))
+            checked[number] = parse_accepted(raw, endpoint="/v2/infer", resolver=ModelResolver(model))
         except LineIssue:
             continue
         facts = lane.check(raw)
@@ -210,7 +217,7 @@ def test_shards_run_from_their_columns_to_the_output_their_lines_give(tenant, qu
     assert len(shards) == 3 and all(s.columns_name for s in shards)
     assert all(blob_storage().exists(s.columns_name) for s in shards)
 
-    def no_parsing(shard):
+    def no_parsing(shard, kind):
         raise AssertionError("a shard with columns parsed its lines")
 
     monkeypatch.setattr(execution, "_read_shard", no_parsing)
@@ -254,10 +261,38 @@ def test_a_damaged_or_missing_columns_blob_means_the_lines_are_parsed(tenant, qu
 
 @pytest.mark.django_db(transaction=True)
 def test_columns_of_a_file_that_fails_validation_are_deleted(tenant, quiet):
-    lines = [*_lines(9), {"custom_id": "bad", "method": "POST", "url": "/v2/infer", "body": {"model": "identity"}}]
+    # An envelope error (the method) fails the batch; a refused body alone would not.
+    lines = [*_lines(9), {"custom_id": "bad", "method": "GET", "url": "/v2/infer", "body": {"model": "identity"}}]
     batch = _validated(tenant, lines)
     assert batch.status == BatchStatus.FAILED
     assert not [name for name in blob_storage().listdir(f"parts/{batch.id}")[1] if ".columns" in name]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_shard_with_a_refused_line_runs_its_lines_checked_and_answers_that_line_with_a_400(tenant, quiet):
+    lines = _lines(10)
+    # The shape needs three values and the data has one: the unchecked fast parse would take it as it is,
+    # so the shard must parse its lines with the checked parse, which refuses it as validation did.
+    lines[5]["body"]["inputs"][0].update(shape=[1, 3], data=[1.0])
+    batch = _validated(tenant, lines)
+    assert batch.status == BatchStatus.IN_PROGRESS
+    shards = list(Shard.objects.filter(batch=batch).order_by("index"))
+    assert [(s.body_errors, bool(s.columns_name)) for s in shards] == [(0, True), (1, False), (0, True)]
+    backend = FakeBackend()
+    for shard in shards:
+        assert run_shard(shard, backend, owner="w") == "succeeded"
+    batch.refresh_from_db()
+    assert (batch.status, batch.completed_lines, batch.failed_lines) == (BatchStatus.COMPLETED, 9, 1)
+    with blob_open(File.objects.get(id=batch.error_file_id).storage_name) as fh:
+        [refused] = [json.loads(line) for line in fh.read().splitlines()]
+    assert refused["custom_id"] == "r-5" and refused["error"] is None
+    assert refused["response"]["status_code"] == 400
+    error = refused["response"]["body"]["error"]
+    assert (error["type"], error["code"], error["param"]) == (
+        "invalid_request_error",
+        "invalid_data",
+        "body.inputs[0].data",
+    )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -290,7 +325,7 @@ def test_a_file_with_an_error_writes_no_columns_after_it(tenant, quiet, monkeypa
         return blob_save(name, content)
 
     monkeypatch.setattr(services, "blob_save", counting_save)
-    bad = {"custom_id": "bad", "method": "POST", "url": "/v2/infer", "body": {"model": "identity"}}
+    bad = {"custom_id": "bad", "method": "GET", "url": "/v2/infer", "body": {"model": "identity"}}  # envelope
     batch = _validated(tenant, [*_lines(20)[:4], bad, *_lines(20)[5:]])  # one good shard, then the error
     assert batch.status == BatchStatus.FAILED
     assert [name.rsplit("/", 1)[1] for name in saved] == ["000000.columns1.bin"]  # the shard before the error only

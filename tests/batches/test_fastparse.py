@@ -1,5 +1,5 @@
-"""The unchecked parse of validated tensor lines (batches/fastparse.py) gives exactly what the checked parse
-gives (batches/requests.py), for every KServe datatype, with and without named outputs, and declines
+"""The unchecked parse of validated tensor lines (kinds/tensor_fast.py) gives exactly what the checked parse
+gives (kinds/tensor_requests.py), for every KServe datatype, with and without named outputs, and declines
 (None) rather than guessing on anything it does not expect."""
 
 from __future__ import annotations
@@ -11,10 +11,14 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from controlplane.batches.fastparse import ValidatedTensorLines, parse_validated_tensor_line
-from controlplane.batches.packing import pack_tensors
-from controlplane.batches.requests import KSERVE_DTYPES, LineIssue, ModelResolver, RawTensorRequest, parse_line
+from controlplane.batches.requests import ModelResolver
 from controlplane.fleet.models import CatalogueModel
+from controlplane.kinds.base import LineIssue
+from controlplane.kinds.tensor_fast import ValidatedTensorLines, parse_validated_tensor_line
+from controlplane.kinds.tensor_packing import pack_tensors
+from controlplane.kinds.tensor_requests import RawTensorRequest
+from controlplane.kinds.tensor_values import KSERVE_DTYPES
+from tests.batches.helpers import parse_accepted
 
 DTYPES = [d for d in KSERVE_DTYPES if d != "BYTES"]
 
@@ -77,7 +81,7 @@ def _assert_same_arrays(got, want) -> None:
 def test_fast_parse_equals_checked_parse(case):
     model, raw = case
     try:
-        checked = parse_line(raw, endpoint="/v2/infer", resolver=ModelResolver(model))
+        checked = parse_accepted(raw, endpoint="/v2/infer", resolver=ModelResolver(model))
     except LineIssue:
         assume(False)  # validation refuses it (e.g. 2**63 - 1 next to a float): never reaches a shard
     fast = parse_validated_tensor_line(raw, model)
@@ -101,14 +105,14 @@ def shards(draw):
 @settings(max_examples=300, deadline=None)
 @given(shards())
 def test_calls_stacked_from_fast_lines_equal_calls_from_checked_lines(case):
-    """The fast lines' lists become one array per call (packing._stack_raw): the same values, types and
+    """The fast lines' lists become one array per call (tensor_packing._stack_raw): the same values, types and
     shapes as stacking the checked parse's per-line arrays, whatever mix of ints, floats and bools."""
     model, raws = case
     checked, fast = {}, {}
     parser = ValidatedTensorLines(model)
     for number, raw in enumerate(raws, start=1):
         try:
-            checked[number] = parse_line(raw, endpoint="/v2/infer", resolver=ModelResolver(model))
+            checked[number] = parse_accepted(raw, endpoint="/v2/infer", resolver=ModelResolver(model))
         except LineIssue:
             continue
         fast[number] = parser.parse(raw)
@@ -168,9 +172,9 @@ def test_big_integers_beside_floats_keep_every_digit(datatype, data, exact):
     raw = json.dumps({"custom_id": "x", "method": "POST", "url": "/v2/infer", "body": body}).encode()
     if exact is None:
         with pytest.raises(LineIssue, match=r"out of range|must hold"):
-            parse_line(raw, endpoint="/v2/infer", resolver=ModelResolver(model))
+            parse_accepted(raw, endpoint="/v2/infer", resolver=ModelResolver(model))
         return
-    checked = parse_line(raw, endpoint="/v2/infer", resolver=ModelResolver(model))
+    checked = parse_accepted(raw, endpoint="/v2/infer", resolver=ModelResolver(model))
     assert _arrays(checked.request)[0].ravel().tolist() == exact
     fast = parse_validated_tensor_line(raw, model)
     assert fast is not None and _arrays(fast.request)[0].ravel().tolist() == exact

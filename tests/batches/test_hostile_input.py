@@ -1,6 +1,8 @@
 """A hostile-input corpus: every line that is not a valid request is a line error with its line number
 and a clear code, never an exception out of validation; the errors saved on the batch stay small and
-storable. A handful of cases also go through the API and batch_validate to a terminal (or running) state."""
+storable. An envelope problem (not JSON, no custom_id, …) fails the batch; a body its endpoint kind refuses is
+planned as a 400 line and the batch runs on (OpenAI's per-line semantics). A handful of cases also go through
+the API and batch_validate to a terminal (or running) state."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import pytest
 from django.db import OperationalError
 
 from controlplane.batches import services
-from controlplane.batches.models import Batch, BatchStatus
+from controlplane.batches.models import Batch, BatchStatus, Shard
+from controlplane.batches.requests import ModelResolver, parse_line
 from controlplane.batches.validation import ValidationResult, validate_input
 from controlplane.core import dispatch
 from controlplane.fleet.models import CatalogueModel
@@ -233,11 +236,36 @@ CASES: dict[str, tuple[str, bytes, str | None]] = {
 }
 
 
+# The codes of a body the endpoint kind refuses: a 400 line in the error file, not a failed batch.
+BODY_CODES = {
+    "invalid_input",
+    "invalid_value",
+    "invalid_inputs",
+    "invalid_input_name",
+    "invalid_datatype",
+    "invalid_shape",
+    "invalid_data",
+    "invalid_outputs",
+    "invalid_output_name",
+    "missing_input",
+}
+
+
 @pytest.mark.parametrize(("endpoint", "bad", "code"), list(CASES.values()), ids=list(CASES))
 def test_hostile_line_is_a_line_error_with_its_number(typed_models, endpoint, bad, code):
     if code is None:  # valid, however odd: accepted on its own (neighbours could name another model)
         result = _validate(jsonl([bad]), endpoint=endpoint)
         assert result.ok and result.total == 1, result.errors
+        return
+    if code in BODY_CODES:
+        # A typed-* line between identity lines would be mixed_models (an envelope error): it goes alone.
+        alone = json.loads(bad)["body"]["model"].startswith("typed-")
+        lines = [bad] if alone else [_good(endpoint, "ok-1"), bad, _good(endpoint, "ok-2")]
+        result = _validate(jsonl(lines), endpoint=endpoint)
+        assert result.ok and result.total == len(lines) and result.body_errors == 1, result.errors
+        issue = parse_line(jsonl([bad]), endpoint=endpoint, resolver=ModelResolver()).issue
+        assert issue is not None and issue.code == code and issue.param
+        _assert_storable([{"message": issue.message, "param": issue.param}])
         return
     result = _validate(jsonl([_good(endpoint, "ok-1"), bad, _good(endpoint, "ok-2")]), endpoint=endpoint)
     assert [(e["line"], e["code"]) for e in result.errors] == [(2, code)], result.errors
@@ -315,7 +343,7 @@ API_CASES: dict[str, tuple[str, bytes, list[tuple[int, str]]]] = {
     "surrogate-custom-id": (EMB, CASES["surrogate-custom-id"][1], [(2, "invalid_unicode")]),
     "surrogate-input": (EMB, CASES["surrogate-input"][1], [(2, "invalid_unicode")]),
     "nul-in-model": (EMB, CASES["nul-in-model"][1], [(2, "model_not_found")]),
-    "int8-1e30": (TENSOR, CASES["int8-1e30"][1], [(2, "invalid_data")]),
+    "shape-negative-runs-as-a-400-line": (TENSOR, CASES["shape-negative"][1], []),
     "nul-in-input-runs": (EMB, CASES["nul-in-input-is-valid"][1], []),
 }
 
@@ -327,6 +355,9 @@ def test_hostile_file_through_the_api_ends_failed_or_running(api, typed_models, 
     body = api.get(f"/v1/batches/{batch_id}").json()
     if not expected:
         assert body["status"] == BatchStatus.IN_PROGRESS
+        assert body["request_counts"]["total"] == 3
+        refused = 1 if bad == CASES["shape-negative"][1] else 0
+        assert sum(Shard.objects.filter(batch_id=batch_id).values_list("body_errors", flat=True)) == refused
         return
     assert body["status"] == BatchStatus.FAILED
     assert [(e["line"], e["code"]) for e in body["errors"]["data"]] == expected

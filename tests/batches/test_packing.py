@@ -6,8 +6,11 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.batches.packing import NUMPY_TO_KSERVE, Member, call_rows, pack_embeddings, pack_tensors, tensor_body
-from controlplane.batches.requests import EmbeddingRequest, ParsedLine, TensorInput, TensorRequest
+from controlplane.kinds.base import Member, ParsedLine
+from controlplane.kinds.embeddings import EmbeddingRequest, pack_embeddings
+from controlplane.kinds.tensor_packing import call_rows, pack_tensors, tensor_body
+from controlplane.kinds.tensor_requests import TensorInput, TensorRequest
+from controlplane.kinds.tensor_values import NUMPY_TO_KSERVE
 
 
 def _emb(texts: list[str]) -> dict[int, ParsedLine]:

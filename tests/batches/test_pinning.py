@@ -58,5 +58,7 @@ def test_new_batches_see_the_edited_entry(tenant, eager):
     renamed = [{**spec, "name": "RENAMED"} for spec in CatalogueModel.objects.get(name="identity").inputs]
     CatalogueModel.objects.filter(name="identity").update(inputs=renamed)
     batch = _validated_tensor_batch(tenant)
-    assert batch.status == BatchStatus.FAILED
-    assert "is not an input of 'identity'" in batch.errors["data"][0]["message"]
+    # Validated against the edited entry: every line names INPUT0, which it no longer has, so every line is a
+    # refused body (a 400 line when its shard runs), and the batch pins the edited interface.
+    assert batch.status == BatchStatus.IN_PROGRESS and batch.model_snapshot["inputs"][0]["name"] == "RENAMED"
+    assert sum(Shard.objects.filter(batch=batch).values_list("body_errors", flat=True)) == batch.total_lines == 8

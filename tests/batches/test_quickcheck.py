@@ -12,8 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane.batches.quickcheck import LineFacts, quick_check
-from controlplane.batches.requests import LineIssue, ModelResolver, parse_line, work_units
+from controlplane.batches.requests import ModelResolver, work_units
 from controlplane.fleet.models import CatalogueModel
+from controlplane.kinds.base import LineIssue
+from tests.batches.helpers import parse_accepted
 from tests.batches.test_fastparse import _model, lines
 
 EMBEDDER = CatalogueModel(
@@ -33,10 +35,10 @@ JSON_VALUES = EDGES | st.recursive(
 
 def _checked(raw: bytes, endpoint: str, model: CatalogueModel) -> LineFacts | None:
     try:
-        parsed = parse_line(raw, endpoint=endpoint, resolver=ModelResolver(model))
-    except LineIssue:
+        parsed = parse_accepted(raw, endpoint=endpoint, resolver=ModelResolver(model))
+    except LineIssue:  # a refused body too: the lane only ever answers for lines validation accepts
         return None
-    return LineFacts(parsed.custom_id, parsed.model_name, work_units(parsed))
+    return LineFacts(parsed.custom_id, parsed.model_name, work_units(parsed, endpoint=endpoint))
 
 
 def _paths(value: Any, prefix: tuple = ()) -> list[tuple]:

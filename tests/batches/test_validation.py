@@ -1,4 +1,6 @@
-"""Every kind of bad line fails validation with its line number and a message saying what to fix."""
+"""Every envelope problem fails validation with its line number and a message saying what to fix; a line whose
+envelope is valid but whose body its endpoint kind refuses is planned with its shard instead (a 400 line in
+the error file when the shard runs, as on OpenAI)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import json
 
 import pytest
 
+from controlplane.batches.requests import ModelResolver, parse_line
 from controlplane.batches.validation import validate_input
 from tests.batches.helpers import embedding_line, jsonl, tensor_line
 
@@ -20,6 +23,18 @@ def _validate(content: bytes, endpoint: str = "/v1/embeddings", **kw):
 
 def _codes(result) -> list[tuple[int | None, str]]:
     return [(e["line"], e["code"]) for e in result.errors]
+
+
+def _refused(content: bytes, endpoint: str = "/v1/embeddings") -> list[tuple[int, str, str]]:
+    """(line, code, message) of each line whose body the kind refuses (the shard's run writes these)."""
+    resolver = ModelResolver()
+    found = []
+    for number, raw in enumerate(content.splitlines(), start=1):
+        issue = parse_line(raw, endpoint=endpoint, resolver=resolver).issue
+        if issue is not None:
+            assert issue.param and issue.param.startswith("body.")
+            found.append((number, issue.code, issue.message))
+    return found
 
 
 def test_valid_file_plans_contiguous_shards_with_byte_ranges(catalogue):
@@ -61,10 +76,6 @@ def test_a_shard_closes_once_it_holds_shard_bytes_of_input(catalogue):
         ),
         (json.dumps(embedding_line("x", "t", model="gpt-7")).encode(), "model_not_found", "gpt-7"),
         (json.dumps(embedding_line("x", "t", model="identity")).encode(), "invalid_model", "/v1/embeddings"),
-        (json.dumps(embedding_line("x", [1, 2, 3])).encode(), "invalid_input", "token arrays"),
-        (json.dumps(embedding_line("x", 42)).encode(), "invalid_input", "string"),
-        (json.dumps(embedding_line("x", "")).encode(), "invalid_input", "empty"),
-        (json.dumps(embedding_line("x", "t", dimensions=128)).encode(), "invalid_value", "384"),
         (json.dumps({**embedding_line("x", "t"), "body": "text"}).encode(), "invalid_body", "object"),
     ],
 )
@@ -74,6 +85,39 @@ def test_bad_line_is_reported_with_its_line_number(catalogue, bad, code, needle)
     assert not result.ok
     assert _codes(result) == [(2, code)]
     assert needle in result.errors[0]["message"]
+
+
+@pytest.mark.parametrize(
+    ("bad", "code", "needle"),
+    [
+        (embedding_line("x", [1, 2, 3]), "invalid_input", "token arrays"),
+        (embedding_line("x", 42), "invalid_input", "string"),
+        (embedding_line("x", ""), "invalid_input", "empty"),
+        (embedding_line("x", "t", dimensions=128), "invalid_value", "384"),
+        ({**embedding_line("x", "t"), "body": {"model": "all-MiniLM-L6-v2"}}, "invalid_input", "body.input"),
+    ],
+)
+def test_a_refused_body_is_planned_as_a_400_line_not_a_batch_error(catalogue, bad, code, needle):
+    content = jsonl([embedding_line("ok-1", "fine"), bad, embedding_line("ok-2", "fine")])
+    result = _validate(content)
+    assert result.ok and result.total == 3 and result.body_errors == 1
+    assert [(s.request_count, s.body_errors) for s in result.shards] == [(3, 1)]
+    # The refused line costs no work units: only the two valid lines' estimate is planned.
+    assert result.work_units == result.shards[0].work_units == 2 * (len("fine") // 4 + 2)
+    [(line, refused_code, message)] = _refused(content)
+    assert (line, refused_code) == (2, code) and needle in message
+
+
+def test_a_refused_line_still_counts_for_duplicate_ids_and_mixed_models(catalogue):
+    from controlplane.fleet.models import CatalogueModel
+
+    CatalogueModel.objects.create(
+        name="other-embedder", triton_name="other", kind="embeddings", max_batch_size=8, embedding_dimensions=384
+    )
+    refused_dup = embedding_line("a", "")  # a valid envelope, a refused body, and a duplicate id
+    refused_mixed = embedding_line("c", "", model="other-embedder")
+    result = _validate(jsonl([embedding_line("a", "x"), refused_dup, refused_mixed]))
+    assert _codes(result) == [(2, "duplicate_custom_id"), (3, "mixed_models")]
 
 
 def test_duplicate_custom_id_names_the_first_line(catalogue):
@@ -178,12 +222,16 @@ def test_error_list_is_capped_but_counted(catalogue):
 def test_tensor_lines_are_checked_against_the_catalogue(catalogue, mutate, code):
     line = tensor_line("t", [[1.0, 2.0, 3.0]])
     mutate(line["body"])
-    result = _validate(jsonl([line]), endpoint="/v2/infer")
-    assert _codes(result) == [(1, code)]
+    content = jsonl([line, tensor_line("ok", [[1.0]])])
+    result = _validate(content, endpoint="/v2/infer")
+    assert result.ok and result.body_errors == 1 and result.work_units == 1
+    assert [(line, code) for line, code, _ in _refused(content, "/v2/infer")] == [(1, code)]
 
 
 def test_a_tensor_input_name_that_is_not_a_string_is_a_line_error(db, catalogue):
     bad = tensor_line("t0", [[1.0, 2.0]])
     bad["body"]["inputs"][0]["name"] = ["INPUT0"]  # unhashable: must be a line error, not a crash
-    result = _validate(jsonl([bad]), endpoint="/v2/infer")
-    assert [(e["code"], e["line"]) for e in result.errors] == [("invalid_input_name", 1)]
+    content = jsonl([bad])
+    result = _validate(content, endpoint="/v2/infer")
+    assert result.ok and result.body_errors == 1
+    assert [(line, code) for line, code, _ in _refused(content, "/v2/infer")] == [(1, "invalid_input_name")]

@@ -142,6 +142,25 @@ def test_invalid_file_fails_batch_with_line_numbers(e2e):
     assert batch.output_file_id is None and read_jsonl(client, batch.error_file_id) == []
 
 
+def test_a_body_invalid_line_is_a_400_in_the_error_file_and_the_batch_runs_on(e2e):
+    # OpenAI's per-line semantics: the envelope is valid, the embeddings body has no input.
+    client = e2e.sdk()
+    lines = embedding_lines(6, seed=3)
+    lines[2] = {**lines[2], "body": {"model": lines[2]["body"]["model"]}}
+    batch = e2e.wait_status(client, submit(client, lines).id, {"completed", "failed"})
+    assert batch.status == "completed", batch.errors
+    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (6, 5, 1)
+    output, errors = assert_exactly_once(client, batch, lines)
+    assert [r["response"]["status_code"] for r in output] == [200] * 5
+    [refused] = errors
+    assert refused["custom_id"] == lines[2]["custom_id"] and refused["error"] is None
+    assert refused["id"].startswith("batch_req_") and refused["response"]["status_code"] == 400
+    assert refused["response"]["request_id"]
+    error = refused["response"]["body"]["error"]
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", "body.input", "invalid_input")
+    assert "body.input" in error["message"]
+
+
 def test_models_list_and_retrieve(e2e):
     client = e2e.sdk()
     listed = {m.id: m for m in client.models.list()}

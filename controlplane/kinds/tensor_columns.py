@@ -10,7 +10,7 @@ shard took ~20 ms of the shard worker's CPU, loading its columns ~1 ms (docs/PER
 Columns are an optimisation, never a source of truth the run depends on:
 - a shard gets columns only when every one of its lines went through the fast lane, named no outputs, had
   the same non-batch dims, and every value of each input had one Python type; the arrays are then cast
-  exactly as packing._stack_raw casts a call (``packing.stack_values``), which property tests hold equal to
+  exactly as tensor_packing._stack_raw casts a call (``tensor_values.stack_values``), which property tests hold equal to
   the checked parse, line by line. Anything else leaves the shard without columns (``Shard.columns_name``
   blank) and it parses its lines as before;
 - a worker that cannot use a shard's columns (missing, unreadable, not matching the shard or the pinned
@@ -24,7 +24,6 @@ as one JSON array, and each input's array in header order."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import logging
 from typing import Any, NamedTuple
@@ -32,11 +31,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import orjson
 
-from controlplane.batches.models import Shard
-from controlplane.batches.packing import Call, Member, stack_values
-from controlplane.batches.requests import KSERVE_DTYPES
 from controlplane.files.storage import blob_open
 from controlplane.fleet.models import CatalogueModel, ModelKind
+from controlplane.kinds.base import Call, Member
+from controlplane.kinds.tensor_values import KSERVE_DTYPES, stack_values
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +52,7 @@ class ShardColumns(NamedTuple):
     inputs: dict[str, np.ndarray]  # stacked along the batch dimension, in the model's input order
 
     def calls(self, max_batch_size: int, output_names: list[str]) -> list[Call]:
-        """Consecutive lines up to ``max_batch_size`` rows per call: the calls packing.pack_tensors makes of
+        """Consecutive lines up to ``max_batch_size`` rows per call: the calls tensor_packing.pack_tensors makes of
         the same lines (one signature, line order)."""
         calls: list[Call] = []
         members: list[Member] = []
@@ -221,46 +219,28 @@ class ColumnCollector:
             self._reset()
 
 
-class BatchColumns:
-    """What validation calls once it knows the batch's model (``columns_for``): a collector for a model whose
-    shards can have columns, else None. ``discard`` deletes what it wrote, when the batch did not start (the
-    columns then name no shard; storage_gc would collect them after its grace period)."""
-
-    def __init__(self, *, batch_id: str, attempt: int, save: Any, delete: Any) -> None:
-        self.batch_id, self.attempt, self._save, self._delete = batch_id, attempt, save, delete
-        self.collector: ColumnCollector | None = None
-
-    def __call__(self, model: CatalogueModel) -> ColumnCollector | None:
-        if ColumnCollector.suits(model):
-            self.collector = ColumnCollector(model, batch_id=self.batch_id, attempt=self.attempt, save=self._save)
-        return self.collector
-
-    def discard(self) -> None:
-        for name in self.collector.written if self.collector is not None else []:
-            with contextlib.suppress(OSError):
-                self._delete(name)
-
-
-def columns_load(shard: Shard, model: CatalogueModel) -> ShardColumns | None:
-    """The shard's columns when it has usable ones for ``model`` (the batch's pinned entry), else None (logged
-    when it had some): the caller parses the shard's lines instead."""
-    if not shard.columns_name:
+def columns_load(
+    *, name: str, first_line: int, last_line: int, request_count: int, model: CatalogueModel
+) -> ShardColumns | None:
+    """A shard's columns (blob ``name``, lines ``first_line``..``last_line``) when they are usable for ``model``
+    (the batch's pinned entry), else None (logged): the caller parses the shard's lines instead."""
+    if not name:
         return None
     try:
-        with blob_open(shard.columns_name) as stream:
+        with blob_open(name) as stream:
             columns = columns_decode(stream.read())
-        _check(columns, shard, model)
+        _check(columns, first_line, last_line, request_count, model)
     except (OSError, ColumnsUnusable) as exc:
-        logger.warning("shard %s: columns %s not used (%s); parsing its lines", shard.id, shard.columns_name, exc)
+        logger.warning("columns %s not used (%s); parsing its lines", name, exc)
         return None
     return columns
 
 
-def _check(columns: ShardColumns, shard: Shard, model: CatalogueModel) -> None:
+def _check(columns: ShardColumns, first_line: int, last_line: int, request_count: int, model: CatalogueModel) -> None:
     numbers = columns.numbers
-    if len(numbers) != shard.request_count or not numbers:
-        raise ColumnsUnusable(f"{len(numbers)} lines for a shard of {shard.request_count}")
-    if numbers[0] < shard.start_line or numbers[-1] > shard.end_line:
+    if len(numbers) != request_count or not numbers:
+        raise ColumnsUnusable(f"{len(numbers)} lines for a shard of {request_count}")
+    if numbers[0] < first_line or numbers[-1] > last_line:
         raise ColumnsUnusable("lines outside the shard's range")
     if list(columns.inputs) != [spec["name"] for spec in model.inputs]:
         raise ColumnsUnusable("inputs are not the model's")

@@ -1,0 +1,229 @@
+"""The endpoint-kind interface: everything a batch endpoint means, in one place.
+
+A batch's pipeline is the same for every endpoint — validate each line, plan shards, run a shard's lines
+against Triton, write each line's result, charge the ledger — and asks the batch's kind at four points:
+
+  (a) ``parse_body``: one line's body, for the batch's model → the parsed request (its ``work_units``),
+      or a ``BodyIssue`` (param, code, message). The envelope (custom_id, method, url, body.model) is
+      the batch pipeline's and the same for every kind (batches/requests.py).
+  (b) ``run``: a shard's parsed lines against the backend, each finished line reported to the caller as it
+      finishes. Request/response kinds subclass kinds/calls.CallKind, whose ``run`` packs lines into Triton
+      calls (``pack``) and keeps several in flight; a kind with streaming or many responses per line
+      (generation) implements ``run`` itself.
+  (c) ``render``: a line's share of its call's results → its OpenAI-shaped response body and usage.
+  (d) ``ledger_units`` / ``measured_work_units``: what a shard's finished lines cost, for the usage ledger
+      and the fair-share correction.
+
+Optional fast paths, all "may answer None, then the checked path runs": ``quick_units`` (validation's fast
+lane), ``fast_parser`` (re-reading already validated lines at run time), ``columns_collector`` and
+``columns_run`` (arrays kept by validation so a shard does not parse JSON again)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO, Any, ClassVar, NamedTuple, Protocol
+
+import numpy as np
+
+from controlplane.fleet.models import CatalogueModel
+
+
+class LineIssue(Exception):
+    """A line that cannot be run, with the OpenAI-style error code and the field to fix."""
+
+    def __init__(self, code: str, message: str, param: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+
+
+class BodyIssue(LineIssue):
+    """A line whose envelope is valid but whose body its kind refuses: as on OpenAI, it is answered in the
+    error file with a 400 and the batch runs its other lines. ``param`` always names the field."""
+
+    def __init__(self, code: str, message: str, param: str):
+        super().__init__(code, message, param)
+
+
+class ParsedLine(NamedTuple):
+    """A NamedTuple rather than a frozen dataclass: a shard builds one per line, at half the cost."""
+
+    custom_id: str
+    model_name: str
+    # The kind's parsed request; None for a line run from its shard's columns (its call was packed from
+    # them) or for a refused line (``issue``).
+    request: Any
+    issue: BodyIssue | None = None
+
+
+class Member(NamedTuple):
+    """One piece of one line inside a call: an input text of an embeddings line, or a tensor line's rows
+    (``start``..``start+rows`` of the call's batch dimension). One per line of every shard: a NamedTuple."""
+
+    line: int
+    slot: int
+    start: int
+    rows: int
+
+
+@dataclass
+class Call:
+    """One Triton request: stacked inputs, the outputs to read, and which lines' pieces it carries."""
+
+    inputs: dict[str, np.ndarray]
+    output_names: list[str]
+    members: list[Member] = field(default_factory=list)
+
+    def split(self) -> list[Call]:
+        """One call per member: used to find which line a rejected call's error belongs to."""
+        return [
+            Call(
+                {name: array[m.start : m.start + m.rows] for name, array in self.inputs.items()},
+                self.output_names,
+                [Member(m.line, m.slot, 0, m.rows)],
+            )
+            for m in self.members
+        ]
+
+
+class LineOutput(NamedTuple):
+    """A line that got its answer: the OpenAI-shaped response body and the tokens it measured (0 for rows)."""
+
+    body: dict[str, Any]
+    tokens: int = 0
+
+
+class LineFailure(NamedTuple):
+    """A line answered with an error response (its body refused, or the model rejected it)."""
+
+    status_code: int
+    code: str
+    message: str
+    param: str | None = None
+
+    @classmethod
+    def refused(cls, issue: LineIssue) -> LineFailure:
+        return cls(400, issue.code, issue.message, issue.param)
+
+
+LineOutcome = LineOutput | LineFailure
+
+
+class LedgerUnits(NamedTuple):
+    tokens: int
+    rows: int
+
+
+class Backend(Protocol):
+    """Where a shard's calls go (batches/backend.py implements it: one Triton, or the fleet's routes)."""
+
+    server: str
+    # Model instances behind it (None: not known): a shard is split into at most this many calls.
+    instances: int | None
+
+    def prepare(self, triton_model: str) -> None: ...
+
+    def infer(
+        self, triton_model: str, inputs: dict[str, np.ndarray], output_names: list[str]
+    ) -> dict[str, np.ndarray]: ...
+
+
+class RunControl(Protocol):
+    """What the shard executor gives a kind's ``run``: its stop signal and where finished lines go."""
+
+    def check(self) -> bool:
+        """Raises when the shard's lease is lost (publish nothing); True once its batch is stopping, after
+        which the run sends nothing new. Cheap: call it as often as convenient."""
+        ...
+
+    def finish(self, number: int, outcome: LineOutcome) -> None:
+        """Line ``number`` is done (called once per line, from the thread that called ``run``)."""
+        ...
+
+
+class ColumnCollector(Protocol):
+    """Validation's side of a kind's columns: fed each accepted line of the open shard."""
+
+    written: list[str]
+
+    def add(self, number: int, custom_id: str, body: dict[str, Any]) -> None: ...
+
+    def spoil(self) -> None: ...
+
+    def close(self, *, index: int, request_count: int) -> str: ...
+
+
+class EndpointKind(ABC):
+    url: ClassVar[str]  # the batch endpoint, as in the line's "url" and the batch's "endpoint"
+    model_kind: ClassVar[str]  # the CatalogueModel.kind that serves it
+    # Work units are tokens (the tenant's enqueued-token quota counts them), else rows.
+    counts_tokens: ClassVar[bool]
+
+    # --- (a) validation --------------------------------------------------------------------------------
+
+    @abstractmethod
+    def parse_body(self, body: dict[str, Any], *, model: CatalogueModel) -> Any:
+        """The request a valid body asks for; raises BodyIssue (never anything else) for an invalid one."""
+
+    @abstractmethod
+    def work_units(self, request: Any) -> int:
+        """What a valid line costs the model (≥ 1), in the unit fair share is charged in."""
+
+    def quick_units(self, model: CatalogueModel) -> Callable[[dict[str, Any]], int | None] | None:
+        """Validation's fast lane for the body: its work units when ``parse_body`` would accept it, else None
+        (then the checked parse decides). None: no fast lane for this kind."""
+        return None
+
+    def fast_parser(self, model: CatalogueModel) -> Callable[[bytes], ParsedLine | None] | None:
+        """Re-reading a line validation accepted, without the checks (None for a line it cannot read)."""
+        return None
+
+    def columns_collector(
+        self, model: CatalogueModel, *, batch_id: str, attempt: int, save: Callable[[str, IO[bytes]], Any]
+    ) -> ColumnCollector | None:
+        return None
+
+    def columns_run(
+        self, *, name: str, first_line: int, last_line: int, request_count: int, model: CatalogueModel
+    ) -> tuple[dict[int, ParsedLine], list[Call]] | None:
+        """A shard's lines and calls from the columns validation kept (``name``), or None: parse the lines."""
+        return None
+
+    # --- (b) + (c) running and rendering --------------------------------------------------------------
+
+    @abstractmethod
+    def run(
+        self,
+        lines: dict[int, ParsedLine],
+        *,
+        model: CatalogueModel,
+        backend: Backend,
+        control: RunControl,
+        inflight: int,
+        calls: list[Call] | None = None,
+    ) -> bool:
+        """Run a shard's lines; every line is reported to ``control.finish`` unless a stop leaves it out
+        (refused lines, ``ParsedLine.issue``, too). ``calls``: already packed (from columns). Returns whether a
+        stop was requested. Request/response kinds inherit kinds/calls.CallKind's; a streaming kind writes its
+        own."""
+
+    @abstractmethod
+    def render(self, parsed: ParsedLine, pieces: dict[int, Any]) -> LineOutput:
+        """One line's response body from the pieces of its results (slot → piece): a request/response kind's
+        pieces of its calls, a streaming kind's responses."""
+
+    # --- (d) usage ------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def ledger_units(
+        self, *, completed: int, runnable: int, estimated_work_units: int, measured_tokens: int
+    ) -> LedgerUnits:
+        """What a shard's ``completed`` lines are billed: ``runnable`` is its lines less the refused ones,
+        ``estimated_work_units`` theirs (from validation), ``measured_tokens`` what the model counted."""
+
+    def measured_work_units(self, *, estimated: int, measured_tokens: int) -> int:
+        """A finished shard's work units as measured (fair share is corrected to it at commit)."""
+        return measured_tokens if self.counts_tokens and measured_tokens else estimated

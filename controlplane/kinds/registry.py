@@ -1,0 +1,38 @@
+"""The one table of endpoint kinds: a batch's endpoint URL → the kind that gives it its meaning. Adding an
+endpoint is adding a kind module and a row here, and its value to ``batches.models.Endpoint`` (the choices of
+``Batch.endpoint``, which a migration records): tests/kinds/test_registry.py holds the two equal."""
+
+from __future__ import annotations
+
+from controlplane.kinds.base import EndpointKind
+from controlplane.kinds.embeddings import EmbeddingsKind
+from controlplane.kinds.tensors import TensorKind
+
+KINDS: dict[str, EndpointKind] = {kind.url: kind for kind in (EmbeddingsKind(), TensorKind())}
+
+
+class UnknownEndpoint(LookupError):
+    pass
+
+
+def kind_for(url: str) -> EndpointKind:
+    """The kind of a batch's endpoint. Raises UnknownEndpoint: batch creation refuses any other url, so a
+    batch row never holds one."""
+    try:
+        return KINDS[url]
+    except KeyError:
+        raise UnknownEndpoint(f"no endpoint kind for {url!r}; known: {sorted(KINDS)}") from None
+
+
+def endpoint_urls() -> list[str]:
+    return list(KINDS)
+
+
+def token_endpoint_urls() -> list[str]:
+    """Endpoints whose work units are tokens (the tenant's enqueued-token quota counts them)."""
+    return [url for url, kind in KINDS.items() if kind.counts_tokens]
+
+
+def endpoint_for_model_kind(model_kind: str) -> str | None:
+    """The endpoint a catalogue model of ``model_kind`` serves."""
+    return next((url for url, kind in KINDS.items() if kind.model_kind == model_kind), None)
