@@ -36,7 +36,7 @@ def test_every_model_kind_is_served_by_exactly_one_endpoint():
 
 def test_models_endpoint_names_the_registry_endpoint_of_each_kind():
     # fleet sits below kinds/ and keeps its own map for /v1/models; it must agree with the registry.
-    from controlplane.fleet.views import _ENDPOINT
+    from controlplane.fleet.render import _ENDPOINT
 
     assert {kind: url for kind, url in _ENDPOINT.items()} == {k: endpoint_for_model_kind(k) for k in ModelKind.values}
 
