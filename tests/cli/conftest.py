@@ -28,6 +28,9 @@ def cli(fake_api, monkeypatch):
     for console in (out, err):
         monkeypatch.setattr(console, "is_interactive", False)
         monkeypatch.setattr(console, "_color_system", None)
+        # The width follows COLUMNS as each test sets it: rich fixes it at construction when COLUMNS was set
+        # then (in a suite worker, whichever test imported batchctl first decided it for the rest).
+        monkeypatch.setattr(console, "_width", None)
     runner = CliRunner()
 
     def invoke(*args: str):
