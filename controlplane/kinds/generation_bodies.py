@@ -1,0 +1,304 @@
+"""A generation line's body (``/v1/chat/completions``, ``/v1/completions``) → a ``GenerationRequest`` or a
+``BodyError`` (a 400 line in the error file; the batch runs on). Pure: the caller passes the model's
+tokenizer and context length, nothing here reads a database or the clock.
+
+Decisions (OpenAI's behaviour unless said otherwise):
+- ``max_tokens`` absent: chat gets what the context leaves (context - prompt), as OpenAI's chat does;
+  completions get 16, the default in OpenAI's spec for the legacy endpoint. Either way prompt + max_tokens
+  must fit the context, or the line is ``context_length_exceeded``.
+- Chat prompts are the chat template's text, encoded without special tokens (the template writes them);
+  a completions prompt is encoded with them (a Llama BOS), as vLLM does for both.
+- A completions ``prompt`` is one string (or a list of one). A list of several would make one line several
+  requests with interleaved choices; a batch line is the unit of work, accounting and retry, so each prompt
+  is its own line. Token-id arrays are refused: the engines take text (Triton's vLLM backend), and ids are
+  only meaningful for one tokenizer.
+- null means absent for every optional field, as OpenAI's API treats it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, TypedDict
+
+from jinja2 import TemplateError
+
+from controlplane.kinds.generation_fields import (
+    INT64_MAX,
+    INT64_MIN,
+    PLAIN_TEXT,
+    BodyError,
+    ResponseFormat,
+    check_unsupported,
+    read_bool,
+    read_integer,
+    read_metadata,
+    read_number,
+    read_response_format,
+    read_stop,
+    read_string,
+    require,
+    short,
+    wrong_type,
+)
+from controlplane.kinds.generation_messages import chat_conversation
+
+__all__ = [
+    "BodyError",
+    "ChatTokenizer",
+    "GenerationRequest",
+    "ResponseFormat",
+    "parse_chat_body",
+    "parse_completion_body",
+]
+
+MAX_CHOICES = 8  # n; OpenAI allows 128, but each choice is a sequence holding KV cache for the line's length
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's spec: CreateCompletionRequest.max_tokens default
+MAX_TOP_LOGPROBS = 20  # chat
+MAX_LEGACY_LOGPROBS = 5  # completions' integer `logprobs`
+
+
+class ChatTokenizer(Protocol):
+    """The part of a Hugging Face tokenizer this module uses (positional-only: any argument name fits)."""
+
+    def apply_chat_template(
+        self, conversation: list[dict[str, str]], /, *, add_generation_prompt: bool, tokenize: bool
+    ) -> Any: ...
+
+    def encode(self, text: str, /, *, add_special_tokens: bool) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    kind: Literal["chat", "completion"]
+    model: str
+    prompt_text: str  # after the chat template, for chat
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: bool = False
+    top_logprobs: int = 0  # alternatives per position when logprobs is on (completions: its integer)
+    response_format: ResponseFormat = PLAIN_TEXT
+    user: str | None = None
+    metadata: tuple[tuple[str, str], ...] | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+# Fields of OpenAI's request that the service does not honour, with the values that mean "not used" (null
+# always does): any other value is a 400 naming the field rather than a result that silently differs.
+CHAT_NOT_HONOURED: dict[str, tuple[Any, ...]] = {
+    "stream": (False,),
+    "stream_options": (),
+    "tools": (),
+    "tool_choice": ("none",),
+    "functions": (),
+    "function_call": ("none",),
+    "logit_bias": ({},),
+    "modalities": (["text"],),
+    "audio": (),
+    "prediction": (),
+    "web_search_options": (),
+    "reasoning_effort": (),
+    "verbosity": (),
+    "store": (False,),  # stored completions are not kept
+    "service_tier": ("auto", "default"),
+    "moderation": (),
+    "prompt_cache_retention": ("in_memory", "24h"),
+    "prompt_cache_options": (),
+}
+# Accepted and checked but not acted on: they cannot change a completion (a cache-routing hint, an abuse-
+# tracking id, a flag that only matters with tools). Prefix caching here is automatic.
+_CHAT_IGNORED = ("safety_identifier", "prompt_cache_key", "parallel_tool_calls")
+# What both endpoints honour (the sampling fields), then each endpoint's own.
+_SHARED_HONOURED = frozenset(
+    {
+        "model",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "seed",
+        "stop",
+        "n",
+        "presence_penalty",
+        "frequency_penalty",
+        "logprobs",
+        "user",
+    }
+)
+CHAT_HONOURED = _SHARED_HONOURED | {
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    "response_format",
+    "metadata",
+    *_CHAT_IGNORED,
+}
+COMPLETION_NOT_HONOURED: dict[str, tuple[Any, ...]] = {
+    "stream": (False,),
+    "stream_options": (),
+    "best_of": (1,),
+    "echo": (False,),
+    "logit_bias": ({},),
+    "suffix": ("",),
+}
+COMPLETION_HONOURED = _SHARED_HONOURED | {"prompt"}
+
+
+def parse_chat_body(body: Any, *, tokenizer: ChatTokenizer, context_length: int) -> GenerationRequest:
+    """A ``/v1/chat/completions`` body; raises only ``BodyError``."""
+    fields = _body_object(body)
+    check_unsupported(fields, CHAT_NOT_HONOURED, CHAT_HONOURED)
+    read_string(fields, "safety_identifier", max_chars=64)  # OpenAI's limits and types
+    read_string(fields, "prompt_cache_key")
+    read_bool(fields, "parallel_tool_calls")
+    model = _model(fields)
+    conversation = chat_conversation(require(fields, "messages"))
+    try:
+        prompt_text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+    except TemplateError as exc:  # templates raise on purpose for conversations they refuse (role order)
+        raise BodyError("messages", "invalid_value", f"The model's chat template refused the messages: {exc}") from exc
+    if not isinstance(prompt_text, str):
+        raise TypeError(f"apply_chat_template(tokenize=False) returned {type(prompt_text).__name__}, not text")
+    token_ids = tuple(tokenizer.encode(prompt_text, add_special_tokens=False))
+    max_tokens, max_param = _chat_max_tokens(fields)
+    logprobs = read_bool(fields, "logprobs")
+    top_logprobs = read_integer(fields, "top_logprobs", low=0, high=MAX_TOP_LOGPROBS)
+    if top_logprobs is not None and not logprobs:
+        raise BodyError("top_logprobs", "invalid_value", "Invalid 'top_logprobs': it requires 'logprobs' to be true.")
+    return GenerationRequest(
+        kind="chat",
+        model=model,
+        prompt_text=prompt_text,
+        prompt_token_ids=token_ids,
+        max_tokens=_fit_context(len(token_ids), max_tokens, max_param, "messages", context_length, default=None),
+        logprobs=logprobs,
+        top_logprobs=top_logprobs or 0,
+        response_format=read_response_format(fields),
+        metadata=read_metadata(fields),
+        **_sampling(fields),
+    )
+
+
+def parse_completion_body(body: Any, *, tokenizer: ChatTokenizer, context_length: int) -> GenerationRequest:
+    """A ``/v1/completions`` body; raises only ``BodyError``."""
+    fields = _body_object(body)
+    check_unsupported(fields, COMPLETION_NOT_HONOURED, COMPLETION_HONOURED)
+    model = _model(fields)
+    prompt_text = _prompt(require(fields, "prompt"))
+    token_ids = tuple(tokenizer.encode(prompt_text, add_special_tokens=True))
+    legacy_logprobs = read_integer(fields, "logprobs", low=0, high=MAX_LEGACY_LOGPROBS)
+    max_tokens = read_integer(fields, "max_tokens", low=1)
+    return GenerationRequest(
+        kind="completion",
+        model=model,
+        prompt_text=prompt_text,
+        prompt_token_ids=token_ids,
+        max_tokens=_fit_context(
+            len(token_ids), max_tokens, "max_tokens", "prompt", context_length, default=COMPLETIONS_DEFAULT_MAX_TOKENS
+        ),
+        logprobs=legacy_logprobs is not None,
+        top_logprobs=legacy_logprobs or 0,
+        **_sampling(fields),
+    )
+
+
+def _body_object(body: Any) -> Mapping[str, Any]:
+    if not isinstance(body, dict):
+        raise BodyError(None, "invalid_type", f"The request body must be a JSON object, got {short(body)}.")
+    return body
+
+
+def _model(fields: Mapping[str, Any]) -> str:
+    model = require(fields, "model")
+    if not isinstance(model, str) or not model:
+        raise wrong_type("model", "a non-empty string", model)
+    return model
+
+
+class _Sampling(TypedDict):
+    temperature: float
+    top_p: float
+    seed: int | None
+    stop: tuple[str, ...]
+    n: int
+    presence_penalty: float
+    frequency_penalty: float
+    user: str | None
+
+
+def _sampling(fields: Mapping[str, Any]) -> _Sampling:
+    """The fields both endpoints share, with OpenAI's ranges (top_p > 0: the engines refuse 0)."""
+    return {
+        "temperature": read_number(fields, "temperature", default=1.0, low=0.0, high=2.0),
+        "top_p": read_number(fields, "top_p", default=1.0, low=0.0, high=1.0, low_open=True),
+        "seed": read_integer(fields, "seed", low=INT64_MIN, high=INT64_MAX),
+        "stop": read_stop(fields),
+        "n": read_integer(fields, "n", low=1, high=MAX_CHOICES) or 1,
+        "presence_penalty": read_number(fields, "presence_penalty", default=0.0, low=-2.0, high=2.0),
+        "frequency_penalty": read_number(fields, "frequency_penalty", default=0.0, low=-2.0, high=2.0),
+        "user": read_string(fields, "user"),
+    }
+
+
+def _chat_max_tokens(fields: Mapping[str, Any]) -> tuple[int | None, str]:
+    """``max_completion_tokens`` is the current name, ``max_tokens`` the deprecated alias: one, or both equal."""
+    legacy = read_integer(fields, "max_tokens", low=1)
+    current = read_integer(fields, "max_completion_tokens", low=1)
+    if legacy is not None and current is not None and legacy != current:
+        raise BodyError(
+            "max_completion_tokens",
+            "invalid_value",
+            f"'max_tokens' ({legacy}) and 'max_completion_tokens' ({current}) are aliases and disagree; "
+            "give one of them.",
+        )
+    if current is not None:
+        return current, "max_completion_tokens"
+    return legacy, "max_tokens"
+
+
+def _fit_context(
+    prompt_tokens: int, requested: int | None, max_param: str, prompt_param: str, context: int, *, default: int | None
+) -> int:
+    """max_tokens for the line: ``requested``, else ``default``, else what the context leaves; the total must fit."""
+    if prompt_tokens == 0:
+        raise BodyError(prompt_param, "invalid_value", f"'{prompt_param}' is empty after tokenization.")
+    max_tokens = requested if requested is not None else default if default is not None else context - prompt_tokens
+    if prompt_tokens + max(max_tokens, 1) > context:
+        noun = "messages" if prompt_param == "messages" else "prompt"
+        raise BodyError(
+            # The field to change: the prompt when it leaves no room at all, else the limit that was asked for.
+            max_param if requested is not None and prompt_tokens < context else prompt_param,
+            "context_length_exceeded",
+            f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{prompt_tokens + max(max_tokens, 1)} tokens ({prompt_tokens} in the {noun}, {max(max_tokens, 1)} "
+            f"in the completion). Please reduce the length of the {noun} or completion.",
+        )
+    return max_tokens
+
+
+def _prompt(value: Any) -> str:
+    if isinstance(value, list) and value and all(isinstance(item, str) for item in value):
+        if len(value) > 1:
+            raise BodyError(
+                "prompt",
+                "unsupported_value",
+                f"'prompt' holds {len(value)} prompts; this service takes one prompt per batch line "
+                "(send each as its own line).",
+            )
+        value = value[0]
+    elif isinstance(value, list) and value and all(isinstance(item, (int, list)) for item in value):
+        raise BodyError("prompt", "unsupported_value", "Token-id prompts are not supported; send the prompt as text.")
+    if not isinstance(value, str):
+        raise wrong_type("prompt", "a string or an array of one string", value)
+    if not value:
+        raise BodyError("prompt", "invalid_value", "'prompt' must not be empty.")
+    return value

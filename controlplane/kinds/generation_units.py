@@ -1,0 +1,62 @@
+"""What a generation line costs, in tokens, for the scheduler (DESIGN.md, "Generation batches"):
+
+- quota: the enqueued-token quota counts prompt tokens (OpenAI's rule);
+- reservation: a dispatch reserves prompt + max_tokens per sequence against the instance's KV budget (TGI's and
+  TRT-LLM guaranteed_no_evict's budget), n sequences per line. Engines that share the prompt's cache blocks
+  between the n choices use less; the reservation is an upper bound, so it never over-commits;
+- fair share: (prompt - cached) + w · completion, with w the catalogue's decode weight (a decode step costs
+  more per token than prefill). Before a line runs, its completion is estimated: max_tokens per choice unless
+  the caller has a measured mean completion length for the model.
+"""
+
+from __future__ import annotations
+
+from controlplane.kinds.generation_bodies import GenerationRequest
+from controlplane.kinds.generation_render import EngineResult
+
+__all__ = ["estimated_charge", "fair_share_charge", "line_prompt_tokens", "line_reservation", "result_charge"]
+
+
+def line_prompt_tokens(request: GenerationRequest) -> int:
+    """Tokens the enqueued-token quota counts for the line: its prompt, once, whatever n."""
+    return request.prompt_tokens
+
+
+def line_reservation(request: GenerationRequest) -> int:
+    """KV-cache tokens a dispatch reserves for the line: n sequences of prompt + max_tokens."""
+    return request.n * (request.prompt_tokens + request.max_tokens)
+
+
+def fair_share_charge(
+    *, prompt_tokens: int, cached_tokens: int, completion_tokens: int, completion_weight: float
+) -> float:
+    """(prompt - cached) + w · completion."""
+    if not 0 <= cached_tokens <= prompt_tokens or completion_tokens < 0 or completion_weight < 0:
+        raise ValueError("token counts and the weight must be non-negative, cached within the prompt")
+    return (prompt_tokens - cached_tokens) + completion_weight * completion_tokens
+
+
+def estimated_charge(
+    request: GenerationRequest, *, completion_weight: float, expected_completion_tokens: float | None = None
+) -> float:
+    """The charge before the line runs: nothing assumed cached, each choice generating its expected length
+    (max_tokens at first; a measured mean for the model once known, never above max_tokens)."""
+    per_choice = request.max_tokens
+    if expected_completion_tokens is not None:
+        per_choice = min(request.max_tokens, max(0, round(expected_completion_tokens)))
+    return fair_share_charge(
+        prompt_tokens=request.prompt_tokens,
+        cached_tokens=0,
+        completion_tokens=request.n * per_choice,
+        completion_weight=completion_weight,
+    )
+
+
+def result_charge(result: EngineResult, *, completion_weight: float) -> float:
+    """The charge once the line ran, from what the engine reports."""
+    return fair_share_charge(
+        prompt_tokens=result.prompt_tokens,
+        cached_tokens=result.cached_tokens,
+        completion_tokens=result.completion_tokens,
+        completion_weight=completion_weight,
+    )
