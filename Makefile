@@ -23,7 +23,14 @@ $(MINILM_ONNX): $(VENV)/.installed build_engines/specs/minilm.toml build_engines
 	$(PY) -m build_engines export minilm
 	cp build_engines/out/minilm/onnx/model.onnx $@
 
-install: $(VENV)/.installed $(MINILM_ONNX)
+# tinylm: the tiny causal LM served by triton_models/tinylm (text generation), trained here because no causal
+# LM ships on PyPI and no model hub can be reached; seeded, ~40 s of CPU. Retrained when its source changes.
+TINYLM_DIR := triton_models/tinylm/1/hf
+$(TINYLM_DIR)/model.safetensors: $(VENV)/.installed build_engines/sources/tinylm.py
+	rm -rf $(TINYLM_DIR)
+	$(PY) -m build_engines.sources.tinylm $(TINYLM_DIR)
+
+install: $(VENV)/.installed $(MINILM_ONNX) $(TINYLM_DIR)/model.safetensors
 
 demo: install
 	$(PY) scripts/demo.py

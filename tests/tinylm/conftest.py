@@ -1,0 +1,28 @@
+"""The tinylm engine suite: the model `make install` trains (triton_models/tinylm/1/hf), driven in process."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+MODEL_VERSION_DIR = Path(__file__).resolve().parents[2] / "triton_models" / "tinylm" / "1"
+HF_DIR = MODEL_VERSION_DIR / "hf"
+# The engine's modules sit next to model.py (as Triton's python backend wants them), not in a package.
+if str(MODEL_VERSION_DIR) not in sys.path:
+    sys.path.insert(0, str(MODEL_VERSION_DIR))
+
+
+@pytest.fixture(scope="session")
+def hf_dir() -> Path:
+    if not (HF_DIR / "model.safetensors").exists():
+        pytest.fail(f"{HF_DIR} is missing: `make install` trains it (build_engines/sources/tinylm.py)")
+    return HF_DIR
+
+
+@pytest.fixture(scope="session")
+def engine(hf_dir: Path):
+    from cb_engine import Engine
+
+    return Engine(str(hf_dir), kv_budget_tokens=4096, max_seqs=32, threads=1)

@@ -1,0 +1,132 @@
+"""tinylm on a real tritonserver through the control plane's generation stream (triton/streaming.py): the
+vLLM-backend interface over the wire, continuous batching seen from outside, cancellation, per-request errors."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from controlplane.triton.client import TritonClient
+from controlplane.triton.errors import PermanentTritonError
+from controlplane.triton.streaming import GenerationRequest, GenerationResponse, GenerationStream
+from tests.triton_fixture import LocalTriton
+
+ALL_OUTPUTS = ("finish_reason", "num_input_tokens", "num_output_tokens", "num_cached_tokens", "logprobs")
+
+
+@pytest.fixture(scope="module")
+def tinylm(triton_client: TritonClient) -> Iterator[TritonClient]:
+    triton_client.ensure_loaded("tinylm")
+    yield triton_client
+
+
+def count(a: int, b: int) -> str:
+    return " ".join(str(n) for n in range(a, b + 1))
+
+
+def greedy(**fields):
+    return {"temperature": 0, "max_tokens": 40, **fields}
+
+
+def run(server: LocalTriton, requests: list[GenerationRequest]) -> dict[str, list[GenerationResponse]]:
+    got: dict[str, list[GenerationResponse]] = {}
+    with GenerationStream(server.grpc_url, "tinylm") as stream:
+        for request in requests:
+            stream.submit(request)
+        for response in stream.responses(timeout_s=60):
+            got.setdefault(response.request_id, []).append(response)
+    return got
+
+
+def test_grammar_over_the_wire(tinylm, triton_server):
+    got = run(
+        triton_server,
+        [
+            GenerationRequest("a", "count from 3 to 9 :", greedy(), outputs=ALL_OUTPUTS),
+            GenerationRequest("b", "count from 10 to 30 :", greedy(max_tokens=5), outputs=ALL_OUTPUTS),
+        ],
+    )
+    (a,) = got["a"]
+    assert a.final and a.error is None
+    assert a.texts == [count(3, 9)] and a.finish_reasons == ["stop"]
+    assert a.num_input_tokens == 6 and a.num_output_tokens == [8] and a.num_cached_tokens == 0
+    assert a.logprobs == [None]  # asked for the output, not for logprobs: vLLM answers null
+    (b,) = got["b"]
+    assert b.texts == [count(10, 14)] and b.finish_reasons == ["length"] and b.num_output_tokens == [5]
+
+
+def test_streamed_deltas_add_up_and_n_choices_with_a_seed_repeat(tinylm, triton_server):
+    sampled = {"temperature": 1.5, "max_tokens": 30, "n": 2, "seed": 99, "logprobs": 1}
+    request = GenerationRequest("s", "count from 1 to 20 :", sampled, outputs=ALL_OUTPUTS, stream=True)
+    streamed = run(triton_server, [request])["s"]
+    assert len(streamed) > 2 and streamed[-1].final and not any(r.final for r in streamed[:-1])
+    texts = ["".join(r.texts[i] for r in streamed) for i in range(2)]
+    tokens = [sum(r.num_output_tokens[i] for r in streamed) for i in range(2)]
+    assert [sum(len(r.logprobs[i]) for r in streamed) for i in range(2)] == tokens  # one entry per token
+    whole = run(triton_server, [GenerationRequest("w", request.prompt, sampled, outputs=ALL_OUTPUTS)])["w"][0]
+    assert whole.texts == texts  # the same seed, streamed or not: the same two choices
+    assert whole.num_output_tokens == tokens
+
+
+def long_request(request_id: str) -> GenerationRequest:
+    # Streamed, so the test knows it is running before it acts; ~240 decode steps.
+    return GenerationRequest(
+        request_id, "count from 0 to 40 :", greedy(max_tokens=240, ignore_eos=True), outputs=ALL_OUTPUTS, stream=True
+    )
+
+
+def test_a_short_request_is_not_held_back_by_a_long_one(tinylm, triton_server):
+    finished: list[str] = []
+    with GenerationStream(triton_server.grpc_url, "tinylm") as stream:
+        stream.submit(long_request("long"))
+        for response in stream.responses(timeout_s=60):
+            if response.request_id == "long" and not finished:  # the long one is decoding: now the short
+                stream.submit(GenerationRequest("short", "count from 5 to 7 :", greedy()))
+                finished.append("(short submitted)")
+            if response.final:
+                finished.append(response.request_id)
+    assert finished == ["(short submitted)", "short", "long"]
+
+
+def test_closing_the_stream_cancels_generation_in_the_engine(tinylm, triton_server):
+    stream = GenerationStream(triton_server.grpc_url, "tinylm")
+    stream.submit(long_request("doomed"))
+    first = next(stream.responses(timeout_s=60))
+    assert first.request_id == "doomed" and not first.final
+    stream.close(cancel=True)
+    deadline = time.monotonic() + 10
+    while "tinylm cancelled doomed" not in triton_server.log_tail(200) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    line = next(line for line in triton_server.log_tail(200).splitlines() if "tinylm cancelled doomed" in line)
+    assert int(line.rsplit(" after ", 1)[1].split()[0]) < 240
+    # The model serves on.
+    after = run(triton_server, [GenerationRequest("after", "count from 2 to 4 :", greedy())])
+    assert after["after"][0].texts == [count(2, 4)]
+
+
+def test_a_bad_request_gets_its_own_error_and_its_neighbours_run(tinylm, triton_server):
+    got = run(
+        triton_server,
+        [
+            GenerationRequest("bad", "count from 1 to 3 :", {"temperature": 5}),
+            GenerationRequest("unknown", "count from 1 to 3 :", {"best_of": 3}),
+            GenerationRequest("too-long", "count from 1 to 3 :", greedy(max_tokens=1000)),
+            GenerationRequest("good", "count from 1 to 3 :", greedy()),
+        ],
+    )
+    for request_id, words in [("bad", "temperature"), ("unknown", "best_of"), ("too-long", "context length")]:
+        (response,) = got[request_id]
+        assert response.final and isinstance(response.error, PermanentTritonError)
+        assert words in response.error.message
+    assert got["good"][0].texts == [count(1, 3)]
+
+
+def test_a_shared_system_prompt_is_served_from_the_prefix_cache(tinylm, triton_server):
+    system = " ".join(["please answer the question carefully ."] * 20)
+    prompts = [f"<|system|> {system} <eos> <|user|> count from {a} to {a + 4} <eos> <|assistant|>" for a in (6, 12)]
+    first = run(triton_server, [GenerationRequest("p1", prompts[0], greedy(), outputs=ALL_OUTPUTS)])["p1"][0]
+    second = run(triton_server, [GenerationRequest("p2", prompts[1], greedy(), outputs=ALL_OUTPUTS)])["p2"][0]
+    assert second.num_cached_tokens >= 96 and second.num_cached_tokens % 16 == 0
+    assert first.texts == [count(6, 10)] and second.texts == [count(12, 16)]

@@ -1,0 +1,135 @@
+"""The engine's KV pool and its two batched forward passes over any Hugging Face causal LM.
+
+All KV lives in one preallocated pool per layer of exactly `kv_budget_tokens` token slots: running sequences
+own contiguous segments (prompt + max_tokens long, reserved at admission), cached prefix blocks own segments
+of one block. Memory is therefore the budget, by construction, never more. A pass gathers the rows it needs
+with one index per layer (right-padded, masked), so a step costs O(layers) tensor operations, not
+O(layers x sequences); every HF causal LM takes the 2-D attention mask and explicit position ids this needs.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+
+def _cache_of(out: Any) -> Any:
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
+class KVPool:
+    """`tokens` KV slots per layer ([tokens, kv_heads, head_dim] keys and values) and a first-fit allocator of
+    contiguous segments over them."""
+
+    def __init__(self, model: Any, cache_kwarg: str, tokens: int) -> None:
+        from transformers import DynamicCache
+
+        self.model, self.cache_kwarg, self.tokens = model, cache_kwarg, tokens
+        # The shapes (layers, KV heads, head dim, dtype) come from one real forward pass: no per-architecture
+        # config reading (GQA, head_dim overrides) to get wrong.
+        with torch.inference_mode():
+            probe = model(
+                input_ids=torch.zeros((1, 1), dtype=torch.long, device=model.device),
+                use_cache=True,
+                **{cache_kwarg: DynamicCache()},
+            )
+        layers = _cache_of(probe).layers
+        self.keys = [layer.keys.new_zeros((tokens, layer.keys.shape[1], layer.keys.shape[3])) for layer in layers]
+        self.values = [
+            layer.values.new_zeros((tokens, layer.values.shape[1], layer.values.shape[3])) for layer in layers
+        ]
+        self._free: list[tuple[int, int]] = [(0, tokens)]  # (start, length), sorted by start
+        self.used_tokens = 0
+
+    def allocate(self, length: int) -> int | None:
+        for index, (start, free) in enumerate(self._free):
+            if free >= length:
+                self._free[index : index + 1] = [(start + length, free - length)] if free > length else []
+                self.used_tokens += length
+                return start
+        return None
+
+    def release(self, start: int, length: int) -> None:
+        index = bisect.bisect(self._free, (start, length))
+        self._free.insert(index, (start, length))
+        # Merge with the neighbours so that freed space becomes whole again.
+        if index + 1 < len(self._free) and start + length == self._free[index + 1][0]:
+            self._free[index] = (start, length + self._free.pop(index + 1)[1])
+        if index > 0 and self._free[index - 1][0] + self._free[index - 1][1] == start:
+            prev_start, prev_length = self._free[index - 1]
+            self._free[index - 1 : index + 1] = [(prev_start, prev_length + self._free[index][1])]
+        self.used_tokens -= length
+
+    def copy(self, source: int, target: int, length: int) -> None:
+        for pool in (*self.keys, *self.values):
+            pool[target : target + length] = pool[source : source + length]
+
+    def _run(self, cache: Any, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> Any:
+        device = self.model.device
+        with torch.inference_mode():
+            return self.model(
+                input_ids=input_ids.to(device),
+                attention_mask=mask.to(device),
+                position_ids=positions.to(device),
+                use_cache=True,
+                **{self.cache_kwarg: cache},
+            )
+
+    def _cache(self, index: torch.Tensor) -> Any:
+        """A DynamicCache holding the pool's slots `index` [rows, length] as [rows, heads, length, head_dim]."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        for layer, (keys, values) in enumerate(zip(self.keys, self.values, strict=True)):
+            cache.update(keys[index].transpose(1, 2), values[index].transpose(1, 2), layer)
+        return cache
+
+    def prefill(
+        self, past: torch.Tensor, tails: Sequence[Sequence[int]], targets: Sequence[int], pad_id: int
+    ) -> torch.Tensor:
+        """Run prompt tails, each after the same cached prefix (pool slots `past`, possibly empty), in one pass;
+        write each row's whole prompt KV (prefix + tail) at its `targets` segment start. Returns the last
+        position's logits per row [rows, vocab]."""
+        rows, longest, start = len(tails), max(len(t) for t in tails), len(past)
+        cache = self._cache(past.unsqueeze(0).expand(rows, -1)) if start else self._cache_empty()
+        input_ids = torch.full((rows, longest), pad_id, dtype=torch.long)
+        mask = torch.zeros((rows, start + longest), dtype=torch.long)
+        mask[:, :start] = 1
+        positions = torch.full((rows, longest), start, dtype=torch.long)
+        for row, tail in enumerate(tails):  # left padding: every row's last prompt token in the last column
+            pad = longest - len(tail)
+            input_ids[row, pad:] = torch.tensor(tail)
+            mask[row, start + pad :] = 1
+            positions[row, pad:] = torch.arange(start, start + len(tail))
+        out = self._run(cache, input_ids, mask, positions)
+        for layer, kv in enumerate(_cache_of(out).layers):
+            for row, (tail, target) in enumerate(zip(tails, targets, strict=True)):
+                pad = longest - len(tail)
+                for pool, new in ((self.keys[layer], kv.keys), (self.values[layer], kv.values)):
+                    pool[target : target + start] = new[row, :, :start].transpose(0, 1)
+                    pool[target + start : target + start + len(tail)] = new[row, :, start + pad :].transpose(0, 1)
+        return out.logits[:, -1]
+
+    def _cache_empty(self) -> Any:
+        from transformers import DynamicCache
+
+        return DynamicCache()
+
+    def decode(self, starts: Sequence[int], lengths: Sequence[int], last_tokens: Sequence[int]) -> torch.Tensor:
+        """One decode step for every row (a segment at `starts[row]` holding `lengths[row]` tokens): writes the
+        new token's KV at `starts + lengths`, returns the next-token logits [rows, vocab]."""
+        start_t, length_t = torch.tensor(starts), torch.tensor(lengths)
+        columns = torch.arange(int(length_t.max()))
+        valid = columns.unsqueeze(0) < length_t.unsqueeze(1)  # right padding, masked
+        index = torch.where(valid, start_t.unsqueeze(1) + columns, 0)
+        mask = torch.cat([valid.long(), torch.ones((len(starts), 1), dtype=torch.long)], dim=1)
+        out = self._run(self._cache(index), torch.tensor(last_tokens).unsqueeze(1), mask, length_t.unsqueeze(1))
+        slots = start_t + length_t
+        for layer, kv in enumerate(_cache_of(out).layers):
+            self.keys[layer][slots] = kv.keys[:, :, -1]
+            self.values[layer][slots] = kv.values[:, :, -1]
+        return out.logits[:, -1]

@@ -1,0 +1,198 @@
+"""Triton python-backend model: text generation with continuous batching (cb_engine.py next to this file).
+
+Decoupled, and speaking Triton's vLLM backend interface (same tensor names, same `sampling_parameters` JSON,
+same optional `return_*` flags and outputs), so the control plane drives this CPU model and a vLLM model on
+GPUs with one code path. Extras, optional and off by default: `return_num_cached_tokens` →
+`num_cached_tokens` (prompt tokens served from the prefix cache, for usage's cached_tokens).
+
+`execute` only parses and queues: the engine's step loop runs in a background thread and answers each request
+through its response sender (streamed deltas when `stream` is true, else one response), the last one flagged
+final. A request the engine cannot take gets its own error response; its neighbours run on.
+"""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+_FLAGS = (
+    "return_finish_reason",
+    "return_cumulative_logprob",
+    "return_logprobs",
+    "return_num_input_tokens",
+    "return_num_output_tokens",
+    "return_num_cached_tokens",
+)
+
+
+def _parameter(config, key, default):
+    value = config.get("parameters", {}).get(key, {}).get("string_value", "")
+    return value if value else default
+
+
+def _bool_input(request, name, default):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return default if tensor is None else bool(tensor.as_numpy().reshape(-1)[0])
+
+
+def _error(message, code_name="INVALID_ARG"):
+    code = getattr(pb_utils.TritonError, code_name, pb_utils.TritonError.INTERNAL)
+    return pb_utils.TritonError(message, code)
+
+
+class _Stream:
+    """What has been sent to one Triton request so far (the deltas of the next streamed response)."""
+
+    def __init__(self, sender, engine, prompt, stream, prepend, flags):
+        self.sender, self.engine, self.prompt = sender, engine, prompt
+        self.stream, self.prepend, self.flags = stream, prepend, flags
+        self.sent_chars, self.sent_tokens = {}, {}
+
+    def on_update(self, request):
+        if request.error is not None:
+            self.sender.send(
+                pb_utils.InferenceResponse(error=_error(request.error, "INTERNAL")),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )
+        elif request.cancelled:
+            generated = max(len(c.token_ids) for c in request.choices)
+            pb_utils.Logger.log_info(f"tinylm cancelled {request.request_id} after {generated} tokens")
+            self.sender.send(
+                pb_utils.InferenceResponse(error=_error("Request was cancelled", "CANCELLED")),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )
+        elif request.finished:
+            self.sender.send(self._response(request), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        elif self.stream:
+            self.sender.send(self._response(request))
+
+    def _response(self, request):
+        texts, reasons, logprobs, counts = [], [], [], []
+        for choice in request.choices:
+            # Streamed: the text that can no longer change since the last response; else all of it.
+            start = self.sent_chars.get(choice.index, 0) if self.stream else 0
+            end = choice.stable_chars if self.stream else len(choice.text)
+            text = choice.text[start:end]
+            texts.append((self.prompt + text if self.prepend else text).encode("utf-8"))
+            self.sent_chars[choice.index] = end
+            first = self.sent_tokens.get(choice.index, 0) if self.stream else 0
+            self.sent_tokens[choice.index] = len(choice.token_ids)
+            counts.append(len(choice.token_ids) - first)
+            reasons.append(str(choice.finish_reason).encode("utf-8"))  # "None" while running, as vLLM's str()
+            if "return_logprobs" in self.flags:
+                logprobs.append(self._logprobs_json(choice, first, request.params.logprobs))
+        outputs = [pb_utils.Tensor("text_output", np.asarray(texts, dtype=np.object_))]
+        if "return_finish_reason" in self.flags:
+            outputs.append(pb_utils.Tensor("finish_reason", np.asarray(reasons, dtype=np.object_)))
+        if "return_cumulative_logprob" in self.flags:
+            cumulative = [c.cumulative_logprob for c in request.choices]
+            outputs.append(pb_utils.Tensor("cumulative_logprob", np.asarray(cumulative, dtype=np.float32)))
+        if "return_logprobs" in self.flags:
+            outputs.append(pb_utils.Tensor("logprobs", np.asarray(logprobs, dtype=np.object_)))
+        if "return_num_input_tokens" in self.flags:
+            count = len(request.prompt_token_ids)
+            outputs.append(pb_utils.Tensor("num_input_tokens", np.asarray([count], dtype=np.uint32)))
+        if "return_num_output_tokens" in self.flags:
+            outputs.append(pb_utils.Tensor("num_output_tokens", np.asarray(counts, dtype=np.uint32)))
+        if "return_num_cached_tokens" in self.flags:
+            cached = [request.num_cached_tokens]
+            outputs.append(pb_utils.Tensor("num_cached_tokens", np.asarray(cached, dtype=np.uint32)))
+        return pb_utils.InferenceResponse(output_tensors=outputs)
+
+    def _logprobs_json(self, choice, first, asked):
+        if asked is None:
+            return b"null"  # vLLM's value when the request did not ask for logprobs
+        entries = []
+        for pick in choice.picks[first:]:
+            entries.append(
+                {
+                    str(token_id): {
+                        "logprob": logprob,
+                        "rank": rank,
+                        "decoded_token": self.engine.tokenizer.convert_ids_to_tokens(token_id),
+                    }
+                    for token_id, (logprob, rank) in pick.top.items()
+                }
+            )
+        return json.dumps(entries).encode("utf-8")
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        # The engine's modules sit next to this file; the stub's sys.path does not include this directory.
+        # Imported here, not at module import: Triton first spawns a throwaway stub that imports this file only
+        # to auto-complete the config, and loading torch there too would double the load time.
+        here = str(Path(__file__).resolve().parent)
+        if here not in sys.path:
+            sys.path.insert(0, here)
+        from cb_engine import Engine
+        from cb_sampling import SamplingParams
+
+        self._sampling_params = SamplingParams
+        config = json.loads(args["model_config"])
+        hf_dir = _parameter(config, "HF_DIR", "hf")
+        if not Path(hf_dir).is_absolute():
+            hf_dir = str(Path(__file__).resolve().parent / hf_dir)
+        device = "cpu"
+        if args.get("model_instance_kind") == "GPU":
+            device = f"cuda:{args.get('model_instance_device_id', 0)}"
+        started = time.monotonic()
+        self.engine = Engine(
+            hf_dir,
+            kv_budget_tokens=int(_parameter(config, "KV_BUDGET_TOKENS", "16384")),
+            max_seqs=int(_parameter(config, "MAX_NUM_SEQS", "64")),
+            block_size=int(_parameter(config, "BLOCK_SIZE", "16")),
+            prefix_caching=_parameter(config, "ENABLE_PREFIX_CACHING", "true").lower() == "true",
+            device=device,
+            threads=int(_parameter(config, "INTRA_OP_THREADS", "1")),
+        )
+        self.engine.start()
+        self._counter = 0
+        pb_utils.Logger.log_info(
+            f"tinylm instance {args['model_instance_name']} loaded {hf_dir} on {device} in "
+            f"{time.monotonic() - started:.2f}s: KV budget {self.engine.kv_budget_tokens} tokens, "
+            f"max {self.engine.max_seqs} sequences, context {self.engine.context_length}"
+        )
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                self._submit(request, sender)
+            except Exception as exc:  # noqa: BLE001 - this request gets the error; the others run on
+                sender.send(
+                    pb_utils.InferenceResponse(error=_error(str(exc))),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                )
+        return None  # decoupled: every answer goes through the response senders
+
+    def _submit(self, request, sender):
+        text = pb_utils.get_input_tensor_by_name(request, "text_input")
+        if text is None:
+            raise ValueError("missing input text_input")
+        prompt = text.as_numpy().reshape(-1)[0]
+        prompt = prompt.decode("utf-8") if isinstance(prompt, bytes) else str(prompt)
+        stream = _bool_input(request, "stream", False)
+        # vLLM's rule: the prompt is prepended unless excluded; never when streaming.
+        exclude = _bool_input(request, "exclude_input_in_output", stream)
+        if stream and not exclude:
+            raise ValueError("When streaming, `exclude_input_in_output` = False is not allowed.")
+        raw = pb_utils.get_input_tensor_by_name(request, "sampling_parameters")
+        params = self._sampling_params.from_json(raw.as_numpy().reshape(-1)[0] if raw is not None else None)
+        flags = {name for name in _FLAGS if _bool_input(request, name, False)}
+        state = _Stream(sender, self.engine, prompt, stream, not exclude, flags)
+        self._counter += 1
+        self.engine.submit(
+            prompt,
+            params,
+            request_id=f"{request.request_id() or 'request'}-{self._counter}",
+            on_update=state.on_update,
+            is_cancelled=sender.is_cancelled,
+            stream=stream,
+        )
+
+    def finalize(self):
+        self.engine.stop()
