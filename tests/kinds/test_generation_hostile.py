@@ -261,7 +261,6 @@ def test_the_error_file_line_is_a_400_with_openais_error_body(tokenizer):
     }
 
 
-@pytest.mark.xfail(strict=True, reason="batches.records.failed_response_record takes no param yet (the seam adds it)")
 def test_the_error_file_line_names_the_field(tokenizer):
     error = _error(parse_chat_body, _changed(VALID_CHAT, {"n": 9}), tokenizer)
     record = failed_response_record(
