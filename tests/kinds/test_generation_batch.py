@@ -51,7 +51,7 @@ def completion_line(custom_id: str, prompt: str, **fields: Any) -> dict[str, Any
     return {"custom_id": custom_id, "method": "POST", "url": COMPLETIONS, "body": body}
 
 
-def run_batch(tenant, lines, endpoint, triton_server, client, settings, monkeypatch):
+def run_batch(tenant, lines, endpoint, triton_server, client, settings, monkeypatch, backend_factory=None):
     """Validate and run every shard as a worker does; returns the batch and its output and error records."""
     monkeypatch.setattr(dispatch, "send", lambda task_name, args: None)  # the test runs the shards itself
     settings.SHARD_MAX_LINES = 4  # several shards, each over its own stream
@@ -60,8 +60,9 @@ def run_batch(tenant, lines, endpoint, triton_server, client, settings, monkeypa
     )
     services.batch_validate(batch_id=batch.id)
     backend = TritonBackend(client, triton_server.grpc_url)
+    factory = backend_factory or (lambda name: backend)
     for shard in Shard.objects.filter(batch=batch).order_by("index"):
-        assert shard_run(shard_id=shard.id, owner="test", backend_factory=lambda name: backend) == "succeeded"
+        assert shard_run(shard_id=shard.id, owner="test", backend_factory=factory) == "succeeded"
     batch = Batch.objects.get(id=batch.id)
     return batch, _records(batch.output_file_id), _records(batch.error_file_id)
 
@@ -152,3 +153,21 @@ def test_a_completions_batch(tenant, tinylm, triton_server, settings, monkeypatc
     assert (a.choices[0].text, a.choices[0].finish_reason) == (count(6, 11), "stop")
     assert (b.choices[0].text, b.choices[0].finish_reason) == (count(6, 21), "length")
     assert b.usage.completion_tokens == 16 and b.usage.prompt_tokens == 6  # a word-level tokenizer: a token a word
+
+
+def test_a_managed_fleet_streams_to_the_placement(tenant, tinylm, triton_server, settings, monkeypatch):
+    # Servers registered: the worker's backend is a FleetBackend, and the stream goes to the ready placement.
+    from controlplane.batches.backend import FleetBackend
+    from controlplane.fleet.models import CatalogueModel, Placement, PlacementStatus, TritonServer
+
+    server = TritonServer.objects.create(name="local", grpc_url=triton_server.grpc_url)
+    model = CatalogueModel.objects.get(name="tinylm")
+    Placement.objects.create(model=model, server=server, gpus="0", instances=1, status=PlacementStatus.READY)
+    lines = [chat_line(f"f{a}", f"count from {a} to {a + 2}", temperature=0) for a in range(1, 6)]
+    batch, output, errors = run_batch(
+        tenant, lines, CHAT, triton_server, tinylm, settings, monkeypatch, backend_factory=FleetBackend
+    )
+    assert batch.status == BatchStatus.COMPLETED and errors == {}
+    for a in range(1, 6):
+        assert output[f"f{a}"]["response"]["body"]["choices"][0]["message"]["content"] == count(a, a + 2)
+    assert set(Shard.objects.filter(batch=batch).values_list("triton_server", flat=True)) == {"local"}
