@@ -83,6 +83,9 @@ def main() -> int:
 
 def _summary(record: dict) -> str:
     body = record["response"]["body"]
+    if body.get("object") == "chat.completion":
+        answers = " | ".join(f"{c['message']['content']!r} ({c['finish_reason']})" for c in body["choices"])
+        return f"{record['custom_id']}: {answers}, usage {body['usage']['total_tokens']} tokens"
     if "data" in body:
         first = body["data"][0]["embedding"]
         return (

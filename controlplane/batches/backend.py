@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Protocol
 
@@ -20,6 +21,7 @@ from django.conf import settings
 from controlplane.fleet.inventory import breaker_record
 from controlplane.fleet.routing import fleet_is_managed, pick_route, routes_for_model
 from controlplane.triton.client import TransientTritonError, TritonClient, retry_transient
+from controlplane.triton.streaming import GenerationResponse, GenerationStream
 
 # Per-call failover: try this many different placements before giving the shard back.
 FAILOVER_ATTEMPTS = 4
@@ -39,6 +41,10 @@ class InferenceBackend(Protocol):
     def infer(
         self, triton_model: str, inputs: dict[str, np.ndarray], output_names: list[str]
     ) -> dict[str, np.ndarray]: ...
+
+    def generation_stream(
+        self, triton_model: str, *, on_response: Callable[[GenerationResponse], None]
+    ) -> GenerationStream: ...
 
 
 _clients: dict[str, TritonClient] = {}
@@ -75,6 +81,11 @@ class TritonBackend:
             self._loaded.discard(triton_model)  # unloaded under us (restart)? check again next shard
             raise
 
+    def generation_stream(
+        self, triton_model: str, *, on_response: Callable[[GenerationResponse], None]
+    ) -> GenerationStream:
+        return GenerationStream(self.client.url, triton_model, on_response=on_response)
+
 
 class FleetBackend:
     def __init__(self, triton_model: str):
@@ -109,6 +120,16 @@ class FleetBackend:
                 continue
             return outputs
         raise last_error or TransientTritonError("no placement answered")
+
+    def generation_stream(
+        self, triton_model: str, *, on_response: Callable[[GenerationResponse], None]
+    ) -> GenerationStream:
+        """A stream to one placement, picked by weight. No failover inside it: a server lost mid-stream fails
+        its lines transiently, and the shard is given back (free) and regenerated wherever it is claimed next."""
+        route = pick_route(routes_for_model(triton_model))
+        if route is None:
+            raise NoCapacity(f"model {triton_model!r} lost its last placement")
+        return GenerationStream(route.grpc_url, triton_model, on_response=on_response)
 
 
 _round_robin = itertools.count()

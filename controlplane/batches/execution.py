@@ -27,6 +27,7 @@ from controlplane.batches.models import Shard, ShardStatus
 from controlplane.batches.parts import encode_entry
 from controlplane.batches.pinning import pinned_model
 from controlplane.batches.records import failed_response_record, output_record
+from controlplane.batches.records import request_id as line_request_id
 from controlplane.batches.requests import ModelResolver, parse_line
 from controlplane.batches.shards import PartSummary, batch_stop_requested, shard_commit, shard_release, shard_renew
 from controlplane.core import metrics
@@ -203,6 +204,9 @@ class _PartEntries:
             self._last_check = time.monotonic()
             self._stopping = batch_stop_requested(batch_id=self.shard.batch_id)
         return self._stopping
+
+    def request_id(self, number: int) -> str:
+        return line_request_id(self.shard.batch_id, number)
 
     def finish(self, number: int, outcome: LineOutcome) -> None:
         custom_id = self.lines[number].custom_id

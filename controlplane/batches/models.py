@@ -18,6 +18,9 @@ class Endpoint(models.TextChoices):
     EMBEDDINGS = "/v1/embeddings"
     # Generic tensor endpoint: a KServe v2 inference request (plus "model") as the line's body.
     TENSORS = "/v2/infer"
+    # Text generation (kinds/generation.py): OpenAI's chat and legacy completions requests.
+    CHAT_COMPLETIONS = "/v1/chat/completions"
+    COMPLETIONS = "/v1/completions"
 
 
 class BatchStatus(models.TextChoices):

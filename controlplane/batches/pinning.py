@@ -14,7 +14,20 @@ from typing import Any
 from controlplane.fleet.models import CatalogueModel
 
 # Everything that parsing a line and building its Triton call reads (batches/requests.py and the kind, kinds/).
-PINNED_FIELDS = ("name", "triton_name", "kind", "max_batch_size", "inputs", "outputs", "embedding_dimensions")
+PINNED_FIELDS = (
+    "name",
+    "triton_name",
+    "kind",
+    "max_batch_size",
+    "inputs",
+    "outputs",
+    "embedding_dimensions",
+    # Generation models: the tokenizer and limits a line was counted with, and the fair-share weight.
+    "context_length",
+    "tokenizer_dir",
+    "completion_weight",
+    "max_num_seqs",
+)
 
 
 def model_snapshot(model: CatalogueModel) -> dict[str, Any]:

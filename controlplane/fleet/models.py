@@ -9,6 +9,7 @@ from django.utils import timezone
 class ModelKind(models.TextChoices):
     EMBEDDINGS = "embeddings", "Text embeddings (/v1/embeddings)"
     TENSOR = "tensor", "Generic tensors (KServe v2 body, /v2/infer)"
+    GENERATION = "generation", "Text generation (/v1/chat/completions, /v1/completions)"
 
 
 class CatalogueModel(models.Model):
@@ -51,6 +52,19 @@ class CatalogueModel(models.Model):
     # db_default too: during a rolling upgrade the last release's INSERTs leave the column out (tests/deploy/
     # test_upgrade_contract.py); the same holds for the new TritonServer columns below.
     pool = models.CharField(max_length=64, default="default", db_default="default")
+    # Generation models (kinds/generation.py): what parsing and running a line needs. Nullable or with a
+    # database default, so the last release's INSERTs still work during a rolling upgrade.
+    context_length = models.PositiveIntegerField(null=True, blank=True, help_text="Tokens: prompt + completion.")
+    # The Hugging Face directory whose tokenizer and chat_template the service applies (the engine gets raw
+    # text): absolute, or relative to the repository root (settings.BASE_DIR).
+    tokenizer_dir = models.CharField(max_length=500, blank=True, default="", db_default="")
+    # Fair share charges (prompt - cached) + w x completion tokens. A decode step costs more per token than
+    # prefill on GPUs (one token per forward pass against a whole prompt's worth); 1.0 until measured per
+    # model (bench/generation.py is where that measurement belongs).
+    completion_weight = models.FloatField(default=1.0, db_default=1.0)
+    # Sequences one instance decodes at once (vLLM's max_num_seqs; tinylm's MAX_NUM_SEQS): a shard keeps twice
+    # this many lines in flight, as vLLM's run_batch does, so the engine never waits for the next line.
+    max_num_seqs = models.PositiveIntegerField(null=True, blank=True)
     # OpenAI's Model object has ``created``; rows older than this field get the migration's time.
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 

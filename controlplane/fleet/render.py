@@ -7,24 +7,34 @@ from typing import Any
 
 from controlplane.fleet.models import CatalogueModel, ModelKind, TritonServer
 
-# Which batch endpoint serves each kind (batches.models.Endpoint; named here so fleet need not import batches).
-_ENDPOINT = {ModelKind.EMBEDDINGS: "/v1/embeddings", ModelKind.TENSOR: "/v2/infer"}
+# Which batch endpoints serve each kind, the first the main one (batches.models.Endpoint; named here so fleet
+# need not import batches or kinds; tests/kinds/test_registry.py holds it equal to the registry).
+_ENDPOINTS = {
+    ModelKind.EMBEDDINGS: ("/v1/embeddings",),
+    ModelKind.TENSOR: ("/v2/infer",),
+    ModelKind.GENERATION: ("/v1/chat/completions", "/v1/completions"),
+}
 
 
 def model_render(model: CatalogueModel) -> dict[str, Any]:
     """OpenAI's Model object plus what a batch author needs: the endpoint its lines go to, rows per
-    Triton call, and for tensor models the tensors a line sends and gets back."""
+    Triton call, for tensor models the tensors a line sends and gets back, for generation models both
+    endpoints and the context length (prompt + completion tokens)."""
     body: dict[str, Any] = {
         "id": model.name,
         "object": "model",
         "created": int(model.created_at.timestamp()),
         "owned_by": "system",
         "kind": model.kind,
-        "endpoint": _ENDPOINT.get(ModelKind(model.kind)),
+        "endpoint": _ENDPOINTS[ModelKind(model.kind)][0],
         "max_batch_size": model.max_batch_size,
     }
     if model.kind == ModelKind.EMBEDDINGS:
         body["embedding_dimensions"] = model.embedding_dimensions
+    elif model.kind == ModelKind.GENERATION:
+        # Both endpoints take the model; a batch is one endpoint, so a tenant picks one of these.
+        body["endpoints"] = list(_ENDPOINTS[ModelKind.GENERATION])
+        body["context_length"] = model.context_length
     else:
         body["inputs"] = model.inputs
         body["outputs"] = model.outputs

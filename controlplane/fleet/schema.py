@@ -32,6 +32,14 @@ class ModelSerializer(serializers.Serializer[Any]):
     embedding_dimensions = serializers.IntegerField(
         allow_null=True, required=False, help_text="Extension, embeddings models: the vector length."
     )
+    endpoints = serializers.ListField(
+        child=serializers.CharField(),
+        required=False,
+        help_text="Extension, generation models: every batch `endpoint` that takes it (chat and completions).",
+    )
+    context_length = serializers.IntegerField(
+        allow_null=True, required=False, help_text="Extension, generation models: prompt + completion tokens."
+    )
     inputs = TensorSpecSerializer(many=True, required=False, help_text="Extension, tensor models: what a line sends.")
     outputs = TensorSpecSerializer(many=True, required=False, help_text="Extension, tensor models: what comes back.")
 

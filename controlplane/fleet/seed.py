@@ -48,4 +48,50 @@ SEED = [
         # A [1, 4] row costs the control plane ~0.3 ms; the model itself nearly nothing.
         "seconds_per_work_unit": 0.0003,
     },
+    {
+        "name": "tinylm",
+        "triton_name": "tinylm",
+        "kind": "generation",
+        # Triton does not batch its requests (max_batch_size 0): a line is one request, the engine batches.
+        "max_batch_size": 1,
+        # Triton's vLLM-backend interface (config.pbtxt). The optional return_num_cached_tokens is tinylm's own:
+        # the kind asks for num_cached_tokens only from a model that declares it (vLLM's backend has none).
+        "inputs": [
+            {"name": name, "datatype": datatype, "dims": [1]}
+            for name, datatype in [
+                ("text_input", "BYTES"),
+                ("stream", "BOOL"),
+                ("sampling_parameters", "BYTES"),
+                ("exclude_input_in_output", "BOOL"),
+                ("return_finish_reason", "BOOL"),
+                ("return_cumulative_logprob", "BOOL"),
+                ("return_logprobs", "BOOL"),
+                ("return_num_input_tokens", "BOOL"),
+                ("return_num_output_tokens", "BOOL"),
+                ("return_num_cached_tokens", "BOOL"),
+            ]
+        ],
+        "outputs": [
+            {"name": "text_output", "datatype": "BYTES", "dims": [-1]},
+            {"name": "finish_reason", "datatype": "BYTES", "dims": [-1]},
+            {"name": "cumulative_logprob", "datatype": "FP32", "dims": [-1]},
+            {"name": "logprobs", "datatype": "BYTES", "dims": [-1]},
+            {"name": "num_input_tokens", "datatype": "UINT32", "dims": [1]},
+            {"name": "num_output_tokens", "datatype": "UINT32", "dims": [-1]},
+            {"name": "num_cached_tokens", "datatype": "UINT32", "dims": [1]},
+        ],
+        "context_length": 256,  # the trained model's n_positions
+        "tokenizer_dir": "triton_models/tinylm/1/hf",  # written by `make install` (build_engines/sources/tinylm.py)
+        "max_num_seqs": 64,  # config.pbtxt MAX_NUM_SEQS
+        "completion_weight": 1.0,
+        # torch and the python backend stub (~400 MB RSS, as MiniLM's) plus the 16 MB KV pool.
+        "memory_per_instance_bytes": 512 * 1024**2,
+        "load_seconds": 10.0,
+        # One instance is the batcher: a second would split the KV budget and the prefix cache.
+        "max_instances": 1,
+        "lines_per_second_per_instance": 50.0,
+        # Work units are prompt + max_tokens; ~2,900 tokens/s decoded on one thread (ARCHITECTURE, "Generation
+        # engine"), and lines usually stop before max_tokens: declared until measured.
+        "seconds_per_work_unit": 0.0005,
+    },
 ]

@@ -23,11 +23,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, Any, ClassVar, NamedTuple, Protocol
+from typing import IO, TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 import numpy as np
 
 from controlplane.fleet.models import CatalogueModel
+
+if TYPE_CHECKING:
+    from controlplane.triton.streaming import GenerationResponse, GenerationStream
 
 
 class LineIssue(Exception):
@@ -130,6 +133,12 @@ class Backend(Protocol):
         self, triton_model: str, inputs: dict[str, np.ndarray], output_names: list[str]
     ) -> dict[str, np.ndarray]: ...
 
+    def generation_stream(
+        self, triton_model: str, *, on_response: Callable[[GenerationResponse], None]
+    ) -> GenerationStream:
+        """One generation stream to one server holding the model (a streaming kind's ``run``)."""
+        ...
+
 
 class RunControl(Protocol):
     """What the shard executor gives a kind's ``run``: its stop signal and where finished lines go."""
@@ -141,6 +150,11 @@ class RunControl(Protocol):
 
     def finish(self, number: int, outcome: LineOutcome) -> None:
         """Line ``number`` is done (called once per line, from the thread that called ``run``)."""
+        ...
+
+    def request_id(self, number: int) -> str:
+        """Line ``number``'s output request id, the same on every attempt: a body that carries an id of its
+        own (a chat completion's ``chatcmpl-…``) derives it from this, so a regenerated line keeps its id."""
         ...
 
 

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from controlplane.kinds.base import EndpointKind
 from controlplane.kinds.embeddings import EmbeddingsKind
+from controlplane.kinds.generation import ChatCompletionsKind, CompletionsKind
 from controlplane.kinds.tensors import TensorKind
 
-KINDS: dict[str, EndpointKind] = {kind.url: kind for kind in (EmbeddingsKind(), TensorKind())}
+KINDS: dict[str, EndpointKind] = {
+    kind.url: kind for kind in (EmbeddingsKind(), TensorKind(), ChatCompletionsKind(), CompletionsKind())
+}
 
 
 class UnknownEndpoint(LookupError):
@@ -33,6 +36,11 @@ def token_endpoint_urls() -> list[str]:
     return [url for url, kind in KINDS.items() if kind.counts_tokens]
 
 
+def endpoints_for_model_kind(model_kind: str) -> list[str]:
+    """The endpoints a catalogue model of ``model_kind`` serves (a generation model: chat and completions)."""
+    return [url for url, kind in KINDS.items() if kind.model_kind == model_kind]
+
+
 def endpoint_for_model_kind(model_kind: str) -> str | None:
-    """The endpoint a catalogue model of ``model_kind`` serves."""
-    return next((url for url, kind in KINDS.items() if kind.model_kind == model_kind), None)
+    """The main endpoint a catalogue model of ``model_kind`` serves (the first of ``endpoints_for_model_kind``)."""
+    return next(iter(endpoints_for_model_kind(model_kind)), None)

@@ -34,6 +34,11 @@ def test_validation_stores_the_entry_it_checked_against(tenant, eager):
         "inputs": identity.inputs,
         "outputs": identity.outputs,
         "embedding_dimensions": identity.embedding_dimensions,
+        # A generation model's (kinds/generation.py); a tensor model's are their defaults.
+        "context_length": None,
+        "tokenizer_dir": "",
+        "completion_weight": 1.0,
+        "max_num_seqs": None,
     }
 
 

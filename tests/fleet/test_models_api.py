@@ -47,3 +47,10 @@ def test_unknown_or_disabled_models_are_404_in_the_error_shape(api, name):
 
 def test_models_need_a_key(db):
     assert APIClient().get("/v1/models").status_code == 401
+
+
+def test_a_generation_model_lists_both_endpoints_and_its_context_length(api):
+    body = api.get("/v1/models/tinylm").json()
+    assert (body["kind"], body["endpoint"], body["context_length"]) == ("generation", "/v1/chat/completions", 256)
+    assert body["endpoints"] == ["/v1/chat/completions", "/v1/completions"]
+    assert "inputs" not in body and "embedding_dimensions" not in body

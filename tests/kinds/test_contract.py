@@ -23,6 +23,7 @@ from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import BodyIssue, EndpointKind, LineFailure, LineOutcome, LineOutput, ParsedLine
 from controlplane.kinds.calls import CallKind
 from controlplane.kinds.registry import KINDS, kind_for
+from tests.kinds.fake_engine import FakeEngine
 
 # --- per-kind cases --------------------------------------------------------------------------------
 
@@ -109,6 +110,52 @@ def _identity_outputs(call_inputs: dict[str, np.ndarray]) -> dict[str, np.ndarra
     return {"OUTPUT0": call_inputs["INPUT0"]}
 
 
+def _generation_model(max_batch_size: int) -> CatalogueModel:
+    from controlplane.fleet.seed import SEED
+
+    return CatalogueModel(**{**next(e for e in SEED if e["name"] == "tinylm"), "max_batch_size": max_batch_size})
+
+
+WORDS = st.lists(
+    st.sampled_from(["count", "from", "to", "3", "17", "please", "answer", "zebra"]), min_size=1, max_size=12
+)
+_SAMPLING = {
+    "max_tokens": st.integers(1, 64),
+    "temperature": st.floats(0, 2),
+    "n": st.integers(1, 8),
+    "seed": st.integers(-(2**63), 2**63 - 1),
+    "stop": st.sampled_from(["5", ["5", "9"]]),
+}
+CHAT_BODIES = st.fixed_dictionaries(
+    {
+        "model": st.just("tinylm"),
+        "messages": st.lists(
+            st.fixed_dictionaries({"role": st.sampled_from(["system", "user"]), "content": WORDS.map(" ".join)}),
+            min_size=1,
+            max_size=3,
+        ),
+    },
+    optional=_SAMPLING,
+)
+COMPLETION_BODIES = st.fixed_dictionaries(
+    {"model": st.just("tinylm"), "prompt": WORDS.map(" ".join)}, optional={**_SAMPLING, "logprobs": st.integers(0, 5)}
+)
+# Each refused for one reason: a value out of range, no messages/prompt, a field the service does not honour.
+BAD_GENERATION_FIELDS = st.sampled_from(
+    [{"temperature": 2.5}, {"n": 9}, {"max_tokens": 0}, {"max_tokens": 10_000}, {"stream": True}, {"top_p": 0}]
+)
+BAD_CHAT_BODIES = st.one_of(
+    st.builds(lambda body, bad: {**body, **bad}, CHAT_BODIES, BAD_GENERATION_FIELDS),
+    st.just({"model": "tinylm", "messages": []}),
+    st.just({"model": "tinylm", "messages": [{"role": "wizard", "content": "x"}]}),
+)
+BAD_COMPLETION_BODIES = st.one_of(
+    st.builds(lambda body, bad: {**body, **bad}, COMPLETION_BODIES, BAD_GENERATION_FIELDS),
+    st.just({"model": "tinylm"}),
+    st.just({"model": "tinylm", "prompt": [1, 2, 3]}),
+)
+
+
 @dataclass(frozen=True)
 class KindCase:
     model: Any  # max_batch_size → CatalogueModel
@@ -120,6 +167,9 @@ class KindCase:
 CASES = {
     "/v1/embeddings": KindCase(_embedding_model, EMBEDDING_BODIES, BAD_EMBEDDING_BODIES, _embedding_outputs),
     "/v2/infer": KindCase(_tensor_model, _tensor_body(), BAD_TENSOR_BODIES, _identity_outputs),
+    # Generation answers over a stream (the backend's generation_stream), from tests/kinds/fake_engine.py.
+    "/v1/chat/completions": KindCase(_generation_model, CHAT_BODIES, BAD_CHAT_BODIES, None),
+    "/v1/completions": KindCase(_generation_model, COMPLETION_BODIES, BAD_COMPLETION_BODIES, None),
 }
 URLS = sorted(CASES)
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -197,6 +247,9 @@ class _Backend:
         self.calls.append(inputs)
         return self.respond(inputs)
 
+    def generation_stream(self, triton_model: str, *, on_response: Any) -> Any:
+        return FakeEngine().generation_stream(triton_model, on_response=on_response)
+
 
 class _Control:
     def __init__(self) -> None:
@@ -208,6 +261,9 @@ class _Control:
     def finish(self, number: int, outcome: LineOutcome) -> None:
         assert number not in self.finished, f"line {number} reported twice"
         self.finished[number] = outcome
+
+    def request_id(self, number: int) -> str:
+        return f"request-{number}"
 
 
 @pytest.mark.parametrize("url", URLS)

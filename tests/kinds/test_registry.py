@@ -15,6 +15,7 @@ from controlplane.kinds.registry import (
     KINDS,
     UnknownEndpoint,
     endpoint_for_model_kind,
+    endpoints_for_model_kind,
     kind_for,
     token_endpoint_urls,
 )
@@ -28,22 +29,26 @@ def test_batch_endpoint_choices_are_the_registry():
     assert sorted(Endpoint.values) == sorted(KINDS)
 
 
-def test_every_model_kind_is_served_by_exactly_one_endpoint():
-    served = [kind.model_kind for kind in KINDS.values()]
-    assert sorted(served) == sorted(ModelKind.values)
-    assert {endpoint_for_model_kind(k) for k in ModelKind.values} == set(KINDS)
+def test_every_model_kind_is_served_by_its_endpoints_and_every_endpoint_by_one_kind():
+    served = {kind.model_kind for kind in KINDS.values()}
+    assert served == set(ModelKind.values)
+    assert sorted(url for k in ModelKind.values for url in endpoints_for_model_kind(k)) == sorted(KINDS)
+    assert endpoints_for_model_kind(ModelKind.GENERATION) == ["/v1/chat/completions", "/v1/completions"]
+    assert endpoint_for_model_kind(ModelKind.GENERATION) == "/v1/chat/completions"
 
 
-def test_models_endpoint_names_the_registry_endpoint_of_each_kind():
+def test_models_endpoint_names_the_registry_endpoints_of_each_kind():
     # fleet sits below kinds/ and keeps its own map for /v1/models; it must agree with the registry.
-    from controlplane.fleet.render import _ENDPOINT
+    from controlplane.fleet.render import _ENDPOINTS
 
-    assert {kind: url for kind, url in _ENDPOINT.items()} == {k: endpoint_for_model_kind(k) for k in ModelKind.values}
+    assert {kind: list(urls) for kind, urls in _ENDPOINTS.items()} == {
+        k: endpoints_for_model_kind(k) for k in ModelKind.values
+    }
 
 
 def test_lookups():
     assert kind_for("/v1/embeddings").counts_tokens and not kind_for("/v2/infer").counts_tokens
-    assert token_endpoint_urls() == ["/v1/embeddings"]
+    assert token_endpoint_urls() == ["/v1/embeddings", "/v1/chat/completions", "/v1/completions"]
     with pytest.raises(UnknownEndpoint):
         kind_for("/v1/chat/completion")
 

@@ -1,0 +1,177 @@
+"""The generation kinds, ``/v1/chat/completions`` and ``/v1/completions``: OpenAI's requests and responses
+for a catalogue model of kind ``generation``, served by a decoupled Triton model that speaks the vLLM backend's
+interface (tinylm on CPU, vLLM on GPUs).
+
+The pieces, each in its own module: the bodies (generation_bodies: a body → GenerationRequest or BodyError,
+chat template applied here, with the model's own tokenizer), the engine's wire (generation_engine), the run
+(generation_run: one stream, lines in flight, each finished as it ends) and the rendering
+(generation_render). This module binds them to the endpoint-kind interface (kinds/base.py).
+
+Work units (fair share's charge, the scheduler's shard sizing) are estimated at validation as
+(prompt tokens) + w × n × max_tokens, w the model's completion_weight: every choice is assumed to run to its
+limit until the engine says otherwise. The measured correction at commit uses the tokens the engine counted
+(prompt + completion, unweighted: ``measured_work_units``' default); correcting the estimate by measured
+completion lengths per model is a follow-up.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from django.conf import settings
+
+from controlplane.fleet.models import CatalogueModel, ModelKind
+from controlplane.kinds.base import (
+    Backend,
+    BodyIssue,
+    Call,
+    EndpointKind,
+    LedgerUnits,
+    LineOutput,
+    ParsedLine,
+    RunControl,
+)
+from controlplane.kinds.generation_bodies import (
+    BodyError,
+    ChatTokenizer,
+    GenerationRequest,
+    parse_chat_body,
+    parse_completion_body,
+)
+from controlplane.kinds.generation_render import EngineResult, render_completion
+from controlplane.kinds.generation_run import run_generation
+from controlplane.kinds.generation_units import estimated_charge
+
+__all__ = ["ChatCompletionsKind", "CompletionsKind", "GenerationLine", "model_tokenizer"]
+
+
+@dataclass(frozen=True)
+class GenerationLine:
+    """A parsed generation line: the request, and its work units as estimated for its model."""
+
+    request: GenerationRequest
+    units: int
+
+
+class ModelMisconfigured(RuntimeError):
+    """A generation model's catalogue entry lacks what parsing needs: every line would fail alike, so the
+    batch fails (validation_error) rather than writing an error file of identical lines."""
+
+
+_tokenizers: dict[Path, ChatTokenizer] = {}
+_tokenizers_lock = threading.Lock()
+
+
+def tokenizer_path(model: CatalogueModel) -> Path:
+    if not model.tokenizer_dir:
+        raise ModelMisconfigured(f"catalogue model {model.name!r} has no tokenizer_dir")
+    path = Path(model.tokenizer_dir)
+    return path if path.is_absolute() else Path(settings.BASE_DIR) / path
+
+
+def model_tokenizer(model: CatalogueModel) -> ChatTokenizer:
+    """The model's Hugging Face tokenizer (with its chat_template), loaded once per process per directory.
+    Offline: the directory is the model's own, never a hub name."""
+    path = tokenizer_path(model).resolve()
+    tokenizer = _tokenizers.get(path)
+    if tokenizer is None:
+        with _tokenizers_lock:
+            tokenizer = _tokenizers.get(path)
+            if tokenizer is None:
+                if not (path / "tokenizer_config.json").is_file():
+                    raise ModelMisconfigured(
+                        f"catalogue model {model.name!r}: no tokenizer at {path} (for the shipped tinylm, "
+                        "`make install` trains and writes it)"
+                    )
+                from transformers import AutoTokenizer  # heavy: only processes that see a generation line
+
+                tokenizer = _tokenizers[path] = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return tokenizer
+
+
+def _context_length(model: CatalogueModel) -> int:
+    if not model.context_length:
+        raise ModelMisconfigured(f"catalogue model {model.name!r} has no context_length")
+    return model.context_length
+
+
+def _body_param(param: str | None) -> str:
+    """The parser names fields as OpenAI does (``messages[2].role``); a batch line's error names the field in
+    the line, under ``body`` (as every kind's BodyIssue does)."""
+    return f"body.{param}" if param else "body"
+
+
+class _GenerationKind(EndpointKind):
+    model_kind: ClassVar[str] = ModelKind.GENERATION
+    counts_tokens: ClassVar[bool] = True
+    parse: ClassVar[Callable[..., GenerationRequest]]
+
+    def parse_body(self, body: dict[str, Any], *, model: CatalogueModel) -> GenerationLine:
+        try:
+            request = type(self).parse(body, tokenizer=model_tokenizer(model), context_length=_context_length(model))
+        except BodyError as error:
+            raise BodyIssue(error.code, error.message, _body_param(error.param)) from None
+        if request.response_format.type != "text":
+            # Accepted by the parser (it is OpenAI's), but no engine here constrains decoding yet: refused
+            # rather than answered with text that ignores the format.
+            raise BodyIssue(
+                "unsupported_value",
+                f"response_format {request.response_format.type!r} is not supported for model {model.name!r} "
+                "(no constrained decoding); use 'text'.",
+                "body.response_format",
+            )
+        units = estimated_charge(request, completion_weight=model.completion_weight)
+        return GenerationLine(request, max(1, round(units)))
+
+    def work_units(self, request: GenerationLine) -> int:
+        return request.units
+
+    def run(
+        self,
+        lines: dict[int, ParsedLine],
+        *,
+        model: CatalogueModel,
+        backend: Backend,
+        control: RunControl,
+        inflight: int,
+        calls: list[Call] | None = None,
+    ) -> bool:
+        # ``inflight`` counts calls of request/response kinds; generation bounds lines by the model's
+        # max_num_seqs instead (generation_run.py).
+        return run_generation(
+            lines, model=model, backend=backend, control=control, render=self.render, request_of=_request
+        )
+
+    def render(self, parsed: ParsedLine, pieces: dict[int, Any]) -> LineOutput:
+        """``pieces[0]``: the line's (EngineResult, output request id), from generation_run."""
+        result, request_id = pieces[0]
+        assert isinstance(result, EngineResult)
+        request = _request(parsed)
+        body = render_completion(request, result, request_id=request_id, created=int(time.time()))
+        return LineOutput(body, result.prompt_tokens + result.completion_tokens)
+
+    def ledger_units(
+        self, *, completed: int, runnable: int, estimated_work_units: int, measured_tokens: int
+    ) -> LedgerUnits:
+        # Tokens the engine counted for the completed lines: prompt + completion (failed lines are not billed).
+        return LedgerUnits(tokens=measured_tokens, rows=0)
+
+
+def _request(parsed: ParsedLine) -> GenerationRequest:
+    assert isinstance(parsed.request, GenerationLine)
+    return parsed.request.request
+
+
+class ChatCompletionsKind(_GenerationKind):
+    url: ClassVar[str] = "/v1/chat/completions"
+    parse = staticmethod(parse_chat_body)
+
+
+class CompletionsKind(_GenerationKind):
+    url: ClassVar[str] = "/v1/completions"
+    parse = staticmethod(parse_completion_body)
