@@ -80,6 +80,7 @@ _GROUPS = (
     ("tests/fleet/test_reconciler.py", "processes"),
     ("tests/metrics/", "processes"),
     ("tests/console/test_samples.py", "processes"),
+    ("tests/kinds/test_generation_batch.py", "processes"),
 )
 
 

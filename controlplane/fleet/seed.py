@@ -89,7 +89,6 @@ SEED = [
         "load_seconds": 10.0,
         # One instance is the batcher: a second would split the KV budget and the prefix cache.
         "max_instances": 1,
-        "lines_per_second_per_instance": 50.0,
         # Work units are prompt + max_tokens; ~2,900 tokens/s decoded on one thread (ARCHITECTURE, "Generation
         # engine"), and lines usually stop before max_tokens: declared until measured.
         "seconds_per_work_unit": 0.0005,
