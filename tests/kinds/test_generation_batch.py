@@ -1,5 +1,5 @@
 """Generation batches through the production shard path (batches/services validate, batches/execution
-shard_run with the TritonBackend a worker builds) against tinylm on a real tritonserver: the engine's answers
+a slot cycle with the TritonBackend a worker builds) against tinylm on a real tritonserver: the engine's answers
 rendered as OpenAI's objects and checked against its published schemas, and the trained grammar asserted
 (the count is right, stop at EOS, length at max_tokens, n choices, a seed repeats). The fake engine of
 test_generation_kind.py stands in for this one."""
@@ -16,12 +16,13 @@ from openai.types.chat import ChatCompletion
 
 from controlplane.batches import services
 from controlplane.batches.backend import TritonBackend
-from controlplane.batches.execution import shard_run
 from controlplane.batches.models import Batch, BatchStatus, Shard
 from controlplane.batches.records import request_id
 from controlplane.core import dispatch
 from controlplane.files.models import File
 from controlplane.files.storage import blob_open
+from controlplane.fleet.models import CatalogueModel
+from controlplane.scheduling.runner import shard_run_next
 from controlplane.triton.client import TritonClient
 from tests.batches.helpers import jsonl, upload
 from tests.contracts.openai_schema import validate
@@ -61,8 +62,11 @@ def run_batch(tenant, lines, endpoint, triton_server, client, settings, monkeypa
     services.batch_validate(batch_id=batch.id)
     backend = TritonBackend(client, triton_server.grpc_url)
     factory = backend_factory or (lambda name: backend)
+    model = CatalogueModel.objects.get(name=Batch.objects.values_list("model", flat=True).get(id=batch.id))
     for shard in Shard.objects.filter(batch=batch).order_by("index"):
-        assert shard_run(shard_id=shard.id, owner="test", backend_factory=factory) == "succeeded"
+        # One cycle of a slot, as a worker runs it: the policy serves this batch's next shard.
+        cycle = shard_run_next(model=model, owner="test", backend_factory=factory)
+        assert cycle is not None and (cycle.shard_id, cycle.outcome) == (shard.id, "succeeded")
     batch = Batch.objects.get(id=batch.id)
     return batch, _records(batch.output_file_id), _records(batch.error_file_id)
 
