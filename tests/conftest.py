@@ -62,12 +62,13 @@ def fresh_queue_rankings():
 
 # `make test` runs the suite in pytest-xdist workers. Tests that share an expensive fixture run on one worker as
 # a group, so each fixture starts once, not once per worker: the end-to-end stack (gunicorn, workers, beat, a
-# tritonserver), the chaos suite's own stacks (they kill and restart processes, so they run apart from the shared
-# stack), and the modules on a tritonserver of their own. Everything else spreads over all workers, test by test.
+# tritonserver) with the chaos suite's own stacks (one after another: both measure recovery times, which two
+# stacks side by side on two cores would stretch), and the modules on a tritonserver of their own. Everything
+# else spreads over all workers, test by test.
 # Groups are decided from the test's path: xdist's own `xdist_group` marks do not reach its scheduler under
 # pytest 9 (xdist 3.8 renames `item._nodeid`, which pytest 9 no longer reads), so the scheduler is ours.
 _GROUPS = (
-    ("tests/chaos/", "chaos"),
+    ("tests/chaos/", "stack"),
     ("tests/e2e/", "stack"),
     ("tests/triton/", "processes"),
     ("tests/build_engines/test_serving.py", "processes"),
