@@ -13,13 +13,13 @@ import threading
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Protocol
 
 import numpy as np
 from django.conf import settings
 
 from controlplane.fleet.inventory import breaker_record
 from controlplane.fleet.routing import fleet_is_managed, pick_route, routes_for_model
+from controlplane.kinds.base import Backend
 from controlplane.triton.client import TransientTritonError, TritonClient, retry_transient
 from controlplane.triton.streaming import GenerationResponse, GenerationStream
 
@@ -31,20 +31,9 @@ class NoCapacity(TransientTritonError):
     """No ready placement of the model yet: the shard waits (unclaimed) for the reconciler."""
 
 
-class InferenceBackend(Protocol):
-    server: str
-    # Model instances behind it (None: not known): a shard is split into at most this many calls.
-    instances: int | None
-
-    def prepare(self, triton_model: str) -> None: ...
-
-    def infer(
-        self, triton_model: str, inputs: dict[str, np.ndarray], output_names: list[str]
-    ) -> dict[str, np.ndarray]: ...
-
-    def generation_stream(
-        self, triton_model: str, *, on_response: Callable[[GenerationResponse], None]
-    ) -> GenerationStream: ...
+# Where a shard's calls go: the kinds' Backend protocol (kinds/base.py), implemented below by one Triton or the
+# fleet's routes.
+InferenceBackend = Backend
 
 
 _clients: dict[str, TritonClient] = {}
