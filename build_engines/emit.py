@@ -11,12 +11,15 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from build_engines.export import onnx_path
 from build_engines.manifest import MANIFEST, read_manifest
 from build_engines.spec import ModelSpec, OutputSpec
 from build_engines.trt_build import PLAN_FILE, copy_plan_for_triton, plan_dir, plan_filename
+
+if TYPE_CHECKING:
+    from build_engines.generation_spec import GenerationSpec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODELS_DIR = REPO_ROOT / "triton_models"
@@ -33,7 +36,7 @@ def emit_models(spec: ModelSpec, out_dir: Path, models_dir: Path, *, echo: Calla
     folders = []
 
     onnx_dir = _model_dir(models_dir, f"{spec.name}_onnx")
-    _write_config(onnx_dir, spec, _tensor_config(spec, f"{spec.name}_onnx", backend="onnxruntime"))
+    write_config(onnx_dir, spec, _tensor_config(spec, f"{spec.name}_onnx", backend="onnxruntime"))
     _copy_onnx(onnx_file, onnx_dir / VERSION, have_onnx)
     folders.append(onnx_dir)
 
@@ -41,7 +44,7 @@ def emit_models(spec: ModelSpec, out_dir: Path, models_dir: Path, *, echo: Calla
     config = _tensor_config(spec, f"{spec.name}_trt", platform="tensorrt_plan", kind="KIND_GPU")
     for cc in spec.triton.compute_capabilities:
         config.cc_model_filenames[cc] = plan_filename(cc)
-    _write_config(trt_dir, spec, config)
+    write_config(trt_dir, spec, config)
     _keep_version_dir(trt_dir / VERSION)
     built = plan_dir(out_dir, spec.triton.trt_precision) / PLAN_FILE
     plan_manifest = read_manifest(built.parent) if built.is_file() else None
@@ -54,7 +57,7 @@ def emit_models(spec: ModelSpec, out_dir: Path, models_dir: Path, *, echo: Calla
 
     if spec.text is not None:
         ort_dir = _model_dir(models_dir, f"{spec.name}_ort")
-        _write_config(ort_dir, spec, _text_config(spec, f"{spec.name}_ort"))
+        write_config(ort_dir, spec, _text_config(spec, f"{spec.name}_ort"))
         (ort_dir / VERSION).mkdir(exist_ok=True)
         shutil.copy2(TEMPLATE, ort_dir / VERSION / "model.py")
         _copy_onnx(onnx_file, ort_dir / VERSION, have_onnx, keep=False)
@@ -152,7 +155,8 @@ def _text_config(spec: ModelSpec, name: str) -> Any:
     return config
 
 
-def _write_config(model_dir: Path, spec: ModelSpec, config: Any) -> None:
+def write_config(model_dir: Path, spec: ModelSpec | GenerationSpec, config: Any) -> None:
+    """config.pbtxt with a header naming the spec it came from (both spec kinds carry path and sha256)."""
     from google.protobuf import text_format
 
     try:

@@ -17,13 +17,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
-from django.db import connection
 from django.db.models import F
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.urls import reverse
 from django.utils import timezone
 
 from controlplane.console.models import AdminLoginWindow
+from controlplane.core.windows import window_increment
 
 
 def _window_start(now: datetime) -> datetime:
@@ -37,30 +37,9 @@ def _key(scope: str, value: str) -> str:
 
 
 def _increment(*, key: str, window_start: datetime) -> int:
-    """Add one to the key's count for the window and return the new count, in one statement (the upsert of
-    tenants.services._request_window_increment, which says why). Autocommit: a count is never taken back by
-    a rollback."""
-    meta = AdminLoginWindow._meta
-    quote = connection.ops.quote_name
-    table, key_col, start_col, count_col = (
-        quote(name)
-        for name in (
-            meta.db_table,
-            meta.get_field("key").column,
-            meta.get_field("window_start").column,
-            meta.get_field("count").column,
-        )
-    )
-    start_value = meta.get_field("window_start").get_db_prep_value(window_start, connection)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {table} ({key_col}, {start_col}, {count_col}) VALUES (%s, %s, 1) "
-            f"ON CONFLICT ({key_col}, {start_col}) DO UPDATE SET {count_col} = {table}.{count_col} + 1 "
-            f"RETURNING {count_col}",
-            [key, start_value],
-        )
-        row = cursor.fetchone()
-    count = int(row[0])
+    """Add one to the key's count for the window and return the new count (core/windows.py). Autocommit: a count is
+    never taken back by a rollback."""
+    count = window_increment(AdminLoginWindow, key_field="key", key=key, window_start=window_start)
     if count == 1:
         # The first attempt of a new window: every earlier window, of any key, is done with. One indexed DELETE
         # per key and window keeps the table small even when many usernames are tried.

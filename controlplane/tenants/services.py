@@ -5,7 +5,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from controlplane.core import dispatch
@@ -17,6 +17,7 @@ from controlplane.core.errors import (
     ratelimit_headers,
     whole_seconds,
 )
+from controlplane.core.windows import window_increment
 from controlplane.tenants.models import ApiKey, ApiKeyRequestWindow, Tenant, TenantEvent
 
 KEY_PREFIX = "sk-cp-"
@@ -116,7 +117,7 @@ def api_request_record(*, api_key: ApiKey, now: datetime) -> RequestRate:
     """Count one API request for ``api_key`` in the current window; over the tenant's
     ``max_requests_per_minute`` raise QuotaExceeded (429) with Retry-After at the next window."""
     window_start = request_window_start(now)
-    count = _request_window_increment(api_key_id=api_key.id, window_start=window_start)
+    count = window_increment(ApiKeyRequestWindow, key_field="api_key", key=api_key.id, window_start=window_start)
     if count == 1:
         # First request of a new window: the key's earlier windows are done with. This keeps about one row
         # per key at the cost of one indexed DELETE per key per minute.
@@ -139,36 +140,3 @@ def api_request_record(*, api_key: ApiKey, now: datetime) -> RequestRate:
             header_name="requests",
         )
     return rate
-
-
-def _request_window_increment(*, api_key_id: int, window_start: datetime) -> int:
-    """Add one to the key's count for the window and return the new count, in one statement.
-
-    The ORM has no increment-on-conflict (``bulk_create(update_conflicts=True)`` can only copy the new
-    row's values), and UPDATE-then-INSERT needs a retry when two processes insert the same window at once
-    plus a second query to read the count back. ``INSERT … ON CONFLICT DO UPDATE … RETURNING`` is atomic
-    and returns exactly this request's count, with the same syntax on Postgres and SQLite (3.35+).
-    It runs in autocommit: inside a request-long transaction (ATOMIC_REQUESTS) the row lock would
-    serialize all of a key's requests, and a failed request would take its count back.
-    """
-    meta = ApiKeyRequestWindow._meta
-    quote = connection.ops.quote_name
-    table, key, start, count = (
-        quote(name)
-        for name in (
-            meta.db_table,
-            meta.get_field("api_key").column,
-            meta.get_field("window_start").column,
-            meta.get_field("count").column,
-        )
-    )
-    # Converted as the ORM would (SQLite stores text), so ORM filters on window_start match these rows.
-    start_value = meta.get_field("window_start").get_db_prep_value(window_start, connection)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {table} ({key}, {start}, {count}) VALUES (%s, %s, 1) "
-            f"ON CONFLICT ({key}, {start}) DO UPDATE SET {count} = {table}.{count} + 1 RETURNING {count}",
-            [api_key_id, start_value],
-        )
-        row = cursor.fetchone()
-    return int(row[0])
