@@ -69,7 +69,7 @@ class Batch(models.Model):
     model = models.CharField(max_length=200, blank=True, default="")
     # The catalogue entry (version, tensor specs, Triton model) the input was validated against: execution
     # builds requests from this snapshot, so editing or re-registering the model mid-batch cannot fail
-    # the remaining lines. Null until validation planned its first shard (batches/early_dispatch.py).
+    # the remaining lines. Null until validation planned its first shard (batches/intake/early_dispatch.py).
     model_snapshot = models.JSONField(null=True, blank=True)
     # Fencing token of validation attempts: each attempt takes the next number, and only the current one
     # may add shards or settle the batch (a redelivered or rescued validation supersedes the earlier one).

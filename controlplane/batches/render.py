@@ -25,7 +25,7 @@ def batch_render(batch: Batch, *, queue: dict[str, Any] | None = None, cost: Amo
     batch's shards is waiting), ``rerun_of`` (the batch whose failed lines this one re-runs) and ``cost``
     (charged so far, from the usage ledger; looked up when not given)."""
     cost = cost if cost is not None else batch_cost(batch_id=batch.id)
-    # Shards may already run while the file is validated (batches/early_dispatch.py): none of it shows
+    # Shards may already run while the file is validated (batches/intake/early_dispatch.py): none of it shows
     # before the file proves valid.
     validating = batch.status == BatchStatus.VALIDATING
     completed, failed, tokens = (

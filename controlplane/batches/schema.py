@@ -13,8 +13,8 @@ from drf_spectacular.utils import extend_schema, extend_schema_field, extend_sch
 from rest_framework import serializers
 
 from controlplane.batches import services
+from controlplane.batches.intake.windows import parse_completion_window
 from controlplane.batches.models import BatchStatus, Endpoint
-from controlplane.batches.windows import parse_completion_window
 from controlplane.core.idempotency import HEADER as IDEMPOTENCY_HEADER
 from controlplane.core.input import StrictCharField, strict_choice
 from controlplane.core.openapi import (

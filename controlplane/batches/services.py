@@ -11,16 +11,19 @@ from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import Q, Sum
 from django.utils import timezone
 
-from controlplane.batches.admission import batch_admit
-from controlplane.batches.early_dispatch import (
+from controlplane.batches.intake.admission import batch_admit
+from controlplane.batches.intake.early_dispatch import (
     EarlyShards,
     ValidationSuperseded,
     shard_rows,
     shards_discard,
     validation_attempt_begin,
 )
+from controlplane.batches.intake.validation import BatchColumns, validate_input
+from controlplane.batches.intake.validation_deadline import DeadlineStream, ValidationDeadlinePassed, attempt_stop_at
+from controlplane.batches.intake.windows import parse_completion_window
 from controlplane.batches.models import ACTIVE_STATUSES, Batch, BatchStatus, Shard, StopReason
-from controlplane.batches.shards import shards_skip_pending
+from controlplane.batches.run.shards import shards_skip_pending
 from controlplane.batches.transitions import (
     batch_end_validating,
     batch_fail,
@@ -28,9 +31,6 @@ from controlplane.batches.transitions import (
     batch_stop_running,
     event_record,
 )
-from controlplane.batches.validation import BatchColumns, validate_input
-from controlplane.batches.validation_deadline import DeadlineStream, ValidationDeadlinePassed, attempt_stop_at
-from controlplane.batches.windows import parse_completion_window
 from controlplane.core import dispatch
 from controlplane.core.errors import Conflict, ValidationFailed
 from controlplane.core.jsontext import bad_text
@@ -279,7 +279,7 @@ def _enqueued_quota_error(batch: Batch, lines: int, work: int) -> dict[str, Any]
 
 def batch_validation_fail(batch: Batch, errors: list[dict[str, Any]], *, attempt: int | None = None) -> None:
     """Fail a validating batch (only as its current validation ``attempt``, when given); the shards that
-    ran while it validated go with it (batches/early_dispatch.py)."""
+    ran while it validated go with it (batches/intake/early_dispatch.py)."""
     with transaction.atomic():
         if batch_fail(batch_id=batch.id, errors=errors, attempt=attempt, now=timezone.now()):
             shards_discard(batch_id=batch.id)

@@ -7,7 +7,7 @@ The service writes blobs under three prefixes only, and a row names each one it 
     parts/<batch id>/<index>.attempt<n>.jsonl            shard parts          Shard.part_name
     parts/<batch id>/<index>.columns<n>.bin              shard columns        Shard.columns_name
 
-(files/services.py, batches/finalize.py, batches/execution.py), plus, on local storage, a writer's
+(files/services.py, batches/results/finalize.py, batches/run/execution.py), plus, on local storage, a writer's
 ``<name>.<hex>.spool`` beside the blob while a part or result is written (no row names one: a crashed
 writer's is an orphan like any other). Anything else in storage is not ours and
 is never touched. A blob is written before the row that names it is committed (a crash in between leaves

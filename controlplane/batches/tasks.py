@@ -9,7 +9,9 @@ from __future__ import annotations
 from celery import shared_task
 from django.utils import timezone
 
-from controlplane.batches import finalize, rerun_input, retention, services, shards, storage_gc, validation_rescue
+from controlplane.batches import retention, services, storage_gc, validation_rescue
+from controlplane.batches.results import finalize, rerun_input
+from controlplane.batches.run import shards
 from controlplane.core.logs import log_context_bind
 from controlplane.webhooks.housekeeping import webhooks_housekeep
 
@@ -17,7 +19,7 @@ from controlplane.webhooks.housekeeping import webhooks_housekeep
 @shared_task(name="batches.batch_validate")
 def batch_validate_task(batch_id: str) -> None:
     log_context_bind(batch_id=batch_id)
-    # A re-run's input is built here first, from its source's failed lines (batches/rerun.py): the request
+    # A re-run's input is built here first, from its source's failed lines (batches/results/rerun.py): the request
     # that created it only reserved the input's id.
     if rerun_input.rerun_input_ready(batch_id=batch_id):
         services.batch_validate(batch_id=batch_id)

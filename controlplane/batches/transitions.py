@@ -65,7 +65,7 @@ def batch_start(
 ) -> bool:
     """validating → in_progress with what validation learned, only as validation ``attempt`` (a superseded
     attempt matches nothing). The ledger rows of the shards that committed while the file was checked are
-    written with it (batches/early_dispatch.py): the UPDATE has locked the batch row, which shard_commit takes
+    written with it (batches/intake/early_dispatch.py): the UPDATE has locked the batch row, which shard_commit takes
     first too, so exactly one of the two writes a shard's row."""
     moved = Batch.objects.filter(id=batch_id, status=BatchStatus.VALIDATING, validation_attempt=attempt).update(
         status=BatchStatus.IN_PROGRESS,

@@ -1,6 +1,6 @@
 """A committed shard's ledger entry, built from its row: by its commit (shards.shard_commit), or, for the
 shards that committed while their batch still validated, when the file proved valid
-(batches/early_dispatch.py)."""
+(batches/intake/early_dispatch.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The deadline on ``validating``: a validation that gave no result in time is tried again, and failed after
-VALIDATION_MAX_ATTEMPTS (each new attempt supersedes the last: batches/early_dispatch.py)."""
+VALIDATION_MAX_ATTEMPTS (each new attempt supersedes the last: batches/intake/early_dispatch.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from django.db import transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
+from controlplane.batches.intake.validation_deadline import VALIDATION_ATTEMPT_EVENTS
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus
 from controlplane.batches.services import batch_validation_fail, validation_error_entry
 from controlplane.batches.transitions import event_record
-from controlplane.batches.validation_deadline import VALIDATION_ATTEMPT_EVENTS
 from controlplane.core import dispatch
 
 # Tries of a batch's validation (the first enqueue at create included) before the rescuer fails it.

@@ -10,7 +10,7 @@ from controlplane.batches import schema, selectors, services
 from controlplane.batches.models import Batch
 from controlplane.batches.queue_info import batches_queue_info
 from controlplane.batches.render import batch_render
-from controlplane.batches.rerun import batch_rerun_failed
+from controlplane.batches.results.rerun import batch_rerun_failed
 from controlplane.core.idempotency import idempotency_key, idempotent, json_fingerprint
 from controlplane.core.input import input_validate
 from controlplane.core.pagination import CursorQuerySerializer, cursor_page

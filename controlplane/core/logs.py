@@ -3,7 +3,7 @@ can be read across web, worker and beat.
 
 The ids travel in a context variable, bound where work on a batch starts (a request: core/request_log.py; a
 Celery task: ``task_log_context_start`` below and one ``log_context_bind`` in the task or service; a shard
-run: batches/execution.py) and read by the formatter, so no log call has to pass them. ``LOG_FORMAT=json``
+run: batches/run/execution.py) and read by the formatter, so no log call has to pass them. ``LOG_FORMAT=json``
 writes one JSON object per line (timestamp, level, logger, message, role, pid, the bound ids, the
 traceback); the default ``text`` stays a readable line with the ids appended as ``key=value``.
 

@@ -33,7 +33,7 @@ def file_create(
     reads it (``line_count``), so batch create can check the enqueued-lines quota without reading the file
     again. The row's transaction checks the tenant's storage quota (files/quota.py) and sets
     ``expires_at`` from ``expires_after`` seconds; over the quota, the stored blob is deleted. ``file_id`` is
-    an id handed out before the content existed (a re-run batch names its input at once, batches/rerun.py);
+    an id handed out before the content existed (a re-run batch names its input at once, batches/results/rerun.py);
     a second create of the same id fails at its blob (blob_save refuses a clash) or at the row."""
     if purpose not in File.Purpose.values:
         raise ValidationFailed(f"purpose must be 'batch' for uploads, got {purpose!r}.", param="purpose")

@@ -5,7 +5,7 @@ against Triton, write each line's result, charge the ledger — and asks the bat
 
   (a) ``parse_body``: one line's body, for the batch's model → the parsed request (its ``work_units``),
       or a ``BodyIssue`` (param, code, message). The envelope (custom_id, method, url, body.model) is
-      the batch pipeline's and the same for every kind (batches/requests.py).
+      the batch pipeline's and the same for every kind (batches/intake/requests.py).
   (b) ``run``: a shard's parsed lines against the backend, each finished line reported to the caller as it
       finishes. Request/response kinds subclass kinds/calls.CallKind, whose ``run`` packs lines into Triton
       calls (``pack``) and keeps several in flight; a kind with streaming or many responses per line
@@ -121,7 +121,7 @@ class LedgerUnits(NamedTuple):
 
 
 class Backend(Protocol):
-    """Where a shard's calls go (batches/backend.py implements it: one Triton, or the fleet's routes)."""
+    """Where a shard's calls go (fleet/backend.py implements it: one Triton, or the fleet's routes)."""
 
     server: str
     # Model instances behind it (None: not known): a shard is split into at most this many calls.

@@ -10,7 +10,7 @@ lines in flight, each line reported the moment its final response arrives.
 - Errors, per line: a permanent Triton error (the engine refused the request) is a 400 line; an answer that
   cannot be this line's completion (EngineAnswerError) a 500 line. A transient one (the server went away,
   the stream broke, the model unloaded) raises: the shard is given back without spending an attempt
-  (batches/execution.py) and regenerated whole, so no line is written twice.
+  (batches/run/execution.py) and regenerated whole, so no line is written twice.
 - Silence: no response at all for TRITON_TIMEOUT_SECONDS while lines are in flight is a hung server
   (transient). Lines are sent unstreamed (one response each), so the limit must exceed the longest
   single generation a busy engine takes; operators raise TRITON_TIMEOUT_SECONDS for long-output models.

@@ -1,6 +1,6 @@
 """Shard columns: a tensor shard's lines as validation read them, so that the shard does not parse JSON again.
 
-Validation (batches/validation.py) reads every line of a file; its fast lane (batches/quickcheck.py) has each
+Validation (batches/intake/validation.py) reads every line of a file; its fast lane (batches/intake/quickcheck.py) has each
 accepted line's body in hand. For a tensor model it keeps, per planned shard, the lines' numbers, custom_ids,
 rows and every input's values, and writes them next to the shard's parts as one small binary blob when the
 shard closes (before the shard row exists, so a worker never looks for columns not yet written). The shard's

@@ -1,4 +1,4 @@
-"""Validation's fast lane for a tensor body (batches/quickcheck.py runs the envelope's part): the rows a
+"""Validation's fast lane for a tensor body (batches/intake/quickcheck.py runs the envelope's part): the rows a
 well-formed body asks for, checked by the same rules as the checked parse (kinds/tensor_requests.py) in plain
 Python over orjson's parse, or None whenever a body is unusual (nested data, a BOOL tensor, a float in an
 integer tensor, an integer past 64 bits): then the checked parse decides. It never refuses a body itself."""

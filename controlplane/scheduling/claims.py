@@ -14,7 +14,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from controlplane.batches.models import Batch, Shard, ShardStatus
-from controlplane.batches.shards import shard_claim_selected
+from controlplane.batches.run.shards import shard_claim_selected
 from controlplane.batches.transitions import event_record
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.registry import kind_for

@@ -12,12 +12,13 @@ from functools import partial
 
 from django.conf import settings
 
-from controlplane.batches.backend import InferenceBackend
-from controlplane.batches.execution import shard_execute
-from controlplane.batches.leases import LeaseKeeper
+from controlplane.batches.results.finalize import batch_try_finalize
+from controlplane.batches.run.execution import shard_execute
+from controlplane.batches.run.leases import LeaseKeeper
 from controlplane.core.database import when_database_answers
 from controlplane.core.logs import log_context_bind
 from controlplane.fleet.models import CatalogueModel
+from controlplane.kinds.base import Backend
 from controlplane.scheduling.claims import shard_claim_next, shard_settle
 from controlplane.scheduling.slots import slot_finish, slot_renew, slot_start, slots_topup
 from controlplane.triton.client import TransientTritonError
@@ -26,6 +27,10 @@ logger = logging.getLogger(__name__)
 
 # A cycle's outcome when the model had nowhere to run (no ready placement, server down): nothing was claimed.
 UNROUTABLE = "unroutable"
+
+
+# shard_execute's outcomes that close the shard (committed, or given up): the batch may be finished.
+SHARD_CLOSED_OUTCOMES = frozenset({"succeeded", "stopped", "dead", "skipped"})
 
 
 @dataclass(frozen=True)
@@ -37,7 +42,7 @@ class Cycle:
     shard_id: int | None = None
 
 
-def slot_run(*, slot_id: int, owner: str, backend_factory: Callable[[str], InferenceBackend]) -> int:
+def slot_run(*, slot_id: int, owner: str, backend_factory: Callable[[str], Backend]) -> int:
     """Returns the number of shards this slot ran."""
     slot = slot_start(slot_id=slot_id, owner=owner)
     if slot is None:
@@ -68,7 +73,7 @@ def _slot_finish_through_database_errors(slot_id: int) -> None:
 
 
 def _run_shards(
-    *, model: CatalogueModel, owner: str, backend_factory: Callable[[str], InferenceBackend], keeper: LeaseKeeper
+    *, model: CatalogueModel, owner: str, backend_factory: Callable[[str], Backend], keeper: LeaseKeeper
 ) -> tuple[int, bool]:
     """Returns the shards run, and whether the slot ended because Triton was away."""
     ran = 0
@@ -86,9 +91,7 @@ def _run_shards(
     return ran, False
 
 
-def shard_run_next(
-    *, model: CatalogueModel, owner: str, backend_factory: Callable[[str], InferenceBackend]
-) -> Cycle | None:
+def shard_run_next(*, model: CatalogueModel, owner: str, backend_factory: Callable[[str], Backend]) -> Cycle | None:
     """One cycle of a slot: route the model, claim the shard the policy serves next (shard_claim_next: SKIP
     LOCKED, runnable shards only, charged to the tenant's fair share), run it and settle it. None when
     nothing of the model is runnable. The one way shards run, in workers and in tests alike."""
@@ -105,4 +108,9 @@ def shard_run_next(
     outcome = shard_execute(shard=shard, model=model, backend=backend)
     if outcome == "succeeded":
         shard_settle(shard_id=shard.id, cycle_seconds=time.monotonic() - started)
+    if outcome in SHARD_CLOSED_OUTCOMES:
+        # Finalize runs here, inline in the slot that closed the batch's last shard: its output is assembled at
+        # once by a worker already holding the batch's files, with no queue hop. The control queue's
+        # batch_finalize (core/dispatch.py) covers what no slot closes: cancel, expiry, a finalizer that died.
+        batch_try_finalize(batch_id=shard.batch_id)
     return Cycle(outcome, shard.id)

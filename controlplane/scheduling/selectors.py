@@ -13,7 +13,7 @@ from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
-from controlplane.batches.shards import RUNNABLE_BATCH_STATUSES
+from controlplane.batches.run.shards import RUNNABLE_BATCH_STATUSES
 from controlplane.fleet.models import CatalogueModel, Placement, PlacementStatus
 from controlplane.fleet.routing import ROUTABLE_STATES, fleet_is_managed
 from controlplane.scheduling import policy

@@ -184,7 +184,7 @@ IDEMPOTENCY_WAIT_SECONDS = env_float("IDEMPOTENCY_WAIT_SECONDS", 10.0)
 IDEMPOTENCY_CLAIM_TIMEOUT_SECONDS = env_int("IDEMPOTENCY_CLAIM_TIMEOUT_SECONDS", 900, minimum=1)
 IDEMPOTENCY_PRUNE_INTERVAL_SECONDS = env_int("IDEMPOTENCY_PRUNE_INTERVAL_SECONDS", 3600, minimum=1)
 OUTBOX_RELAY_INTERVAL_SECONDS = env_float("OUTBOX_RELAY_INTERVAL_SECONDS", 1.0)  # retry of a failed send
-# Shards run while the rest of their file is validated, invisible until it is valid (batches/early_dispatch.py);
+# Shards run while the rest of their file is validated, invisible until it is valid (batches/intake/early_dispatch.py);
 # tensor shards run from the arrays validation kept of their lines, not from their JSON (kinds/tensor_columns.py).
 BATCH_EARLY_DISPATCH = env_bool("BATCH_EARLY_DISPATCH", True)
 BATCH_SHARD_COLUMNS = env_bool("BATCH_SHARD_COLUMNS", True)
@@ -210,7 +210,7 @@ RESCUE_INTERVAL_SECONDS = env_float("RESCUE_INTERVAL_SECONDS", 2.0)
 # A batch still in validating this long after its validation was (re)enqueued lost its message or its
 # worker: the rescuer enqueues it again (validation checks the status first, so a duplicate is harmless) and
 # fails it after validation_rescue.VALIDATION_MAX_ATTEMPTS tries. The running attempt stops itself a little
-# before this deadline (batches/validation_deadline.py; the control worker's thread pool ignores Celery's time
+# before this deadline (batches/intake/validation_deadline.py; the control worker's thread pool ignores Celery's time
 # limits), so a validation that is still running is never duplicated. A finalizer still finalizing after
 # FINALIZE_STALE_SECONDS is presumed dead and another one starts (finalization is idempotent).
 BATCH_VALIDATION_DEADLINE_SECONDS = env_int("BATCH_VALIDATION_DEADLINE_SECONDS", 1200, minimum=1)

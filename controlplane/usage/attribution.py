@@ -37,7 +37,7 @@ class AttributionReport:
 
 
 def _ran_on(record_server: str, server: str) -> bool:
-    # A shard routed across the fleet names every server it used, comma-separated (batches/backend.py).
+    # A shard routed across the fleet names every server it used, comma-separated (fleet/backend.py).
     return server in record_server.split(",")
 
 

@@ -1,4 +1,4 @@
-"""The per-tenant monthly spend cap, checked when a batch is created (batches/admission.py)."""
+"""The per-tenant monthly spend cap, checked when a batch is created (batches/intake/admission.py)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ import io
 import json
 from typing import Any
 
-from controlplane.batches.requests import ModelResolver, parse_line
+from controlplane.batches.intake.requests import ModelResolver, parse_line
 from controlplane.files.models import File
 from controlplane.files.services import file_create
 from controlplane.kinds.base import ParsedLine

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from controlplane.batches.admission import batch_admit
+from controlplane.batches.intake.admission import batch_admit
 from controlplane.batches.models import Batch, BatchStatus
 from controlplane.core.errors import QuotaExceeded, ValidationFailed
 from controlplane.files.models import File

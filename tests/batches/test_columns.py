@@ -13,12 +13,13 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from controlplane.batches import execution, services
+from controlplane.batches import services
+from controlplane.batches.intake.quickcheck import FastLane
+from controlplane.batches.intake.requests import ModelResolver
+from controlplane.batches.intake.validation import BatchColumns
 from controlplane.batches.models import Batch, BatchStatus, Shard
-from controlplane.batches.quickcheck import FastLane
-from controlplane.batches.requests import ModelResolver
+from controlplane.batches.run import execution
 from controlplane.batches.storage_gc import orphans_collect, parts_collect
-from controlplane.batches.validation import BatchColumns
 from controlplane.core import dispatch
 from controlplane.files.models import File
 from controlplane.files.storage import blob_open, blob_save, blob_storage

@@ -1,4 +1,4 @@
-"""Duplicate custom_ids in packed form (batches/custom_ids.py) against a plain dict, across the bitmap's
+"""Duplicate custom_ids in packed form (batches/intake/custom_ids.py) against a plain dict, across the bitmap's
 doublings (it starts at 2**17 bits and doubles every 8,192 lines)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from controlplane.batches.custom_ids import CustomIds
+from controlplane.batches.intake.custom_ids import CustomIds
 
 
 def _reference(ids: list[str]) -> list[tuple[int, int, str]]:
@@ -47,7 +47,7 @@ def test_ids_sharing_the_first_eight_digest_bytes_still_find_every_duplicate(mon
     digest keeps only 2 bits of entropy up front) must not hide a duplicate that interleaves with them."""
     import hashlib
 
-    from controlplane.batches import custom_ids
+    from controlplane.batches.intake import custom_ids
 
     def colliding(data: bytes, digest_size: int) -> hashlib.blake2b:
         real = hashlib.blake2b(data, digest_size=digest_size).digest()
@@ -71,7 +71,7 @@ def test_ids_sharing_the_first_eight_digest_bytes_still_find_every_duplicate(mon
 def test_records_spilled_to_bucket_files_find_the_same_duplicates(monkeypatch, spill_at):
     """Past SPILL_AT lines the records go to per-bucket temporary files and the duplicates are found one
     bucket at a time: the same answer as a plain dict, including repeats whose first line was in memory."""
-    from controlplane.batches import custom_ids
+    from controlplane.batches.intake import custom_ids
 
     monkeypatch.setattr(custom_ids, "SPILL_AT", spill_at)
     monkeypatch.setattr(custom_ids, "BUCKET_BUFFER", 400)  # flushes every 20 records

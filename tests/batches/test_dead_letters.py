@@ -11,9 +11,9 @@ import pytest
 from django.utils import timezone
 
 from controlplane.batches import services
-from controlplane.batches.finalize import batch_try_finalize
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard, ShardStatus
-from controlplane.batches.shards import shard_requeue, shards_rescue
+from controlplane.batches.results.finalize import batch_try_finalize
+from controlplane.batches.run.shards import shard_requeue, shards_rescue
 from controlplane.core import dispatch
 from controlplane.core.errors import Conflict
 from controlplane.fleet.models import CatalogueModel

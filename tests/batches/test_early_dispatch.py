@@ -1,4 +1,4 @@
-"""Shards that run while their file is still validated (batches/early_dispatch.py): the work is kept and
+"""Shards that run while their file is still validated (batches/intake/early_dispatch.py): the work is kept and
 charged only when the whole file proves valid; an invalid file, a cancel or a newer attempt discards it.
 
 A "worker" here is the test itself: each time validation adds shards to the database, the hook runs some
@@ -10,12 +10,13 @@ import json
 
 import pytest
 
-from controlplane.batches import early_dispatch, services
-from controlplane.batches.execution import shard_execute
-from controlplane.batches.finalize import batch_try_finalize
+from controlplane.batches import services
+from controlplane.batches.intake import early_dispatch
+from controlplane.batches.intake.pinning import pinned_model
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard, ShardStatus
-from controlplane.batches.pinning import pinned_model
 from controlplane.batches.render import batch_render
+from controlplane.batches.results.finalize import batch_try_finalize
+from controlplane.batches.run.execution import shard_execute
 from controlplane.core import dispatch
 from controlplane.files.models import File
 from controlplane.files.storage import blob_open, blob_storage

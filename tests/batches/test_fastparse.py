@@ -11,7 +11,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from controlplane.batches.requests import ModelResolver
+from controlplane.batches.intake.requests import ModelResolver
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import LineIssue
 from controlplane.kinds.tensor_fast import ValidatedTensorLines, parse_validated_tensor_line

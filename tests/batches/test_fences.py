@@ -1,4 +1,4 @@
-"""The attempt is the fencing token (batches/shards.py): a worker presumed dead whose shard was rescued and
+"""The attempt is the fencing token (batches/run/shards.py): a worker presumed dead whose shard was rescued and
 claimed again can renew, release or commit nothing. Each test fails when the ``attempt=`` condition of that
 one write is removed: the stale worker's call would then match the row the current attempt holds."""
 
@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 from controlplane.batches.models import Batch, BatchEvent, Shard, ShardStatus
-from controlplane.batches.shards import PartSummary, shard_commit, shard_release, shard_renew, shards_rescue
+from controlplane.batches.run.shards import PartSummary, shard_commit, shard_release, shard_renew, shards_rescue
 from controlplane.core import dispatch
 from controlplane.fleet.models import CatalogueModel
 from controlplane.scheduling.claims import shard_claim_next

@@ -15,9 +15,9 @@ import pytest
 from django.db import OperationalError
 
 from controlplane.batches import services
+from controlplane.batches.intake.requests import ModelResolver, parse_line
+from controlplane.batches.intake.validation import ValidationResult, validate_input
 from controlplane.batches.models import Batch, BatchStatus, Shard
-from controlplane.batches.requests import ModelResolver, parse_line
-from controlplane.batches.validation import ValidationResult, validate_input
 from controlplane.core import dispatch
 from controlplane.fleet.models import CatalogueModel
 from tests.batches.helpers import embedding_line, jsonl, tensor_line

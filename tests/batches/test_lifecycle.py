@@ -7,8 +7,8 @@ import json
 import pytest
 
 from controlplane.batches import services
-from controlplane.batches.finalize import batch_try_finalize
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
+from controlplane.batches.results.finalize import batch_try_finalize
 from controlplane.core import dispatch
 from controlplane.files.models import File
 from controlplane.files.storage import blob_open
@@ -106,7 +106,7 @@ def test_permanent_error_is_pinned_to_its_line(tenant, eager):
 
 
 def test_stale_attempt_cannot_commit(tenant, eager):
-    from controlplane.batches.shards import PartSummary, shard_commit, shards_rescue
+    from controlplane.batches.run.shards import PartSummary, shard_commit, shards_rescue
     from controlplane.fleet.models import CatalogueModel
     from controlplane.scheduling.claims import shard_claim_next
 
@@ -190,7 +190,7 @@ def test_transient_failures_release_the_shard_without_spending_attempts(tenant, 
 
     from django.utils import timezone
 
-    from controlplane.batches import shards
+    from controlplane.batches.run import shards
 
     # A backoff no busy machine outlasts between the release and the next claim below.
     monkeypatch.setattr(shards, "RELEASE_BACKOFF_SECONDS", 60.0)
@@ -229,8 +229,8 @@ def test_a_shard_is_split_over_the_model_instances_and_no_further(tenant, eager,
 
 
 def test_the_fleet_backend_counts_the_ready_instances_it_routes_to(catalogue):
-    from controlplane.batches.backend import backend_for_model
     from controlplane.fleet import routing
+    from controlplane.fleet.backend import backend_for_model
     from controlplane.fleet.models import CatalogueModel, Placement, PlacementStatus, TritonServer
 
     routing._cache.clear()

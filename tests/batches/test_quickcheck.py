@@ -1,4 +1,4 @@
-"""Validation's fast lane (batches/quickcheck.py) never disagrees with the checked parse: on generated lines,
+"""Validation's fast lane (batches/intake/quickcheck.py) never disagrees with the checked parse: on generated lines,
 good ones and ones broken in the ways tenants break them, it either declines (None) or answers exactly the
 checked parse's custom_id, model and work units. It must also take the common good lines, or it buys nothing."""
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.batches.quickcheck import LineFacts, quick_check
-from controlplane.batches.requests import ModelResolver, work_units
+from controlplane.batches.intake.quickcheck import LineFacts, quick_check
+from controlplane.batches.intake.requests import ModelResolver, work_units
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import LineIssue
 from tests.batches.helpers import parse_accepted

@@ -1,4 +1,4 @@
-"""Re-running a finished batch's failed lines as a new batch (controlplane/batches/rerun.py), through the
+"""Re-running a finished batch's failed lines as a new batch (controlplane/batches/results/rerun.py), through the
 API, the service and the admin action, with the fake backend of the unit tests."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from rest_framework.test import APIClient
 
 from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard
-from controlplane.batches.rerun import batch_rerun_failed
+from controlplane.batches.results.rerun import batch_rerun_failed
 from controlplane.batches.tasks import batch_validate_task
 from controlplane.core import dispatch
 from controlplane.core.errors import ValidationFailed

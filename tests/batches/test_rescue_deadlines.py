@@ -12,8 +12,8 @@ import pytest
 from django.utils import timezone
 
 from controlplane.batches import services, tasks, validation_rescue
-from controlplane.batches.finalize import batches_finalize_stuck
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard, ShardStatus
+from controlplane.batches.results.finalize import batches_finalize_stuck
 from controlplane.core import dispatch
 from controlplane.files.storage import blob_delete
 from controlplane.fleet.models import CatalogueModel

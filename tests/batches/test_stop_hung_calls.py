@@ -9,8 +9,8 @@ import time
 import pytest
 
 from controlplane.batches import services
-from controlplane.batches.finalize import batch_try_finalize
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
+from controlplane.batches.results.finalize import batch_try_finalize
 from controlplane.core import dispatch
 from tests.batches.helpers import jsonl, tensor_line, upload
 from tests.fakes import FakeBackend

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from controlplane.batches.requests import ModelResolver, parse_line
-from controlplane.batches.validation import validate_input
+from controlplane.batches.intake.requests import ModelResolver, parse_line
+from controlplane.batches.intake.validation import validate_input
 from tests.batches.helpers import embedding_line, jsonl, tensor_line
 
 pytestmark = pytest.mark.django_db

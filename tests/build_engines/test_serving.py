@@ -127,11 +127,11 @@ def test_registered_model_runs_a_batch_through_triton(
 ) -> None:
     # Imported here, not at the top: the rest of the build_engines suite also runs without Django.
     from controlplane.batches import services
-    from controlplane.batches.backend import TritonBackend
     from controlplane.batches.models import Batch, BatchStatus, Shard
     from controlplane.core import dispatch
     from controlplane.files.models import File
     from controlplane.files.storage import blob_open
+    from controlplane.fleet.backend import TritonBackend
     from controlplane.fleet.models import CatalogueModel
     from controlplane.scheduling.runner import shard_run_next
     from tests.batches.helpers import embedding_line, jsonl, upload

@@ -11,9 +11,10 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.utils import timezone
 
-from controlplane.batches import execution, services
-from controlplane.batches.finalize import batch_try_finalize
+from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
+from controlplane.batches.results.finalize import batch_try_finalize
+from controlplane.batches.run import execution
 from controlplane.core import dispatch
 from controlplane.files.models import File
 from controlplane.files.storage import blob_read_range, blob_save

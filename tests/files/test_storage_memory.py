@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from controlplane.batches.lines import iter_lines
+from controlplane.batches.intake.lines import iter_lines
 from controlplane.files.services import file_create
 from controlplane.files.storage import blob_read_range, blob_storage
 from tests.files.conftest import S3_TEST_CHUNK_BYTES, S3_TEST_CONCURRENCY

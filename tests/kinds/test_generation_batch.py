@@ -15,12 +15,12 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
 from controlplane.batches import services
-from controlplane.batches.backend import TritonBackend
 from controlplane.batches.models import Batch, BatchStatus, Shard
-from controlplane.batches.records import request_id
+from controlplane.batches.run.records import request_id
 from controlplane.core import dispatch
 from controlplane.files.models import File
 from controlplane.files.storage import blob_open
+from controlplane.fleet.backend import TritonBackend
 from controlplane.fleet.models import CatalogueModel
 from controlplane.scheduling.runner import shard_run_next
 from controlplane.triton.client import TritonClient
@@ -161,7 +161,7 @@ def test_a_completions_batch(tenant, tinylm, triton_server, settings, monkeypatc
 
 def test_a_managed_fleet_streams_to_the_placement(tenant, tinylm, triton_server, settings, monkeypatch):
     # Servers registered: the worker's backend is a FleetBackend, and the stream goes to the ready placement.
-    from controlplane.batches.backend import FleetBackend
+    from controlplane.fleet.backend import FleetBackend
     from controlplane.fleet.models import CatalogueModel, Placement, PlacementStatus, TritonServer
 
     server = TritonServer.objects.create(name="local", grpc_url=triton_server.grpc_url)

@@ -10,7 +10,7 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
-from controlplane.batches.records import request_id
+from controlplane.batches.run.records import request_id
 from controlplane.kinds.generation_render import (
     LOGPROB_FLOOR,
     EngineChoice,

@@ -15,7 +15,7 @@ from django.db import connection
 from django.utils import timezone
 
 from controlplane.batches.models import Shard, ShardStatus
-from controlplane.batches.shards import PartSummary, shard_claim_selected, shard_commit
+from controlplane.batches.run.shards import PartSummary, shard_claim_selected, shard_commit
 from controlplane.core import dispatch
 from controlplane.fleet.models import CatalogueModel
 from controlplane.scheduling.claims import shard_claim_next

@@ -208,7 +208,7 @@ def test_a_busy_batch_row_does_not_hide_its_shards(quiet):
 def test_the_speed_estimate_counts_what_a_shard_cost_its_slot(quiet):
     """shard_settle folds the slot's whole cycle (claim and commit included) into seconds per work unit when
     the runner measured it, else the shard's own started → finished."""
-    from controlplane.batches.shards import PartSummary, shard_commit
+    from controlplane.batches.run.shards import PartSummary, shard_commit
     from controlplane.scheduling.claims import shard_settle
 
     tenant = new_tenant("speed")

@@ -10,8 +10,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from controlplane.batches.finalize import batch_try_finalize
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
+from controlplane.batches.results.finalize import batch_try_finalize
 from controlplane.core import dispatch
 from controlplane.fleet.models import CatalogueModel
 from controlplane.scheduling.models import Slot, SlotState

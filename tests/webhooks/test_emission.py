@@ -11,8 +11,8 @@ from django.db import connection
 from django.utils import timezone
 
 from controlplane.batches import services
-from controlplane.batches.finalize import batch_try_finalize
 from controlplane.batches.models import Batch, BatchStatus, Shard
+from controlplane.batches.results.finalize import batch_try_finalize
 from controlplane.core import dispatch
 from controlplane.webhooks import attempts
 from controlplane.webhooks.models import DeliveryStatus, WebhookDelivery, WebhookEvent

@@ -17,10 +17,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.batches.lines import iter_lines
+from controlplane.batches.intake.lines import iter_lines
 from controlplane.batches.models import SHARD_OPEN_STATUSES, Batch, BatchStatus, Shard, ShardStatus, StopReason
-from controlplane.batches.parts import decode_entry, dumps
-from controlplane.batches.records import error_record
+from controlplane.batches.run.parts import decode_entry, dumps
+from controlplane.batches.run.records import error_record
 from controlplane.batches.transitions import FINALIZABLE, batch_finalizing, batch_finish, event_record
 from controlplane.files.lifecycle import file_expiry_set
 from controlplane.files.models import File

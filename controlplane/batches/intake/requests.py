@@ -4,7 +4,7 @@ validation (whole file, before any work) and dispatch (one shard), so both agree
 
 from __future__ import annotations
 
-from controlplane.batches.lines import load_json_line
+from controlplane.batches.intake.lines import load_json_line
 from controlplane.core.errors import quote
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import BodyIssue, LineIssue, ParsedLine
@@ -23,7 +23,7 @@ def work_units(parsed: ParsedLine, *, endpoint: str) -> int:
 
 class ModelResolver:
     """Looks catalogue models up once per name for the life of one validation or shard run. A shard
-    run passes its batch's pinned entry (batches/pinning.py), which answers for its name whatever the
+    run passes its batch's pinned entry (batches/intake/pinning.py), which answers for its name whatever the
     catalogue says now."""
 
     def __init__(self, pinned: CatalogueModel | None = None) -> None:

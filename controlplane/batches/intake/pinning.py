@@ -13,7 +13,7 @@ from typing import Any
 
 from controlplane.fleet.models import CatalogueModel
 
-# Everything that parsing a line and building its Triton call reads (batches/requests.py and the kind, kinds/).
+# Everything that parsing a line and building its Triton call reads (batches/intake/requests.py and the kind, kinds/).
 PINNED_FIELDS = (
     "name",
     "triton_name",

@@ -19,23 +19,21 @@ from functools import partial
 from django.conf import settings
 from django.db import DatabaseError
 
-from controlplane.batches.backend import InferenceBackend
-from controlplane.batches.finalize import batch_try_finalize
-from controlplane.batches.leases import LeaseKeeper
-from controlplane.batches.lines import iter_lines
+from controlplane.batches.intake.lines import iter_lines
+from controlplane.batches.intake.pinning import pinned_model
+from controlplane.batches.intake.requests import ModelResolver, parse_line
 from controlplane.batches.models import Shard, ShardStatus
-from controlplane.batches.parts import encode_entry
-from controlplane.batches.pinning import pinned_model
-from controlplane.batches.records import failed_response_record, output_record
-from controlplane.batches.records import request_id as line_request_id
-from controlplane.batches.requests import ModelResolver, parse_line
-from controlplane.batches.shards import PartSummary, batch_stop_requested, shard_commit, shard_release, shard_renew
+from controlplane.batches.run.leases import LeaseKeeper
+from controlplane.batches.run.parts import encode_entry
+from controlplane.batches.run.records import failed_response_record, output_record
+from controlplane.batches.run.records import request_id as line_request_id
+from controlplane.batches.run.shards import PartSummary, batch_stop_requested, shard_commit, shard_release, shard_renew
 from controlplane.core import metrics
 from controlplane.core.database import when_database_answers
 from controlplane.files.models import File
 from controlplane.files.storage import blob_delete, blob_read_range, blob_save_spooled, blob_spool
 from controlplane.fleet.models import CatalogueModel
-from controlplane.kinds.base import Call, EndpointKind, LineFailure, LineOutcome, ParsedLine
+from controlplane.kinds.base import Backend, Call, EndpointKind, LineFailure, LineOutcome, ParsedLine
 from controlplane.kinds.registry import kind_for
 from controlplane.triton.client import PermanentTritonError, TransientTritonError
 
@@ -49,9 +47,9 @@ class LeaseLost(Exception):
     """Another attempt owns the shard now; this one must stop and publish nothing."""
 
 
-def shard_execute(*, shard: Shard, model: CatalogueModel, backend: InferenceBackend) -> str:
-    """Run a shard this caller has claimed, publish its part under the attempt number, and finalize the
-    batch if it was the last one. Returns succeeded, stopped, stale, lease_lost, deferred (infrastructure:
+def shard_execute(*, shard: Shard, model: CatalogueModel, backend: Backend) -> str:
+    """Run a shard this caller has claimed and publish its part under the attempt number; its caller (the
+    slot, scheduling/runner.py) then finalizes the batch if this shard closed its last. Returns succeeded, stopped, stale, lease_lost, deferred (infrastructure:
     back to pending, nothing spent), retry (its content failed: back to pending, one attempt spent),
     dead, or skipped (its batch is stopping)."""
     started = time.monotonic()
@@ -87,7 +85,6 @@ def shard_execute(*, shard: Shard, model: CatalogueModel, backend: InferenceBack
     metrics.shard_committed(
         model=model.name, completed=summary.completed, failed=summary.failed, seconds=time.monotonic() - started
     )
-    batch_try_finalize(batch_id=shard.batch_id)
     return "stopped" if summary.stopped else "succeeded"
 
 
@@ -105,7 +102,7 @@ def _release_when_database_answers(shard: Shard) -> None:
         logger.warning("shard %s attempt %s: database still away; leaving it to its lease", shard.id, shard.attempt)
 
 
-def _produce_part(shard: Shard, model: CatalogueModel, backend: InferenceBackend, keeper: LeaseKeeper) -> PartSummary:
+def _produce_part(shard: Shard, model: CatalogueModel, backend: Backend, keeper: LeaseKeeper) -> PartSummary:
     if shard.batch.model_snapshot:
         model = pinned_model(shard.batch.model_snapshot)  # the entry the batch was validated against
     kind = kind_for(shard.batch.endpoint)
@@ -155,7 +152,6 @@ def _give_back(shard: Shard, exc: Exception) -> str:
     if status is None:
         return "lease_lost"
     if status in (ShardStatus.DEAD, ShardStatus.SKIPPED):
-        batch_try_finalize(batch_id=shard.batch_id)
         return str(status)
     return "retry" if content_failure else "deferred"
 

@@ -32,7 +32,7 @@ from controlplane.usage.services import usage_record_shard
 
 logger = logging.getLogger(__name__)
 
-# A validating batch's shards run too, unseen until its file proves valid (batches/early_dispatch.py).
+# A validating batch's shards run too, unseen until its file proves valid (batches/intake/early_dispatch.py).
 RUNNABLE_BATCH_STATUSES = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)
 
 
@@ -112,7 +112,7 @@ class PartSummary:
 def shard_commit(*, shard_id: int, attempt: int, summary: PartSummary) -> bool:
     """Publish a part. Exactly one commit per shard can succeed; a False return means a newer attempt
     owns the shard (or its batch's validation failed and took it away) and the caller's part must be
-    discarded. A shard of a batch still validating writes no ledger row: batches/early_dispatch.py writes
+    discarded. A shard of a batch still validating writes no ledger row: batches/intake/early_dispatch.py writes
     it when the file proves valid."""
     status = ShardStatus.STOPPED if summary.stopped else ShardStatus.SUCCEEDED
     with transaction.atomic():

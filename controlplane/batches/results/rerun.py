@@ -8,7 +8,7 @@ does (spend cap, concurrent batches, enqueued lines: the source's failed-line co
 input can hold), then creates it in ``validating`` under a file id reserved for its input, and answers.
 Reading the error file and copying the failed lines costs time in proportion to the source's size (a
 million failed lines is a gigabyte read), so that is the new batch's validation task's work
-(batches/rerun_input.py): durable through the outbox like any validation, retried by the rescuer, bounded
+(batches/results/rerun_input.py): durable through the outbox like any validation, retried by the rescuer, bounded
 by its deadline, and never a web thread's."""
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.batches.admission import batch_admit_lines
+from controlplane.batches.intake.admission import batch_admit_lines
+from controlplane.batches.intake.windows import parse_completion_window
 from controlplane.batches.models import Batch, BatchStatus
 from controlplane.batches.transitions import event_record
-from controlplane.batches.windows import parse_completion_window
 from controlplane.core import dispatch
 from controlplane.core.errors import Conflict, ValidationFailed
 from controlplane.files.models import File, new_file_id
@@ -81,7 +81,7 @@ def batch_rerun_failed(
     api_key_id: int | None = None,
 ) -> Batch:
     """Create a batch of ``batch``'s failed lines (all of them, or those with one of ``error_codes``), in
-    ``validating``; its validation task builds its input first (batches/rerun_input.py).
+    ``validating``; its validation task builds its input first (batches/results/rerun_input.py).
 
     Refused (409) while the batch is still open, when nothing failed, or when its input or error file was
     deleted; 429 over a quota, before anything is written. The new batch keeps the source's endpoint,

@@ -8,11 +8,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from controlplane.batches.custom_ids import CustomIds
-from controlplane.batches.lines import iter_lines
-from controlplane.batches.pinning import model_snapshot
-from controlplane.batches.quickcheck import FastLane, LineFacts
-from controlplane.batches.requests import LineIssue, ModelResolver, parse_line, work_units
+from controlplane.batches.intake.custom_ids import CustomIds
+from controlplane.batches.intake.lines import iter_lines
+from controlplane.batches.intake.pinning import model_snapshot
+from controlplane.batches.intake.quickcheck import FastLane, LineFacts
+from controlplane.batches.intake.requests import LineIssue, ModelResolver, parse_line, work_units
 from controlplane.core.errors import quote, storable_text
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import ColumnCollector, EndpointKind
@@ -40,7 +40,7 @@ class ValidationResult:
     total: int = 0
     work_units: int = 0
     model: str = ""
-    # The catalogue entry's interface the lines were checked against (batches/pinning.py).
+    # The catalogue entry's interface the lines were checked against (batches/intake/pinning.py).
     model_snapshot: dict[str, Any] | None = None
     shards: list[ShardPlan] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
@@ -77,14 +77,14 @@ def validate_input(
     the model's measured seconds per unit) reaches ``shard_seconds``, but never below
     ``min_shard_lines`` or above ``shard_lines`` lines; it also closes once it holds ``shard_bytes`` of
     input; ``shard_seconds`` 0 sizes by lines alone. ``on_shard`` hears of each shard as it closes, with
-    the result so far (batches/early_dispatch.py runs them while the rest is checked). ``columns_for`` gives
+    the result so far (batches/intake/early_dispatch.py runs them while the rest is checked). ``columns_for`` gives
     the collector that keeps each shard's lines as columns for its run (kinds/base.ColumnCollector), once
     the model is known. A line whose envelope is valid but whose body the kind refuses is no error here: it
     is planned with its shard (``body_errors``) and answered with a 400 when the shard runs."""
     result = ValidationResult()
     resolver = ModelResolver()
     # Every accepted line's id, 20 bytes each (spilled to files past a million); duplicates are found after
-    # the pass (batches/custom_ids.py).
+    # the pass (batches/intake/custom_ids.py).
     custom_ids = CustomIds()
     mixed_lines = array("I")  # lines that drew mixed_models: a duplicate line keeps only its duplicate error
     shard_start: tuple[int, int] | None = None  # (line, byte) of the open shard's first request

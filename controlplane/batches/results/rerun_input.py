@@ -1,4 +1,4 @@
-"""The input of a re-run batch (batches/rerun.py), built by its validation task before it validates.
+"""The input of a re-run batch (batches/results/rerun.py), built by its validation task before it validates.
 
 The source's error file is read once into a set of custom_ids kept on local disk (an SQLite file in a
 temporary directory: a million failed ids cost a few MB of page cache, not ~100 MB of Python strings), then
@@ -21,11 +21,11 @@ from typing import IO, Any
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
-from controlplane.batches.lines import iter_lines, load_json_line
+from controlplane.batches.intake.lines import iter_lines, load_json_line
+from controlplane.batches.intake.validation_deadline import DeadlineStream, ValidationDeadlinePassed, attempt_stop_at
 from controlplane.batches.models import Batch, BatchStatus
 from controlplane.batches.services import batch_validation_fail, validation_error_entry
 from controlplane.batches.transitions import event_record
-from controlplane.batches.validation_deadline import DeadlineStream, ValidationDeadlinePassed, attempt_stop_at
 from controlplane.core.errors import DomainError
 from controlplane.files.models import File
 from controlplane.files.services import file_create

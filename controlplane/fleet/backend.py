@@ -1,4 +1,4 @@
-"""Where a shard's Triton calls go. The batches app sees only the InferenceBackend interface; the
+"""Where a shard's Triton calls go (fleet routing). The batch pipeline sees only the kinds' Backend protocol; the
 Triton adapter (controlplane.triton.client) is the one module that speaks to Triton.
 
 - Managed fleet (servers registered): calls follow the placements, weighted by instances; a server that
@@ -19,7 +19,6 @@ from django.conf import settings
 
 from controlplane.fleet.inventory import breaker_record
 from controlplane.fleet.routing import fleet_is_managed, pick_route, routes_for_model
-from controlplane.kinds.base import Backend
 from controlplane.triton.client import TransientTritonError, TritonClient, retry_transient
 from controlplane.triton.streaming import GenerationResponse, GenerationStream
 
@@ -31,9 +30,8 @@ class NoCapacity(TransientTritonError):
     """No ready placement of the model yet: the shard waits (unclaimed) for the reconciler."""
 
 
-# Where a shard's calls go: the kinds' Backend protocol (kinds/base.py), implemented below by one Triton or the
-# fleet's routes.
-InferenceBackend = Backend
+# TritonBackend and FleetBackend satisfy the kinds' Backend protocol (kinds/base.py) structurally: fleet sits
+# below kinds in the layers, so it names no type of theirs.
 
 
 _clients: dict[str, TritonClient] = {}
@@ -124,7 +122,7 @@ class FleetBackend:
 _round_robin = itertools.count()
 
 
-def backend_for_model(triton_model: str) -> InferenceBackend:
+def backend_for_model(triton_model: str) -> TritonBackend | FleetBackend:
     if fleet_is_managed():
         return FleetBackend(triton_model)
     urls = settings.TRITON_GRPC_URLS

@@ -1,7 +1,7 @@
 """Validation's fast lane: a well-formed line is accepted without the general checks' cost.
 
 Validation reads every line of every batch, so its per-line cost bounds how soon a batch starts. The checked
-parse (batches/requests.py: ``parse_line``) is written to explain every way a line can be wrong; the hot-path
+parse (batches/intake/requests.py: ``parse_line``) is written to explain every way a line can be wrong; the hot-path
 profile (docs/PERFORMANCE.md) had it at ~14 µs per identity line, most of it numpy calls on four-value arrays.
 This lane checks the same rules on the common shapes in plain Python over orjson's parse and returns only what
 validation keeps of a line (its custom_id, model and work units). It never decides a line is wrong: whenever a

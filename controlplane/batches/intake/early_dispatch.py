@@ -1,6 +1,6 @@
 """Shards that run while the rest of their file is still being validated, invisible until it is valid.
 
-Validation (batches/validation.py) plans shards as it streams the file; each planned shard is added to the
+Validation (batches/intake/validation.py) plans shards as it streams the file; each planned shard is added to the
 database as soon as it closes (at most every FLUSH_SECONDS; not the file's last, which the verdict follows at
 once), so the scheduler runs the first shards while the control worker checks the rest: on the hot-path benchmark validation was a quarter of the end-to-end
 time, on one core, with the other idle. Nothing of it shows before the whole file is valid:
@@ -27,8 +27,8 @@ from typing import Any
 
 from django.db import transaction
 
+from controlplane.batches.intake.validation import ShardPlan, ValidationResult
 from controlplane.batches.models import Batch, BatchStatus, Shard
-from controlplane.batches.validation import ShardPlan, ValidationResult
 from controlplane.core import dispatch
 from controlplane.files.storage import blob_delete
 
