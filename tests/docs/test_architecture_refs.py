@@ -1,0 +1,74 @@
+"""docs/ARCHITECTURE.md names files and functions as the way in to the code; a renamed or moved one makes the
+map lie. Every path it names must exist, and every `module.name` it names (``scheduling/runner.shard_run_next``)
+must be defined in that module."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "ARCHITECTURE.md"
+# Paths are written relative to the repository root, to controlplane/ (the apps), or to a model's directory.
+BASES = ("", "controlplane/", "deploy/", "docs/")
+EXTENSIONS = "py|yaml|yml|md|json|jsonl|sh|toml|pbtxt|html"
+PATH = re.compile(rf"(?<![\w./-])((?:[\w-]+/)+[\w-]+\.(?:{EXTENSIONS}))(?!\w)(?!\.\w)")
+# `app/module.name` or `app/sub/module.name`: a function, class or constant of that module.
+MODULE_NAME = re.compile(r"(?<![\w./-])((?:[a-z_]+/)+[a-z_]+)\.([A-Za-z_][A-Za-z0-9_]*)(?![\w(/])")
+
+
+def _tracked() -> list[str]:
+    out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return out.split()
+
+
+def _exists(path: str, tracked: list[str]) -> bool:
+    if any((ROOT / base / path).exists() for base in BASES):
+        return True
+    # A path inside a model's or a generated directory ("1/model.py"): some tracked file ends with it.
+    return any(name.endswith("/" + path) for name in tracked)
+
+
+def test_every_path_named_exists():
+    tracked = _tracked()
+    text = DOC.read_text()
+    named = sorted(set(PATH.findall(text)))
+    assert len(named) > 50, "the pattern stopped finding the map's paths"
+    missing = [path for path in named if not _exists(path, tracked)]
+    assert not missing, f"docs/ARCHITECTURE.md names files that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("base", ["controlplane", "deploy"])
+def test_every_module_name_named_is_defined(base):
+    text = DOC.read_text()
+    checked, missing = 0, []
+    for module, name in sorted(set(MODULE_NAME.findall(text))):
+        source = ROOT / base / f"{module}.py"
+        if not source.exists() or name in {"py", "md"}:
+            continue
+        checked += 1
+        code = source.read_text()
+        defined = re.search(rf"^\s*(?:async\s+)?(?:def|class)\s+{name}\b|^\s*{name}\s*[:=]", code, re.M)
+        if not defined:
+            missing.append(f"{base}/{module}.py: {name}")
+    if base == "controlplane":
+        assert checked > 8, "the pattern stopped finding the map's module.name references"
+    assert not missing, f"docs/ARCHITECTURE.md names what these modules do not define: {missing}"
+
+
+APPS = ("batches", "fleet", "scheduling", "core", "console", "webhooks", "usage", "files", "tenants", "metrics")
+TASK = re.compile(rf"`((?:{'|'.join(APPS)})\.[a-z_]+)`")
+
+
+def test_every_task_named_is_registered():
+    """`batches.shards_rescue` and the like are Celery task names (beat's schedule, the routing table): each must
+    be a name some task is registered under."""
+    code = "\n".join(path.read_text() for path in (ROOT / "controlplane").rglob("*.py"))
+    named = sorted(set(TASK.findall(DOC.read_text())))
+    assert len(named) > 8, "the pattern stopped finding the map's task names"
+    registered = set(re.findall(r"""shared_task\([^)]*name=["']([\w.]+)["']""", code))
+    missing = [name for name in named if name not in registered and f'"{name}"' not in code]
+    assert not missing, f"docs/ARCHITECTURE.md names tasks nobody registers: {missing}"
