@@ -1,9 +1,9 @@
 """Benchmark harness: one run, one corpus, side-by-side figures and their ratios.
 
-  (a) in-process MiniLM, length-sorted batches of the model's max_batch_size — the ceiling on this machine:
-      the runtime the served model uses (ONNX Runtime when `make install` exported the graph) in one session
-      with the same total intra-op threads (SERVED_THREADS: instances × threads of its config); torch's
-      ceiling is printed beside it
+  (a) in-process MiniLM — the ceiling on this machine: the runtime the served model uses (ONNX Runtime when
+      `make install` exported the graph) in one process, at the best configuration of a sweep (batch sizes,
+      intra-op threads up to the cores, sorted and unsorted: bench/ceiling.py), printed with the sweep; the
+      served shape (SERVED_THREADS × max_batch_size, sorted) and torch at that best shape beside it
   (b) a naive direct Triton client, one text per request, one request at a time
   (c) the full path: upload → batch → completed output file, through the REST API and the SDK; run three
       times (--repeat), each against the ceiling measured right before and right after it (this host's
@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import numpy as np  # noqa: E402
 
+from bench import ceiling  # noqa: E402
 from bench.proctrees import cpu_snapshot  # noqa: E402
 
 WORDS = [
@@ -108,14 +109,10 @@ def served_shape() -> tuple[int, int]:
 SERVED_THREADS, SERVED_MAX_BATCH = served_shape()
 
 
-def bench_inprocess(texts: list[str], runtime: str) -> float:
-    from deploy.local.inprocess import InProcessMiniLM
-
-    model = InProcessMiniLM(threads=SERVED_THREADS, runtime=runtime)
-    model.embed(texts[:SERVED_MAX_BATCH])  # warm-up
-    start = time.perf_counter()
-    model.embed(texts, batch_size=SERVED_MAX_BATCH, sort_by_length=True)
-    return len(texts) / (time.perf_counter() - start)
+def corpus_uniform(n: int, low: int, high: int, seed: int = 42) -> list[str]:
+    """Texts of ``low``..``high`` words, uniformly: the issue's 8–64-word corpus (``--words 8-64``)."""
+    rng = random.Random(seed)
+    return [" ".join(rng.choices(WORDS, k=rng.randint(low, high))) for _ in range(n)]
 
 
 def model_counters(client) -> dict[str, int]:
@@ -133,13 +130,6 @@ def model_counters(client) -> dict[str, int]:
             for part in ("compute_input", "compute_infer", "compute_output")
         ),
     }
-
-
-def _in_child(texts: list[str], runtime: str) -> float:
-    import multiprocessing
-
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(bench_inprocess, (texts, runtime))
 
 
 def bench_direct_naive(client, texts: list[str]) -> float:
@@ -211,9 +201,16 @@ def main() -> int:
     parser.add_argument(
         "--embedded", action="store_true", help="SQLite + filesystem broker instead of Postgres + Redis"
     )
+    parser.add_argument("--texts", type=int, help="corpus size (default 3072, --quick 768)")
+    parser.add_argument("--words", help="uniform text lengths LOW-HIGH in words (default: log-normal 3..120)")
     args = parser.parse_args()
     n_texts, n_naive, n_small = (768, 256, 5) if args.quick else (3072, 768, 11)
-    texts = corpus(n_texts)
+    n_texts = args.texts or n_texts
+    if args.words:
+        low, high = (int(part) for part in args.words.split("-"))
+        texts = corpus_uniform(n_texts, low, high)
+    else:
+        texts = corpus(n_texts)
 
     import psycopg
     from openai import OpenAI
@@ -230,10 +227,18 @@ def main() -> int:
     from deploy.local.inprocess import served_runtime
 
     runtime = served_runtime()
-    # Each ceiling in a child process: torch's intra-op thread count is process-wide.
-    results["inprocess"] = _in_child(texts, runtime)
-    results["inprocess_torch"] = results["inprocess"] if runtime == "torch" else _in_child(texts, "torch")
-    print(f"  in-process done: {results['inprocess']:.1f} texts/s ({runtime})", flush=True)
+    # The ceiling is the best configuration of a sweep on a sample (every measurement in a child process:
+    # torch's intra-op thread count is process-wide), then measured on the whole corpus.
+    served = ceiling.Config(SERVED_MAX_BATCH, SERVED_THREADS, True)
+    configs = ceiling.sweep_configs(max_batch=SERVED_MAX_BATCH)
+    sample = texts[: min(len(texts), 256 if args.quick else 512)]
+    swept = ceiling.sweep(sample, runtime, configs)
+    ceiling.print_sweep(swept, served=served, sample=len(sample))
+    best = swept[0][0]
+    results["inprocess"] = ceiling.measure(texts, runtime, best)
+    results["inprocess_served"] = ceiling.measure(texts, runtime, served)
+    results["inprocess_torch"] = results["inprocess"] if runtime == "torch" else ceiling.measure(texts, "torch", best)
+    print(f"  in-process done: {results['inprocess']:.1f} texts/s ({runtime}, {best.label()})", flush=True)
 
     var_dir = REPO_ROOT / "var" / "bench"
     env = {"SHARD_MAX_LINES": os.environ.get("SHARD_MAX_LINES", "256")}
@@ -271,7 +276,7 @@ def main() -> int:
             before, cpu_before = model_counters(client), cpu_snapshot(trees)
             seconds, e2e_batch = run_batch(sdk, texts, f"e2e{i}")
             cpu_after, after = cpu_snapshot(trees), model_counters(client)
-            ceiling_after = _in_child(texts, runtime)
+            ceiling_after = ceiling.measure(texts, runtime, best)
             executions = max(1, after["executions"] - before["executions"])
             repeats.append(
                 {
@@ -315,9 +320,14 @@ def main() -> int:
     e2e_vs_naive = results["e2e"] / results["direct_naive"]
     print()
     print(f"{'path':<48}{'texts/s':>10}{'vs in-process':>15}")
-    print(f"{f'(a) in-process MiniLM, {runtime} (ceiling)':<48}{results['inprocess']:>10.1f}{1.0:>15.2f}")
+    print(f"{f'(a) in-process MiniLM, {runtime}, best of the sweep':<48}{results['inprocess']:>10.1f}{1.0:>15.2f}")
+    print(f"    ({best.label()})")
     print(
-        f"{'(a2) in-process MiniLM, torch':<48}{results['inprocess_torch']:>10.1f}"
+        f"{'(a1) in-process, the served shape':<48}{results['inprocess_served']:>10.1f}"
+        f"{results['inprocess_served'] / results['inprocess']:>15.2f}"
+    )
+    print(
+        f"{'(a2) in-process MiniLM, torch, best shape':<48}{results['inprocess_torch']:>10.1f}"
         f"{results['inprocess_torch'] / results['inprocess']:>15.2f}"
     )
     print(
@@ -353,7 +363,9 @@ def main() -> int:
     )
     print(
         f"RATIOS e2e_vs_inprocess={e2e_vs_inprocess:.2f} e2e_vs_direct_naive={e2e_vs_naive:.2f} runtime={runtime} "
-        f"small_p50_s={results['small_p50']:.2f} e2e_vs_inprocess_torch={results['e2e'] / results['inprocess_torch']:.2f}"
+        f"small_p50_s={results['small_p50']:.2f} e2e_vs_inprocess_torch={results['e2e'] / results['inprocess_torch']:.2f} "
+        f"ceiling_batch={best.batch_size} ceiling_threads={best.threads} ceiling_sorted={int(best.sort_by_length)} "
+        f"served_vs_best={results['inprocess_served'] / results['inprocess']:.2f}"
     )
     return 0
 
