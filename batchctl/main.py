@@ -21,7 +21,14 @@ from rich.markup import escape
 from batchctl.config import DEFAULT_BASE_URL, client_create, settings_resolve
 from batchctl.console import out
 from batchctl.download import results_download
-from batchctl.errors import EXIT_UNSUPPORTED, fail, reports_api_errors
+from batchctl.errors import (
+    EXIT_BATCH_NOT_COMPLETED,
+    EXIT_INTERRUPTED,
+    EXIT_UNSUPPORTED,
+    fail,
+    reports_api_errors,
+)
+from batchctl.follow import STREAMS, CursorMismatch, follow, sink_open
 from batchctl.options import BatchStatus, BucketWidth, Priority, UsageReport, idempotency_headers, metadata_parse
 from batchctl.outcome import downloads_report, wait_and_conclude
 from batchctl.render import TERMINAL_STATUSES, as_json, batch_panel, batches_table, models_table
@@ -164,6 +171,54 @@ def download(ctx: typer.Context, batch_id: str, output_dir: OutputDir = Path("."
     if not downloaded:
         raise fail(f"{batch.id} is {batch.status} and has no output or error file (see: batchctl status {batch.id}).")
     downloads_report(downloaded)
+
+
+@app.command("follow")
+@reports_api_errors
+def follow_batch(
+    ctx: typer.Context,
+    batch_id: str,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="The output lines' file (default: BATCH_output.jsonl).")
+    ] = None,
+    errors: Annotated[
+        Path | None,
+        typer.Option("--errors", "-e", help="The error lines' file (default: beside -o, BATCH_errors.jsonl)."),
+    ] = None,
+    poll_interval: PollInterval = 1.0,
+    give_up_after: Annotated[
+        float, typer.Option(min=1, help="Stop after this many seconds without reaching the API.")
+    ] = 300.0,
+) -> None:
+    """Write a batch's output and error lines to files as its shards finish, with a progress bar; run it
+    again with the same files to resume (each keeps its cursor in FILE.cursor). Ctrl-C stops following, never
+    the batch."""
+    output = output or Path(f"{batch_id}_output.jsonl")
+    errors = errors or output.with_name(f"{batch_id}_errors.jsonl")
+    if output.resolve() == errors.resolve():
+        raise typer.BadParameter("--output and --errors must be two files.")
+    client = _client(ctx)
+    try:
+        sinks = [
+            sink_open(path, batch_id=batch_id, stream=s) for s, path in zip(STREAMS, (output, errors), strict=True)
+        ]
+    except CursorMismatch as mismatch:
+        raise fail(str(mismatch)) from None
+    try:
+        batch = follow(client, batch_id, sinks, console=out, poll_seconds=poll_interval, give_up_after=give_up_after)
+    except KeyboardInterrupt:
+        out.print(f"\nstopped following; run the same command again to resume ({batch_id} keeps running).")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    finally:
+        for sink in sinks:
+            sink.close()
+    if batch is None:
+        raise fail(f"the API could not be reached for {give_up_after:.0f} s; run the same command again to resume.")
+    for sink in sinks:
+        out.print(f"{sink.stream}: {escape(str(sink.path))} ({sink.cursor:,} lines)")
+    out.print(f"{batch.id} {batch.status}")
+    if batch.status != "completed":
+        raise typer.Exit(EXIT_BATCH_NOT_COMPLETED)
 
 
 @app.command("retry-failed")

@@ -6,7 +6,14 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import path, re_path
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
-from controlplane.batches.views import BatchCancelView, BatchDetailView, BatchListCreateView, BatchRerunView
+from controlplane.batches.views import (
+    BatchCancelView,
+    BatchDetailView,
+    BatchErrorsView,
+    BatchListCreateView,
+    BatchOutputView,
+    BatchRerunView,
+)
 from controlplane.files.views import FileContentView, FileDetailView, FileListCreateView
 from controlplane.fleet.internal_views import ServerDrainView, ServerRegisterView
 from controlplane.fleet.views import ModelDetailView, ModelListView
@@ -41,6 +48,8 @@ urlpatterns = [
     path("v1/batches/<str:batch_id>", BatchDetailView.as_view()),
     path("v1/batches/<str:batch_id>/cancel", BatchCancelView.as_view()),
     path("v1/batches/<str:batch_id>/rerun", BatchRerunView.as_view()),
+    path("v1/batches/<str:batch_id>/output", BatchOutputView.as_view()),
+    path("v1/batches/<str:batch_id>/errors", BatchErrorsView.as_view()),
     # OpenAI's webhook endpoint API (client.webhooks.* in the openai SDK); deliveries is our extension.
     path("v1/webhook_endpoints", WebhookEndpointListCreateView.as_view()),
     path("v1/webhook_endpoints/<str:endpoint_id>", WebhookEndpointDetailView.as_view()),

@@ -9,7 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from drf_spectacular.utils import extend_schema, extend_schema_field, extend_schema_view
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_field,
+    extend_schema_view,
+)
 from rest_framework import serializers
 
 from controlplane.batches import services
@@ -261,6 +268,64 @@ batch_rerun = extend_schema_view(
         },
     ),
 )
+
+
+class BatchResultsQuerySerializer(serializers.Serializer[Any]):
+    """``GET /v1/batches/{id}/output`` and ``…/errors``: where to resume."""
+
+    after = serializers.RegexField(
+        r"^[0-9]{1,18}$",
+        required=False,
+        error_messages={"invalid": "expected a cursor: the X-Next-Cursor of an earlier response (digits)."},
+        help_text="The `X-Next-Cursor` of the previous response; absent: from the first line. It counts the lines "
+        "already received, so after a dropped connection pass the number of whole lines you kept.",
+    )
+
+    def validate_after(self, value: str) -> int:
+        return int(value)
+
+
+_RESULTS_HEADERS = [
+    OpenApiParameter(name, str, OpenApiParameter.HEADER, response=[200], description=description)
+    for name, description in (
+        ("X-Next-Cursor", "Pass it as `after` to get the lines that follow these."),
+        ("X-Results-Complete", "`true` once the batch has ended and nothing follows; else `false`: poll again."),
+        ("X-Batch-Status", "The batch's status when these lines were taken."),
+    )
+]
+
+
+def _results_view(stream: str, file_field: str, operation_id: str) -> Any:
+    return extend_schema_view(
+        get=extend_schema(
+            operation_id=operation_id,
+            summary=f"Stream the batch's {stream} lines finished so far",
+            description=f"Extension: JSONL, the same lines as the batch's `{file_field}` file and in its order, "
+            "available while the batch runs: each response holds the lines that are final after `after` (those "
+            "of shards that closed, up to the first still running) and ends; poll with its `X-Next-Cursor` until "
+            "`X-Results-Complete` is `true`. Lines are never repeated or reordered between calls, and once the "
+            f"batch has ended the stream from the start is the `{file_field}` file byte for byte. A validating "
+            "batch streams nothing yet. With the openai SDK: `client.get(f'/batches/{id}/"
+            f"{stream}', cast_to=httpx.Response, options={{'params': {{'after': cursor}}}})`, or "
+            "`batchctl follow`.",
+            tags=TAGS,
+            parameters=[_BATCH_ID, BatchResultsQuerySerializer, *_RESULTS_HEADERS, *RESPONSE_HEADERS],
+            responses={
+                (200, "application/jsonl"): OpenApiResponse(
+                    OpenApiTypes.BINARY,
+                    description="One result object per line (the shape of the batch's result files).",
+                ),
+                **error_responses(
+                    404,
+                    described={409: f"The batch has ended and its `{file_field}` was deleted or has expired."},
+                ),
+            },
+        ),
+    )
+
+
+batch_output = _results_view("output", "output_file_id", "streamBatchOutput")
+batch_errors = _results_view("errors", "error_file_id", "streamBatchErrors")
 
 
 def openapi_links(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import StreamingHttpResponse
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -10,9 +11,11 @@ from controlplane.batches import schema, selectors, services
 from controlplane.batches.models import Batch
 from controlplane.batches.queue_info import batches_queue_info
 from controlplane.batches.render import batch_render
+from controlplane.batches.results.live import batch_results_slice
 from controlplane.batches.results.rerun import batch_rerun_failed
 from controlplane.core.idempotency import idempotency_key, idempotent, json_fingerprint
 from controlplane.core.input import input_validate
+from controlplane.core.negotiation import AnyAccept
 from controlplane.core.pagination import CursorQuerySerializer, cursor_page
 from controlplane.tenants.auth import request_tenant
 from controlplane.usage.selectors import batch_costs
@@ -82,3 +85,32 @@ class BatchRerunView(APIView):
 
         fingerprint = json_fingerprint(request, request.data or {}) if key is not None else ""
         return idempotent(tenant_id=tenant.id, key=key, fingerprint=fingerprint, respond=respond)
+
+
+class _BatchResultsView(APIView):
+    """``GET /v1/batches/{id}/output|errors?after=<cursor>``: the lines final so far, as JSONL (an extension;
+    results/live.py says what is final). The cursor travels in headers, so the body stays the file's lines."""
+
+    content_negotiation_class = AnyAccept
+    stream = ""
+
+    def get(self, request: Request, batch_id: str) -> StreamingHttpResponse:
+        query = input_validate(schema.BatchResultsQuerySerializer, request.query_params)
+        batch = selectors.batch_get(tenant=request_tenant(request), batch_id=batch_id)
+        results = batch_results_slice(batch=batch, stream=self.stream, after=query.get("after", 0))
+        response = StreamingHttpResponse(results.chunks, content_type="application/jsonl")
+        response["X-Next-Cursor"] = str(results.next_cursor)
+        response["X-Results-Complete"] = "true" if results.complete else "false"
+        response["X-Batch-Status"] = results.status
+        response["Cache-Control"] = "no-store"
+        return response
+
+
+@schema.batch_output
+class BatchOutputView(_BatchResultsView):
+    stream = "output"
+
+
+@schema.batch_errors
+class BatchErrorsView(_BatchResultsView):
+    stream = "errors"

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote
 
@@ -8,9 +7,7 @@ from django.conf import settings
 from django.core.files.storage import FileSystemStorage
 from django.http import FileResponse, HttpResponse
 from django.utils.http import content_disposition_header
-from rest_framework.negotiation import BaseContentNegotiation
-from rest_framework.parsers import BaseParser, MultiPartParser
-from rest_framework.renderers import BaseRenderer
+from rest_framework.parsers import MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -18,6 +15,7 @@ from rest_framework.views import APIView
 from controlplane.core.errors import PayloadTooLarge
 from controlplane.core.idempotency import idempotency_key, idempotency_key_seen, idempotent, request_fingerprint
 from controlplane.core.input import input_validate
+from controlplane.core.negotiation import AnyAccept
 from controlplane.core.pagination import cursor_page
 from controlplane.core.parsers import LimitedJSONParser, declared_length
 from controlplane.files import schema, selectors, services
@@ -112,26 +110,13 @@ class FileDetailView(APIView):
         return Response({"id": file.id, "object": "file", "deleted": True})
 
 
-class _AnyAccept(BaseContentNegotiation):
-    """File content is bytes whatever the client accepts (the openai SDK asks for application/binary)."""
-
-    def select_parser(self, request: Request, parsers: Iterable[BaseParser]) -> BaseParser | None:
-        return next(iter(parsers))
-
-    def select_renderer(
-        self, request: Request, renderers: Iterable[BaseRenderer], format_suffix: str | None = None
-    ) -> tuple[BaseRenderer, str]:
-        renderer = next(iter(renderers))
-        return renderer, renderer.media_type
-
-
 class _BlobResponse(FileResponse):
     block_size = READ_CHUNK_BYTES  # the storage reader's own buffer size: one storage read per chunk sent
 
 
 @schema.file_content
 class FileContentView(APIView):
-    content_negotiation_class = _AnyAccept
+    content_negotiation_class = AnyAccept
 
     def get(self, request: Request, file_id: str) -> Any:
         file = selectors.file_get(tenant=request_tenant(request), file_id=file_id)

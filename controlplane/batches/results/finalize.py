@@ -132,9 +132,10 @@ def _with_missing_lines(
         pending = next(entries, None)
 
 
-def _shard_entries(batch: Batch, shard: Shard, lost_parts: list[int]) -> Iterator[tuple[int, str, bytes]]:
+def shard_entries(batch: Batch, shard: Shard, lost_parts: list[int]) -> Iterator[tuple[int, str, bytes]]:
     """The shard's output and error lines in input order, streamed from its part and, for lines the part
-    lacks, its byte range of the input."""
+    lacks, its byte range of the input. Also what results/live.py streams of a closed shard while the batch
+    runs, so those lines are the result files' own bytes."""
     if not shard.part_name:
         if shard.status != ShardStatus.SUCCEEDED:
             yield from _with_missing_lines(batch, shard, iter(()))
@@ -167,7 +168,7 @@ def batch_finalize(*, batch_id: str) -> None:
         for shard in Shard.objects.filter(batch_id=batch_id).order_by("index"):
             # Streamed line by line from storage into the result spools: memory stays flat in the size of
             # parts and results; storing a spool is a link on local storage, a chunked upload on S3.
-            for _, kind, payload in _shard_entries(batch, shard, lost_parts):
+            for _, kind, payload in shard_entries(batch, shard, lost_parts):
                 if kind == "out":
                     out.write(payload)
                     completed += 1

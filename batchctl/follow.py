@@ -1,0 +1,234 @@
+"""`batchctl follow`: a batch's output and error lines written to files while it runs, from this service's
+``GET /v1/batches/{id}/output|errors?after=<cursor>`` (an extension), with a progress display.
+
+Each file keeps its cursor beside it (``<file>.cursor``: the batch, the lines and the bytes written), saved
+after the lines it counts are flushed to disk. A dropped connection costs nothing (the next poll asks for the
+lines after those kept), and a follow killed at any moment resumes from the saved cursor: the file is cut back
+to the bytes the cursor counts, so a line written after the last save is fetched again, never twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import quote
+
+import httpx2
+import openai
+from openai import APIResponse, OpenAI
+from openai.types import Batch
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from batchctl.render import TERMINAL_STATUSES, counts
+from batchctl.waiting import RateMeter, eta_text, rate_text
+
+# Ask the SDK to hand over the response unread, so its body is written as it arrives.
+_STREAM_BODY = {"X-Stainless-Raw-Response": "stream"}
+STREAMS = ("output", "errors")
+
+
+class CursorMismatch(Exception):
+    """The file's saved cursor belongs to another batch or stream, or the file has no cursor."""
+
+
+@dataclass
+class Sink:
+    """One stream's file: lines are appended whole, and the cursor is saved once they are on disk."""
+
+    stream: str
+    path: Path
+    batch_id: str
+    handle: IO[bytes]
+    cursor: int = 0
+    written: int = 0  # bytes, the file's length at the cursor
+    complete: bool = False
+
+    @property
+    def cursor_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".cursor")
+
+    def append(self, data: bytes) -> None:
+        """Whole lines only: ``data`` ends with a newline."""
+        self.handle.write(data)
+        self.cursor += data.count(b"\n")
+        self.written += len(data)
+
+    def save(self) -> None:
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+        state = {"batch_id": self.batch_id, "stream": self.stream, "cursor": self.cursor, "bytes": self.written}
+        partial = self.cursor_path.with_name(self.cursor_path.name + ".partial")
+        partial.write_text(json.dumps(state))
+        os.replace(partial, self.cursor_path)
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+def sink_open(path: Path, *, batch_id: str, stream: str) -> Sink:
+    """The file at ``path``, resumed from its saved cursor, or a new one."""
+    cursor_path = path.with_name(path.name + ".cursor")
+    if cursor_path.exists():
+        state = json.loads(cursor_path.read_text())
+        if (state.get("batch_id"), state.get("stream")) != (batch_id, stream):
+            raise CursorMismatch(
+                f"{path} holds the {state.get('stream')} lines of {state.get('batch_id')}, not the {stream} lines "
+                f"of {batch_id}; pass another file."
+            )
+        handle = path.open("r+b" if path.exists() else "w+b")
+        handle.truncate(state["bytes"])  # a line written after the last save comes again
+        handle.seek(state["bytes"])
+        sink = Sink(stream, path, batch_id, handle, cursor=state["cursor"], written=state["bytes"])
+    elif path.exists() and path.stat().st_size:
+        raise CursorMismatch(f"{path} exists and was not written by `batchctl follow` (no {cursor_path.name}).")
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sink = Sink(stream, path, batch_id, path.open("wb"))
+    sink.save()
+    return sink
+
+
+def stream_fetch(client: OpenAI, sink: Sink) -> str:
+    """Append the lines after the sink's cursor that the batch has now; returns the batch status the server
+    reported. A connection dropped mid-body keeps the whole lines that arrived (httpx2 errors propagate)."""
+    response = client.get(
+        f"/batches/{quote(sink.batch_id, safe='')}/{sink.stream}",
+        cast_to=APIResponse[bytes],
+        options={"params": {"after": str(sink.cursor)}, "headers": _STREAM_BODY},
+    )
+    pending = b""
+    try:
+        for chunk in response.iter_bytes():
+            data = pending + chunk
+            cut = data.rfind(b"\n") + 1
+            if cut:
+                sink.append(data[:cut])
+            pending = data[cut:]
+    finally:
+        response.close()
+        sink.save()
+    expected = int(response.headers["X-Next-Cursor"])
+    if pending or sink.cursor != expected:
+        # The body ended early without a transport error (a proxy cut it): ask again from what arrived.
+        raise httpx2.RemoteProtocolError(f"response ended at line {sink.cursor}, expected {expected}")
+    sink.complete = response.headers.get("X-Results-Complete") == "true"
+    return response.headers.get("X-Batch-Status", "")
+
+
+class FollowDisplay:
+    """Lines saved of the total, tokens/s when the batch reports tokens, lines/s and an ETA: a rich bar on an
+    interactive terminal, else one line per change."""
+
+    def __init__(self, console: Console, batch_id: str) -> None:
+        self.console = console
+        self.lines = RateMeter()
+        self.tokens = RateMeter()
+        self.last: tuple[Any, ...] | None = None
+        self.progress: Progress | None = None
+        if console.is_interactive:
+            self.progress = Progress(
+                TextColumn("[bold]{task.description:<11}"),
+                BarColumn(),
+                TextColumn("{task.completed:.0f}/{task.fields[total_lines]} lines saved"),
+                TextColumn("{task.fields[rate]}"),
+                TextColumn("{task.fields[tokens]}"),
+                TextColumn("{task.fields[eta]}"),
+                TimeElapsedColumn(),
+                console=console,
+            )
+            self.task = self.progress.add_task("following", total=None, total_lines="?", rate="", tokens="", eta="")
+            self.progress.start()
+        console.print(f"following {batch_id}")
+
+    def update(self, batch: Batch | None, sinks: list[Sink], note: str = "") -> None:
+        now = time.monotonic()
+        saved = sum(sink.cursor for sink in sinks)
+        self.lines.add(now, saved)
+        total = counts(batch)[2] if batch is not None else 0
+        tokens = batch.usage.total_tokens if batch is not None and batch.usage is not None else 0
+        if tokens:
+            self.tokens.add(now, tokens)
+        token_rate = self.tokens.rate()
+        tokens_text = f"{token_rate:.0f} tokens/s" if tokens and token_rate is not None else ""
+        eta = eta_text(self.lines.eta_seconds(total - saved) if total else None)
+        status = batch.status if batch is not None else "?"
+        if self.progress is not None:
+            self.progress.update(
+                self.task,
+                description=status,
+                completed=saved,
+                total=total or None,
+                total_lines=total or "?",
+                rate=rate_text(self.lines.rate()),
+                tokens=tokens_text,
+                eta=eta,
+            )
+            if note:
+                self.progress.console.print(note)
+            return
+        state = (status, saved, total, note)
+        if state != self.last:
+            self.last = state
+            parts = ", ".join(f"{sink.cursor} {sink.stream}" for sink in sinks)
+            extra = f", {tokens_text}" if tokens_text else ""
+            self.console.print(
+                f"{status}: {saved}/{total or '?'} lines saved ({parts}), {rate_text(self.lines.rate())}{extra}, {eta}"
+                + (f"; {note}" if note else "")
+            )
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+# Transport failures a follow rides out: the server restarting, a dropped connection, a cut body.
+RECOVERABLE = (openai.APIConnectionError, openai.InternalServerError, httpx2.TransportError)
+
+
+def follow(
+    client: OpenAI,
+    batch_id: str,
+    sinks: list[Sink],
+    *,
+    console: Console,
+    poll_seconds: float,
+    give_up_after: float,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Batch | None:
+    """Poll the batch and its streams until every stream is complete; returns the batch's last state. Gives up
+    (returns None) after ``give_up_after`` seconds without one successful poll."""
+    display = FollowDisplay(console, batch_id)
+    last_ok = time.monotonic()
+    batch: Batch | None = None
+    try:
+        while True:
+            note = ""
+            before = [sink.cursor for sink in sinks]
+            try:
+                batch = client.batches.retrieve(batch_id)
+                for sink in sinks:
+                    if not sink.complete:
+                        stream_fetch(client, sink)
+                last_ok = time.monotonic()
+            except RECOVERABLE as exc:
+                if [sink.cursor for sink in sinks] != before:
+                    last_ok = time.monotonic()  # cut, but lines came: the API is there
+                note = f"connection lost ({type(exc).__name__}); resuming after line " + ", ".join(
+                    f"{sink.cursor} of {sink.stream}" for sink in sinks
+                )
+                if time.monotonic() - last_ok > give_up_after:
+                    display.update(batch, sinks, note)
+                    return None
+            display.update(batch, sinks, note)
+            if all(sink.complete for sink in sinks):
+                return batch
+            if batch is not None and batch.status in TERMINAL_STATUSES and not note:
+                continue  # the files exist now: read the rest at once
+            sleep(poll_seconds)
+    finally:
+        display.close()
