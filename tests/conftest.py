@@ -40,10 +40,18 @@ def api(tenant):
     return client
 
 
+def _with_django(config: pytest.Config) -> bool:
+    """False under ``-p no:django``: the pure property tests (planner, sizing, policy) run without Django."""
+    return config.pluginmanager.hasplugin("django")
+
+
 @pytest.fixture(autouse=True)
-def storage_dir(tmp_path, settings):
+def storage_dir(request, tmp_path):
     """Every test stores blobs in its own directory (Django resets its storages on this change)."""
     location = tmp_path / "storage"
+    if not _with_django(request.config):
+        return location
+    settings = request.getfixturevalue("settings")
     settings.STORAGES = {
         "default": {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(location)}},
         "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
@@ -52,9 +60,11 @@ def storage_dir(tmp_path, settings):
 
 
 @pytest.fixture(autouse=True)
-def fresh_queue_rankings():
+def fresh_queue_rankings(request):
     """Queue positions shown to clients reuse a ranking for up to a second (scheduling/selectors.py): no test
     sees another test's."""
+    if not _with_django(request.config):
+        return
     from controlplane.scheduling import selectors
 
     selectors._rankings.clear()
@@ -98,6 +108,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="`make test-fast`: leave out what starts processes (the stack, chaos, a tritonserver)",
     )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A ``row_locks`` test checks a guard that only Postgres' row locks give (SELECT … FOR UPDATE SKIP LOCKED):
+    on SQLite, which has none, it would prove nothing, so it refuses to run and says why."""
+    if item.get_closest_marker("row_locks") is None:
+        return
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip(
+            f"row_locks: needs Postgres row locks, this run's database is {connection.vendor} "
+            "(set DATABASE_URL to Postgres; make test does)"
+        )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,20 +1,30 @@
 """The attempt is the fencing token (batches/run/shards.py): a worker presumed dead whose shard was rescued and
 claimed again can renew, release or commit nothing. Each test fails when the ``attempt=`` condition of that
-one write is removed: the stale worker's call would then match the row the current attempt holds."""
+one write is removed: the stale worker's call would then match the row the current attempt holds.
+
+Finalization has its fence too (batches/results/finalize.py): a finalizer presumed dead is restarted, and
+only one of the two may finish the batch (``status=FINALIZING`` in transitions.batch_finish); the slower
+one leaves no file, row or event behind."""
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
-from controlplane.batches.models import Batch, BatchEvent, Shard, ShardStatus
+from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard, ShardStatus
+from controlplane.batches.results import finalize
 from controlplane.batches.run.shards import PartSummary, shard_commit, shard_release, shard_renew, shards_rescue
 from controlplane.core import dispatch
+from controlplane.files.models import File
 from controlplane.fleet.models import CatalogueModel
 from controlplane.scheduling.claims import shard_claim_next
 from controlplane.usage.models import UsageRecord
+from tests.fakes import FakeBackend
+from tests.running import run_shard
 from tests.scheduling.helpers import new_tenant, runnable_batch
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -77,3 +87,48 @@ def test_a_stale_attempt_cannot_commit_its_part(taken_over):
     assert shard_commit(shard_id=current.id, attempt=current.attempt, summary=current_part) is True
     assert (_row(current).status, _row(current).part_name) == (ShardStatus.SUCCEEDED, "parts/current")
     assert UsageRecord.objects.filter(batch_id=row.batch_id).count() == 1
+
+
+def test_a_finalizer_overtaken_by_its_restart_leaves_nothing_behind(settings, monkeypatch, catalogue, storage_dir):
+    """The slot that closed the last shard finalizes; it is slow, so the rescuer presumes it dead and restarts
+    finalization, which finishes first. The slow one's batch_finish must lose: its result files are deleted,
+    its File rows and events rolled back, and the batch keeps the restart's files."""
+    monkeypatch.setattr(dispatch, "send", lambda task_name, args: None)
+    settings.SHARD_MAX_LINES = 2
+    settings.FINALIZE_STALE_SECONDS = 60
+    batch = runnable_batch(new_tenant("finalizers"), 4)
+    first, last = Shard.objects.filter(batch=batch).order_by("index")
+    assert run_shard(first, FakeBackend()) == "succeeded"
+
+    real_finish = finalize.batch_finish
+    calls: list[str] = []
+    restarted: list[list[str]] = []
+
+    def rescuer() -> None:
+        """Another process's beat, on its own connection: the slow finalizer's transaction is still open."""
+        try:
+            Batch.objects.filter(id=batch.id).update(finalizing_at=timezone.now() - timedelta(seconds=61))
+            restarted.append(finalize.batches_finalize_stuck())
+        finally:
+            connection.close()
+
+    def slow_finish(**kwargs):
+        calls.append(threading.current_thread().name)
+        if len(calls) == 1:  # the slot's finalizer, about to finish: the restart overtakes it
+            thread = threading.Thread(target=rescuer)
+            thread.start()
+            thread.join(60)
+            assert restarted == [[batch.id]], "the rescuer did not restart and finish the finalization"
+        return real_finish(**kwargs)
+
+    monkeypatch.setattr(finalize, "batch_finish", slow_finish)
+    assert run_shard(last, FakeBackend()) == "succeeded"  # the last commit finalizes, slowly
+    assert len(calls) == 2  # the slot's finalizer and the restart each reached the finish
+
+    batch.refresh_from_db()
+    assert (batch.status, batch.completed_lines, batch.failed_lines) == (BatchStatus.COMPLETED, 4, 0)
+    assert BatchEvent.objects.filter(batch=batch, kind=BatchStatus.COMPLETED).count() == 1
+    outputs = File.objects.filter(purpose=File.Purpose.BATCH_OUTPUT, filename__startswith=batch.id)
+    assert list(outputs.values_list("id", flat=True)) == [batch.output_file_id]
+    blobs = sorted(path.name for path in (storage_dir / "results").rglob("*.jsonl"))
+    assert blobs == [outputs.get().storage_name.rsplit("/", 1)[1]], "the losing finalizer's blob is left behind"

@@ -23,6 +23,7 @@ from controlplane.core import dispatch
 from controlplane.core.models import OutboxMessage
 from tests.batches.helpers import embedding_line, jsonl
 from tests.chaos.services import ThrowawayRedis
+from tests.row_locks import beside_held_rows
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs the redis-server binary")
 
@@ -95,3 +96,19 @@ def test_regenerable_messages_are_dropped_not_raised_when_the_broker_is_down(bro
     # Slot top-ups are re-derived by beat; a failed send must not fail the transaction's caller.
     dispatch.slots_topup_enqueue("identity")
     assert not OutboxMessage.objects.exists()
+
+
+@pytest.mark.row_locks
+@pytest.mark.django_db(transaction=True)
+def test_the_relay_skips_a_row_another_relay_is_sending(broker):
+    """Two beat relays (an overlap after a slow run, two beat processes in a failover) never wait on each other
+    nor send one row twice: the relay skips the rows another transaction holds (SKIP LOCKED) and sends the rest."""
+    broker.start()
+    held, free = (OutboxMessage.objects.create(task_name=dispatch.FINALIZE, args=[f"batch_{n}"]) for n in "ab")
+    later = timezone.now() + dispatch.RELAY_GRACE * 2
+    sent, took = beside_held_rows("core_outboxmessage", [held.id], lambda: dispatch.outbox_relay(now=later))
+    assert sent == 1
+    assert broker.queued() == [(dispatch.FINALIZE, ["batch_b"])]
+    assert list(OutboxMessage.objects.values_list("id", flat=True)) == [held.id]  # left to the relay holding it
+    assert not OutboxMessage.objects.filter(id=free.id).exists()
+    print(f"relay beside a held row: {took * 1000:.0f} ms")

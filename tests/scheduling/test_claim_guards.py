@@ -5,13 +5,9 @@ guard alone fails one of these tests."""
 
 from __future__ import annotations
 
-import threading
-import time
 from datetime import timedelta
 
-import psycopg
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from controlplane.batches.models import Shard, ShardStatus
@@ -19,17 +15,10 @@ from controlplane.batches.run.shards import PartSummary, shard_claim_selected, s
 from controlplane.core import dispatch
 from controlplane.fleet.models import CatalogueModel
 from controlplane.scheduling.claims import shard_claim_next
+from tests.row_locks import beside_held_rows
 from tests.scheduling.helpers import new_tenant, runnable_batch
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-row_locks = pytest.mark.skipif(
-    connection.vendor != "postgresql", reason="row locks: SQLite has none (make test runs these on Postgres)"
-)
-
-# How long a claim may take before the test gives up on it, on a loaded 2-core machine; a claim that waits on
-# the held row is caught sooner, by Postgres reporting it waiting on a lock.
-GIVE_UP_SECONDS = 30.0
 
 
 @pytest.fixture
@@ -42,50 +31,12 @@ def _identity() -> CatalogueModel:
     return CatalogueModel.objects.get(name="identity")
 
 
-def _connect(**options: object) -> psycopg.Connection:
-    db = connection.settings_dict
-    return psycopg.connect(host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"], dbname=db["NAME"], **options)  # type: ignore[call-overload]
-
-
 def _claim_beside_held_rows(shard_ids: list[int]) -> tuple[Shard | None, float]:
-    """Claim in a worker thread while another transaction holds these shard rows FOR UPDATE. Fails as soon as
-    Postgres shows the claim waiting for a lock; else returns what it claimed and how long it took."""
-    holder, observer = _connect(), _connect(autocommit=True)
-    result: list[Shard | None] = []
-    errors: list[BaseException] = []
-
-    def claim() -> None:
-        try:
-            result.append(shard_claim_next(model=_identity(), owner="w2"))
-        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=claim)
-    try:
-        holder.execute("SELECT id FROM batches_shard WHERE id = ANY(%s) FOR UPDATE", (shard_ids,))
-        started = time.monotonic()
-        thread.start()
-        waiting = 0
-        while thread.is_alive() and not waiting and time.monotonic() - started < GIVE_UP_SECONDS:
-            thread.join(0.01)
-            waiting = observer.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            ).fetchone()[0]
-        took = time.monotonic() - started
-        assert not waiting, "the claim waited for a shard row another transaction holds"
-        assert not thread.is_alive(), f"the claim did not return within {GIVE_UP_SECONDS} s"
-    finally:
-        holder.rollback()  # lets a claim that waited go on, so the thread ends
-        thread.join(GIVE_UP_SECONDS)
-        holder.close()
-        observer.close()
-    assert not errors, errors
-    return result[0], took
+    """A worker's claim while another transaction holds these shard rows FOR UPDATE (tests/row_locks.py)."""
+    return beside_held_rows("batches_shard", shard_ids, lambda: shard_claim_next(model=_identity(), owner="w2"))
 
 
-@row_locks
+@pytest.mark.row_locks
 def test_a_claim_takes_another_shard_when_the_next_one_is_held(quiet):
     batch = runnable_batch(new_tenant("held"), 6)  # three shards of two lines
     first, second, _ = Shard.objects.filter(batch=batch).order_by("index")
@@ -95,7 +46,7 @@ def test_a_claim_takes_another_shard_when_the_next_one_is_held(quiet):
     print(f"claim beside a held row: {took * 1000:.0f} ms")
 
 
-@row_locks
+@pytest.mark.row_locks
 def test_a_claim_returns_nothing_when_every_runnable_shard_is_held(quiet):
     batch = runnable_batch(new_tenant("all-held"), 4)
     ids = list(Shard.objects.filter(batch=batch).values_list("id", flat=True))

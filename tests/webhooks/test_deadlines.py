@@ -17,7 +17,7 @@ from django.db import connection
 from django.utils import timezone
 
 from controlplane.webhooks import attempts, services
-from controlplane.webhooks.models import DeliveryStatus, WebhookDelivery
+from controlplane.webhooks.models import DeliveryStatus, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from tests.webhooks.bounded_server import BoundedServer
 from tests.webhooks.receiver import Receiver
 
@@ -157,3 +157,63 @@ def test_one_endpoint_holds_one_worker_thread_and_a_held_delivery_is_not_claimed
     assert held.attempts == 1 and held.status == DeliveryStatus.FAILED
     # The cap was released with the attempt: the deferred delivery runs once it is due.
     assert attempts.delivery_attempt(delivery_id=slow_second, now=deferred.next_attempt_at) is not None
+
+
+@pytest.fixture
+def two_workers(settings):
+    """The in-flight caps are per process (webhooks/inflight.py); a second webhooks worker has caps of its own,
+    so nothing but the attempt lease and its fence stands between two workers' attempts of one delivery."""
+    settings.WEBHOOK_MAX_INFLIGHT_PER_ENDPOINT = 2
+    settings.WEBHOOK_MAX_INFLIGHT_PER_TENANT = 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_delivery_in_flight_is_not_due_for_another_worker_until_its_lease_ends(
+    tenant, loopback, messages, settings, trickling, two_workers
+):
+    settings.WEBHOOK_TIMEOUT_SECONDS = 3.0
+    services.webhook_endpoint_create(tenant=tenant, url=trickling.url)
+    delivery_id = _emit(tenant)
+    now = timezone.now()
+    results: dict[str, object] = {}
+    holder = _attempt_in_thread(delivery_id, now, results)
+    trickling.wait_for(1)  # attempt 1 is in flight
+    # Another worker (the sweep's message, a duplicate): at the attempt's deadline and to the end of its lease,
+    # the delivery is not due, so no second POST runs beside the first.
+    for later in (now + timedelta(seconds=3), now + attempts.attempt_lease() - timedelta(seconds=1)):
+        assert attempts.delivery_attempt(delivery_id=delivery_id, now=later) is None
+    holder.join(timeout=30)
+    assert not holder.is_alive()
+    assert len(trickling.requests) == 1
+    row = WebhookDelivery.objects.get(id=delivery_id)
+    assert (row.attempts, row.status) == (1, DeliveryStatus.FAILED)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_attempt_taken_over_after_its_lease_cannot_overwrite_the_newer_outcome(
+    tenant, loopback, messages, settings, trickling, receiver, two_workers
+):
+    """A worker presumed dead (its lease ran out) finishes after all: the attempt that took over has the last
+    word. Fails when the ``attempts=number`` fence of the outcome record is removed."""
+    settings.WEBHOOK_TIMEOUT_SECONDS = 5.0  # attempt 1 ends (timed out) long after attempt 2 succeeded
+    endpoint = services.webhook_endpoint_create(tenant=tenant, url=trickling.url)
+    delivery_id = _emit(tenant)
+    now = timezone.now()
+    results: dict[str, object] = {}
+    holder = _attempt_in_thread(delivery_id, now, results)
+    trickling.wait_for(1)
+    WebhookEndpoint.objects.filter(id=endpoint.id).update(url=receiver.url)  # attempt 2 reaches a quick receiver
+    taken_over = attempts.delivery_attempt(delivery_id=delivery_id, now=now + attempts.attempt_lease())
+    assert taken_over is not None and taken_over.ok
+    holder.join(timeout=30)
+    assert not holder.is_alive()
+    stale = results[delivery_id]
+    assert stale is not None and "timed out" in stale.error  # attempt 1 did end, and failed
+    row = WebhookDelivery.objects.get(id=delivery_id)
+    assert (row.status, row.attempts, row.last_status_code, row.next_attempt_at) == (
+        DeliveryStatus.SUCCEEDED,
+        2,
+        200,
+        None,
+    )
+    assert sorted(WebhookAttempt.objects.filter(delivery_id=delivery_id).values_list("number", flat=True)) == [1, 2]
