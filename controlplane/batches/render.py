@@ -4,6 +4,7 @@ from datetime import datetime
 from typing import Any
 
 from controlplane.batches.models import Batch, BatchStatus, StopReason
+from controlplane.core.tracing import trace_id_of
 from controlplane.usage.selectors import Amount, batch_cost
 
 
@@ -23,7 +24,8 @@ def batch_render(batch: Batch, *, queue: dict[str, Any] | None = None, cost: Amo
     """OpenAI's Batch object, field for field, plus extra fields the SDK passes through: ``priority``,
     ``queue`` (position among the model's runnable batches and an estimated start; null when none of the
     batch's shards is waiting), ``rerun_of`` (the batch whose failed lines this one re-runs) and ``cost``
-    (charged so far, from the usage ledger; looked up when not given)."""
+    (charged so far, from the usage ledger; looked up when not given) and ``trace_id`` (the batch's trace in
+    the trace UI; null when tracing was off at create)."""
     cost = cost if cost is not None else batch_cost(batch_id=batch.id)
     # Shards may already run while the file is validated (batches/intake/early_dispatch.py): none of it shows
     # before the file proves valid.
@@ -68,4 +70,5 @@ def batch_render(batch: Batch, *, queue: dict[str, Any] | None = None, cost: Amo
         "queue": queue,
         "rerun_of": batch.rerun_of,
         "cost": {"value": float(cost.value), "currency": cost.currency},
+        "trace_id": trace_id_of(batch.trace_parent),
     }

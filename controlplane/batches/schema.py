@@ -181,6 +181,11 @@ class BatchSerializer(serializers.Serializer[Any]):
         help_text="Extension: the batch's place in its model's queue; null when none of its work is waiting.",
     )
     cost = AmountSerializer(help_text="Extension: what the batch has been charged so far (the usage ledger).")
+    trace_id = serializers.CharField(
+        allow_null=True,
+        help_text="Extension: the batch's OpenTelemetry trace id (32 hex digits): API, validation, each shard "
+        "and its Triton calls, finalization, in the trace UI. Null when tracing was off when it was created.",
+    )
 
 
 BatchListSerializer = cursor_page_of(BatchSerializer, name="BatchList")

@@ -31,7 +31,7 @@ from controlplane.batches.transitions import (
     batch_stop_running,
     event_record,
 )
-from controlplane.core import dispatch
+from controlplane.core import dispatch, tracing
 from controlplane.core.errors import Conflict, ValidationFailed
 from controlplane.core.jsontext import bad_text
 from controlplane.files.lifecycle import expires_after_parse
@@ -93,23 +93,30 @@ def batch_create(
             f"File {input_file.id} has purpose {input_file.purpose!r}; upload the input with purpose 'batch'.",
             param="input_file_id",
         )
-    with transaction.atomic():
-        # Lock the tenant row so two concurrent creates cannot both slip under a quota.
-        locked = Tenant.objects.select_for_update().get(id=tenant.id)
-        chosen_priority = batch_admit(tenant=locked, input_file=input_file, priority=priority)
-        batch = Batch.objects.create(
-            tenant=locked,
-            endpoint=endpoint,
-            input_file_id=input_file.id,
-            completion_window=completion_window,
-            metadata=metadata,
-            priority=chosen_priority,
-            expires_at=timezone.now() + window,
-            output_expires_after=results_expire_after,
-        )
-        event_record(batch_id=batch.id, kind="created", message=f"input {input_file.id}, priority {chosen_priority}")
-        batch_origin_record(batch_id=batch.id, api_key_id=api_key_id)
-        dispatch.batch_validate_enqueue(batch.id)
+    # The batch's trace starts here (under the request's span when the web is instrumented): core/tracing.py.
+    with tracing.span("batch.create", attributes={"tenant.id": tenant.id, "batch.endpoint": endpoint}) as span:
+        with transaction.atomic():
+            # Lock the tenant row so two concurrent creates cannot both slip under a quota.
+            locked = Tenant.objects.select_for_update().get(id=tenant.id)
+            chosen_priority = batch_admit(tenant=locked, input_file=input_file, priority=priority)
+            batch = Batch.objects.create(
+                tenant=locked,
+                endpoint=endpoint,
+                input_file_id=input_file.id,
+                completion_window=completion_window,
+                metadata=metadata,
+                priority=chosen_priority,
+                expires_at=timezone.now() + window,
+                output_expires_after=results_expire_after,
+                trace_parent=tracing.current_traceparent(),
+            )
+            event_record(
+                batch_id=batch.id, kind="created", message=f"input {input_file.id}, priority {chosen_priority}"
+            )
+            batch_origin_record(batch_id=batch.id, api_key_id=api_key_id)
+            dispatch.batch_validate_enqueue(batch.id)
+        if span is not None:
+            span.set_attribute("batch.id", batch.id)
     return batch
 
 
@@ -127,23 +134,26 @@ def batch_validate(*, batch_id: str) -> None:
     attempt = validation_attempt_begin(batch_id=batch.id)
     if attempt is None:
         return
-    try:
-        _batch_validate_input(batch, attempt)
-    except ValidationSuperseded:
-        logger.info("batch=%s validation attempt %s superseded", batch.id, attempt)
-    except ValidationDeadlinePassed:
-        # Left in validating: the rescuer's deadline, a moment later, retries it or fails it (validation_deadline.py).
-        logger.warning("batch=%s validation attempt %s stopped at its deadline", batch.id, attempt)
-    except (OperationalError, InterfaceError):
-        raise
-    except Exception as exc:
-        logger.exception("batch=%s validation failed unexpectedly", batch.id)
-        # The conditional update in batch_validation_fail leaves a batch that already moved on untouched.
-        batch_validation_fail(
-            batch,
-            [validation_error_entry(batch.id, f"Validation stopped on an internal error ({type(exc).__name__})")],
-            attempt=attempt,
-        )
+    attributes = {"batch.id": batch.id, "validation.attempt": attempt}
+    with tracing.batch_span("batch.validate", traceparent=batch.trace_parent, attributes=attributes) as span:
+        try:
+            _batch_validate_input(batch, attempt)
+        except ValidationSuperseded:
+            logger.info("batch=%s validation attempt %s superseded", batch.id, attempt)
+        except ValidationDeadlinePassed:
+            # Left in validating: the rescuer's deadline, a moment later, retries it or fails it (validation_deadline.py).
+            logger.warning("batch=%s validation attempt %s stopped at its deadline", batch.id, attempt)
+        except (OperationalError, InterfaceError):
+            raise
+        except Exception as exc:
+            logger.exception("batch=%s validation failed unexpectedly", batch.id)
+            tracing.span_fail(span, f"validation stopped on an internal error: {exc!r}")
+            # The conditional update in batch_validation_fail leaves a batch that already moved on untouched.
+            batch_validation_fail(
+                batch,
+                [validation_error_entry(batch.id, f"Validation stopped on an internal error ({type(exc).__name__})")],
+                attempt=attempt,
+            )
 
 
 def validation_error_entry(batch_id: str, what_happened: str) -> dict[str, Any]:
@@ -283,6 +293,13 @@ def batch_validation_fail(batch: Batch, errors: list[dict[str, Any]], *, attempt
     with transaction.atomic():
         if batch_fail(batch_id=batch.id, errors=errors, attempt=attempt, now=timezone.now()):
             shards_discard(batch_id=batch.id)
+        else:
+            return
+    # Each line-numbered error becomes an event of the validation span (when it is traced).
+    line_errors = tracing.current_line_errors()
+    for error in errors:
+        line_errors.add(line=error.get("line") or 0, code=str(error.get("code")), message=str(error.get("message")))
+    line_errors.close()
 
 
 def batch_cancel(*, batch: Batch) -> Batch:

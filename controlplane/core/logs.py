@@ -19,6 +19,8 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
+from controlplane.core.tracing import current_ids
+
 # The ids bound to the running request or task. An immutable snapshot per bind: a thread or task that binds
 # never changes what another one sees.
 _context: ContextVar[dict[str, object]] = ContextVar("controlplane_log_context", default={})  # noqa: B039 - never mutated
@@ -72,6 +74,7 @@ class JsonFormatter(logging.Formatter):
             "pid": record.process,
         }
         entry.update(_context.get())
+        entry.update(current_ids())  # the current span's trace_id and span_id (core/tracing.py), when traced
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         if record.stack_info:

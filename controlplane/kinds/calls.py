@@ -5,6 +5,7 @@ error on the one line that caused it (a 400 line, not a failed shard)."""
 
 from __future__ import annotations
 
+import contextvars
 import time
 from abc import abstractmethod
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -97,7 +98,8 @@ class _CallRun:
             while queue or running:
                 while queue and stopped_at is None and len(running) < inflight:
                     call = queue.pop()
-                    running[pool.submit(self._execute, call)] = call
+                    # The shard's context (its trace span, its log ids) goes with each call into the pool.
+                    running[pool.submit(contextvars.copy_context().run, self._execute, call)] = call
                 if not running:
                     break
                 done, _ = wait(running, timeout=CHECK_INTERVAL_SECONDS, return_when=FIRST_COMPLETED)

@@ -37,6 +37,7 @@ from controlplane.settings.openapi import SPECTACULAR_SETTINGS as SPECTACULAR_SE
 from controlplane.settings.paths import BASE_DIR as BASE_DIR
 from controlplane.settings.paths import VAR_DIR as VAR_DIR
 from controlplane.settings.storage import *  # noqa: F403
+from controlplane.settings.tracing import *  # noqa: F403
 from controlplane.settings.usage import *  # noqa: F403
 from controlplane.settings.usage import USAGE_ATTRIBUTION_INTERVAL_SECONDS
 from controlplane.settings.webhooks import *  # noqa: F403

@@ -23,7 +23,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from controlplane.core import metrics
+from controlplane.core import metrics, tracing
 from controlplane.triton.errors import (
     ModelNotLoadedError,
     PermanentTritonError,
@@ -221,13 +221,17 @@ class TritonClient:
             raise classify(exc) from exc
         requested = [grpcclient.InferRequestedOutput(output_name) for output_name in output_names]
         in_flight = metrics.TRITON_CALLS_IN_FLIGHT.labels(server=self.url)
-        started = time.monotonic()
-        in_flight.inc()
-        try:
-            result = self._call(self._client.infer, name, tensors, outputs=requested)
-        finally:
-            in_flight.dec()
-            metrics.TRITON_CALL_DURATION.labels(model=name, server=self.url).observe(time.monotonic() - started)
+        first = next(iter(inputs.values()), None)
+        rows = int(first.shape[0]) if first is not None and first.ndim else 1
+        # A child span of the caller's (a shard's) whose W3C traceparent Triton continues (core/tracing.py).
+        with tracing.outgoing("triton.infer", attributes={"model": name, "server": self.url, "rows": rows}) as headers:
+            started = time.monotonic()
+            in_flight.inc()
+            try:
+                result = self._call(self._client.infer, name, tensors, outputs=requested, headers=headers)
+            finally:
+                in_flight.dec()
+                metrics.TRITON_CALL_DURATION.labels(model=name, server=self.url).observe(time.monotonic() - started)
         outputs: dict[str, np.ndarray] = {}
         for output_name in output_names:
             array = result.as_numpy(output_name)

@@ -36,6 +36,7 @@ from deploy.local.triton_server import (
     log_tail,
     parent_death_preexec,
     start_local_server,
+    trace_args_from_env,
     wait_until_ready,
 )
 
@@ -235,7 +236,8 @@ class Stack:
             grpc_port=grpc_port,
             metrics_port=metrics_port,
             log_path=self.log_dir / "triton.log",
-            extra_args=("--exit-timeout-secs=5",),
+            # LOCAL_TRITON_TRACING=1 with OTEL_EXPORTER_OTLP_ENDPOINT: Triton continues the batches' traces.
+            extra_args=("--exit-timeout-secs=5", *trace_args_from_env(self.child_env())),
             die_with_parent=True,
         )
         with self._lock:

@@ -180,6 +180,29 @@ def server_command(
     ]
 
 
+def trace_args(endpoint: str, *, service_name: str = "triton", rate: int = 1) -> list[str]:
+    """Triton's OpenTelemetry trace mode, exporting over OTLP/HTTP to ``endpoint`` (the base URL, as
+    OTEL_EXPORTER_OTLP_ENDPOINT; Triton posts to <endpoint>/v1/traces). A call that carries a W3C
+    ``traceparent`` (the control plane's Triton calls do, core/tracing.py) continues that trace inside the
+    server; ``rate`` 1 traces every request, so a batch sampled by the control plane is whole here too."""
+    return [
+        "--trace-config=mode=opentelemetry",
+        "--trace-config=level=TIMESTAMPS",
+        f"--trace-config=rate={rate}",
+        "--trace-config=count=-1",
+        f"--trace-config=opentelemetry,url={endpoint.rstrip('/')}/v1/traces",
+        f"--trace-config=opentelemetry,resource=service.name={service_name}",
+    ]
+
+
+def trace_args_from_env(environ: Mapping[str, str]) -> list[str]:
+    """trace_args when LOCAL_TRITON_TRACING=1 and OTEL_EXPORTER_OTLP_ENDPOINT is set (the local runner)."""
+    endpoint = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+    if environ.get("LOCAL_TRITON_TRACING", "") != "1" or not endpoint:
+        return []
+    return trace_args(endpoint, rate=int(environ.get("LOCAL_TRITON_TRACE_RATE", "1")))
+
+
 _PR_SET_PDEATHSIG = 1
 
 

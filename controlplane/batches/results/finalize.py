@@ -22,6 +22,7 @@ from controlplane.batches.models import SHARD_OPEN_STATUSES, Batch, BatchStatus,
 from controlplane.batches.run.parts import decode_entry, dumps
 from controlplane.batches.run.records import error_record
 from controlplane.batches.transitions import FINALIZABLE, batch_finalizing, batch_finish, event_record
+from controlplane.core import tracing
 from controlplane.files.lifecycle import file_expiry_set
 from controlplane.files.models import File
 from controlplane.files.storage import blob_delete, blob_open, blob_read_range, blob_save_spooled, blob_spool
@@ -161,6 +162,17 @@ def batch_finalize(*, batch_id: str) -> None:
     batch = Batch.objects.get(id=batch_id)
     if batch.status != BatchStatus.FINALIZING:
         return
+    # The last stage of the batch's trace (core/tracing.py), wherever it runs: the slot, the control queue, beat.
+    with tracing.batch_span(
+        "batch.finalize", traceparent=batch.trace_parent, attributes={"batch.id": batch_id}
+    ) as span:
+        completed, failed = _batch_finalize(batch)
+        if span is not None:
+            span.set_attributes({"batch.completed": completed, "batch.failed": failed})
+
+
+def _batch_finalize(batch: Batch) -> tuple[int, int]:
+    batch_id = batch.id
     completed = failed = 0
     lost_parts: list[int] = []
     names = {kind: f"results/{batch.tenant_id}/{batch.id}_{kind}_{secrets.token_hex(4)}.jsonl" for kind in KINDS}
@@ -207,6 +219,7 @@ def batch_finalize(*, batch_id: str) -> None:
         for file in files:
             if file is not None:
                 blob_delete(file.storage_name)
+    return completed, failed
 
 
 def _store_result(batch: Batch, content: IO[bytes], kind: str, lines: int, name: str) -> File | None:

@@ -22,7 +22,7 @@ from controlplane.batches.intake.admission import batch_admit_lines
 from controlplane.batches.intake.windows import parse_completion_window
 from controlplane.batches.models import Batch, BatchStatus
 from controlplane.batches.transitions import event_record
-from controlplane.core import dispatch
+from controlplane.core import dispatch, tracing
 from controlplane.core.errors import Conflict, ValidationFailed
 from controlplane.files.models import File, new_file_id
 from controlplane.tenants.models import PRIORITY_RANK, Priority, Tenant
@@ -108,6 +108,8 @@ def batch_rerun_failed(
             output_expires_after=batch.output_expires_after,
             rerun_of=batch.id,
             rerun_error_codes=codes,
+            # The re-run is a trace of its own, under the request that asked for it (core/tracing.py).
+            trace_parent=tracing.current_traceparent(),
         )
         # "created" starts the validation deadline (validation_deadline.py), which the input build counts in.
         event_record(batch_id=rerun.id, kind="created", message=f"input {rerun.input_file_id}, priority {priority}")

@@ -28,7 +28,7 @@ from controlplane.batches.run.parts import encode_entry
 from controlplane.batches.run.records import failed_response_record, output_record
 from controlplane.batches.run.records import request_id as line_request_id
 from controlplane.batches.run.shards import PartSummary, batch_stop_requested, shard_commit, shard_release, shard_renew
-from controlplane.core import metrics
+from controlplane.core import metrics, tracing
 from controlplane.core.database import when_database_answers
 from controlplane.files.models import File
 from controlplane.files.storage import blob_delete, blob_read_range, blob_save_spooled, blob_spool
@@ -52,13 +52,35 @@ def shard_execute(*, shard: Shard, model: CatalogueModel, backend: Backend) -> s
     slot, scheduling/runner.py) then finalizes the batch if this shard closed its last. Returns succeeded, stopped, stale, lease_lost, deferred (infrastructure:
     back to pending, nothing spent), retry (its content failed: back to pending, one attempt spent),
     dead, or skipped (its batch is stopping)."""
+    attributes = {
+        "batch.id": shard.batch_id,
+        "shard.id": shard.id,
+        "shard.index": shard.index,
+        "shard.attempt": shard.attempt,
+        "shard.lines": shard.request_count,
+        "model": model.name,
+        "triton.server": backend.server,
+    }
+    # One span per shard attempt under the batch's trace (core/tracing.py); its Triton calls are its children.
+    with tracing.batch_span("shard.run", traceparent=shard.batch.trace_parent, attributes=attributes) as span:
+        line_errors = tracing.LineErrors(span)
+        outcome = _shard_execute(shard, model, backend, line_errors)
+        line_errors.close()
+        if span is not None:
+            span.set_attribute("shard.outcome", outcome)
+            if outcome not in ("succeeded", "stopped", "skipped"):
+                tracing.span_fail(span, f"{outcome}: {shard.last_error or ''}")
+    return outcome
+
+
+def _shard_execute(shard: Shard, model: CatalogueModel, backend: Backend, line_errors: tracing.LineErrors) -> str:
     started = time.monotonic()
     renew = partial(shard_renew, shard_id=shard.id, attempt=shard.attempt)
     failure: Exception | None = None
     summary: PartSummary | None = None
     with LeaseKeeper(renew, name=f"shard-{shard.id}-lease") as keeper:
         try:
-            summary = _produce_part(shard, model, backend, keeper)
+            summary = _produce_part(shard, model, backend, keeper, line_errors)
         except LeaseLost:
             logger.warning("shard %s attempt %s lost its lease; discarding its work", shard.id, shard.attempt)
             return "lease_lost"
@@ -102,7 +124,9 @@ def _release_when_database_answers(shard: Shard) -> None:
         logger.warning("shard %s attempt %s: database still away; leaving it to its lease", shard.id, shard.attempt)
 
 
-def _produce_part(shard: Shard, model: CatalogueModel, backend: Backend, keeper: LeaseKeeper) -> PartSummary:
+def _produce_part(
+    shard: Shard, model: CatalogueModel, backend: Backend, keeper: LeaseKeeper, line_errors: tracing.LineErrors
+) -> PartSummary:
     if shard.batch.model_snapshot:
         model = pinned_model(shard.batch.model_snapshot)  # the entry the batch was validated against
     kind = kind_for(shard.batch.endpoint)
@@ -127,7 +151,7 @@ def _produce_part(shard: Shard, model: CatalogueModel, backend: Backend, keeper:
         raise TransientTritonError(f"model {model.triton_name!r} could not be prepared: {exc}") from exc
     if keeper.lost.is_set():
         raise LeaseLost()
-    part = _PartEntries(shard, lines, keeper)
+    part = _PartEntries(shard, lines, keeper, line_errors)
     stop_requested = kind.run(
         lines, model=model, backend=backend, control=part, inflight=settings.DISPATCH_INFLIGHT_CALLS, calls=calls
     )
@@ -186,8 +210,10 @@ class _PartEntries:
     """The kind's RunControl for one shard: each finished line becomes its part entry (encoded once, as it
     finishes), and ``check`` watches the lease and, once a second, the batch for a cancel/expiry."""
 
-    def __init__(self, shard: Shard, lines: dict[int, ParsedLine], keeper: LeaseKeeper) -> None:
-        self.shard, self.lines, self.keeper = shard, lines, keeper
+    def __init__(
+        self, shard: Shard, lines: dict[int, ParsedLine], keeper: LeaseKeeper, line_errors: tracing.LineErrors
+    ) -> None:
+        self.shard, self.lines, self.keeper, self.line_errors = shard, lines, keeper, line_errors
         self.entries: dict[int, bytes] = {}
         self.completed = self.failed = self.tokens = 0
         self._last_check = time.monotonic()
@@ -219,6 +245,7 @@ class _PartEntries:
             )
             self.entries[number] = encode_entry(number, "err", record)
             self.failed += 1
+            self.line_errors.add(line=number, code=outcome.code, message=outcome.message)
         else:
             self.entries[number] = encode_entry(number, "out", output_record(batch_id, number, custom_id, outcome.body))
             self.tokens += outcome.tokens

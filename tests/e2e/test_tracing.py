@@ -1,0 +1,138 @@
+"""One batch, one trace, on a real stack: gunicorn (Django instrumented), the control and shard workers, beat
+and the runner's own tritonserver in OpenTelemetry trace mode (LOCAL_TRITON_TRACING=1), every process exporting
+over OTLP/HTTP to an in-test receiver (tests/otlp_receiver.py) that decodes what arrives with opentelemetry-proto.
+
+The tree asserted: the API's request span → batch.create → batch.validate, one shard.run per shard (batch,
+shard and attempt attributes; a refused line as an event), each shard's triton.infer calls under it, Triton's
+own InferRequest span under each call (the traceparent crossed into the server), and batch.finalize. The trace
+id is on the batch object and in the JSON log lines of the processes that worked on it.
+
+Its own stack and its own Redis database (E2E_TRACE_BROKER_URL), like tests/e2e/test_observability.py."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deploy.local.stack import Stack, find_free_port
+from tests.e2e.conftest import E2E, broker_env, fresh_database
+from tests.e2e.helpers import submit, tensor_lines
+from tests.otlp_receiver import OtlpReceiver, ReceivedSpan, one_span
+
+pytestmark = pytest.mark.e2e
+
+TRACE_BROKER_URL = os.environ.get("E2E_TRACE_BROKER_URL", "redis://127.0.0.1:6379/9")
+LINES = 40  # three shards of 16
+SERVER, CLIENT = 2, 3  # OTLP SpanKind values
+
+
+class TracedStack(E2E):
+    def __init__(self, stack: Stack, db_url: str, api_key: str, receiver: OtlpReceiver):
+        super().__init__(stack, db_url, api_key)
+        self.receiver = receiver
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory) -> Iterator[TracedStack]:
+    receiver = OtlpReceiver().start()
+    try:
+        with fresh_database("cp_trace") as db_url:
+            yield from _traced_stack(tmp_path_factory, db_url, receiver)
+    finally:
+        receiver.stop()
+
+
+def _traced_stack(tmp_path_factory, db_url: str, receiver: OtlpReceiver) -> Iterator[TracedStack]:
+    env = {
+        "DATABASE_URL": db_url,
+        **broker_env(TRACE_BROKER_URL),
+        "SHARD_MAX_LINES": "16",
+        "LOG_FORMAT": "json",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+        "OTEL_BSP_SCHEDULE_DELAY": "200",  # the SDK's export interval (ms): the test waits less
+        "LOCAL_TRITON_TRACING": "1",
+    }
+    stack = Stack(
+        var_dir=Path(tmp_path_factory.mktemp("trace-stack")),
+        web_port=find_free_port(),
+        env=env,
+        worker_concurrency=2,
+        with_triton=True,
+        warm_models=("identity",),
+    )
+    stack.start()
+    try:
+        key = stack.manage("tenant_create", "trace-tenant").stdout.strip().splitlines()[-1]
+        yield TracedStack(stack, db_url, key, receiver)
+    finally:
+        stack.stop()
+
+
+def _children(spans: list[ReceivedSpan], parent: ReceivedSpan, name: str) -> list[ReceivedSpan]:
+    return [span for span in spans if span.parent_id == parent.span_id and span.name == name]
+
+
+def test_a_batch_is_one_trace_across_processes_and_into_triton(traced: TracedStack):
+    client = traced.sdk()
+    lines = tensor_lines(LINES, prefix="tr")
+    # A body the model refuses (a tensor it has no input for): a 400 line, an event of its shard's span.
+    lines[20]["body"]["inputs"][0]["name"] = "NO_SUCH_INPUT"
+    batch = submit(client, lines, endpoint="/v2/infer")
+    trace_id = batch.model_extra["trace_id"]
+    assert trace_id and len(trace_id) == 32
+    batch = traced.wait_status(client, batch.id, {"completed", "failed", "expired", "cancelled"})
+    assert batch.status == "completed", batch
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (LINES - 1, 1)
+    assert client.batches.retrieve(batch.id).model_extra["trace_id"] == trace_id
+
+    def whole(spans: list[ReceivedSpan]) -> bool:
+        names = [span.name for span in spans if span.trace_id == trace_id]
+        calls = names.count("triton.infer")
+        return "batch.finalize" in names and calls >= 3 and names.count("InferRequest") >= calls
+
+    traced.receiver.wait_for(whole, timeout_s=60)
+    spans = traced.receiver.trace(trace_id)
+
+    # The API: Django's server span of POST /v1/batches, the root, in the web process.
+    [request] = [span for span in spans if span.parent_id == ""]
+    assert request.kind == SERVER and request.service == "controlplane-web"
+    assert request.attributes.get("http.response.status_code", request.attributes.get("http.status_code")) == 200
+    [create] = _children(spans, request, "batch.create")
+    assert create.attributes["batch.id"] == batch.id
+
+    [validate] = _children(spans, create, "batch.validate")
+    assert validate.service == "controlplane-worker" and validate.attributes["batch.id"] == batch.id
+
+    shards = sorted(_children(spans, create, "shard.run"), key=lambda span: span.attributes["shard.index"])
+    assert [span.attributes["shard.index"] for span in shards] == [0, 1, 2]
+    for shard in shards:
+        assert shard.attributes["batch.id"] == batch.id
+        assert shard.attributes["shard.attempt"] == 1 and shard.attributes["shard.outcome"] == "succeeded"
+        assert shard.start_ns >= validate.start_ns
+        calls = _children(spans, shard, "triton.infer")
+        assert calls, f"shard {shard.attributes['shard.index']} has no Triton call span"
+        for call in calls:
+            assert call.kind == CLIENT and call.attributes["model"] == "identity"
+            # Triton's own span continues the call's traceparent inside the server.
+            [inside] = _children(spans, call, "InferRequest")
+            assert inside.service == "triton"
+    assert sum(span.attributes.get("rows", 0) for span in spans if span.name == "triton.infer") >= LINES - 1
+    [(event, fields)] = [event for shard in shards for event in shard.events]
+    assert event == "line_error" and fields["line"] == 21 and shards[1].attributes["batch.line_errors"] == 1
+
+    [finalize] = _children(spans, create, "batch.finalize")
+    assert finalize.attributes["batch.completed"] == LINES - 1 and finalize.attributes["batch.failed"] == 1
+    assert finalize.end_ns >= max(shard.end_ns for shard in shards)
+
+    # Support goes from the batch to its trace, and from the trace to the log lines of every process that worked.
+    logged = set()
+    for name in ("web", "control", "worker"):
+        for line in (traced.stack.log_dir / f"{name}.log").read_text().splitlines():
+            if line.startswith("{") and json.loads(line).get("trace_id") == trace_id:
+                logged.add(name)
+    assert logged >= {"control", "worker"}, logged
+    assert one_span(spans, "batch.create").span_id == create.span_id
