@@ -261,3 +261,12 @@ def test_internal_fleet_endpoints_have_their_own_service_open_only_to_the_fleet(
         containers = doc["spec"]["template"]["spec"]["containers"]
         calls_drain = any("/internal/fleet/" in str(c.get("lifecycle", {})) for c in containers)
         assert (selector.items() <= labels.items()) == calls_drain, doc["metadata"]["name"]
+
+
+def test_production_hands_downloads_to_s3_and_dev_streams_them():
+    """gpu-prod's clients reach AWS S3 and get presigned URLs (files/views.py); dev's MinIO is in-cluster only."""
+    prod = find(render("gpu-prod"), "ConfigMap", "controlplane-config")["data"]
+    assert prod["STORAGE_BACKEND"] == "s3" and not prod["S3_ENDPOINT_URL"]
+    assert 0 < int(prod["FILE_DOWNLOAD_PRESIGNED_SECONDS"]) <= 900
+    dev = find(render("dev"), "ConfigMap", "controlplane-config")["data"]
+    assert dev["S3_ENDPOINT_URL"] and "FILE_DOWNLOAD_PRESIGNED_SECONDS" not in dev
