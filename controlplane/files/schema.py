@@ -150,6 +150,10 @@ file_content = extend_schema_view(
         parameters=[_FILE_ID, *RESPONSE_HEADERS],
         responses={
             (200, "application/jsonl"): OpenApiResponse(OpenApiTypes.BINARY, description="The file's bytes."),
+            302: OpenApiResponse(
+                description="On S3 storage with FILE_DOWNLOAD_PRESIGNED_SECONDS set: Location is a presigned URL "
+                "that serves the bytes for that many seconds (fetch it without the API key)."
+            ),
             **error_responses(404),
         },
     ),

@@ -20,6 +20,7 @@ from typing import IO, Any
 from botocore.exceptions import BotoCoreError, ClientError
 from django.core.files import File as DjangoFile
 from django.core.files.storage import FileSystemStorage, Storage, storages
+from django.utils.http import content_disposition_header
 from storages.backends.s3 import S3Storage
 from storages.utils import clean_name
 
@@ -144,6 +145,24 @@ def blob_read_range(name: str, start: int = 0, end: int | None = None) -> BlobRe
 def blob_open(name: str) -> BlobReader:
     """The whole blob, streamed."""
     return blob_read_range(name)
+
+
+def blob_presigned_url(name: str, *, filename: str, content_type: str, seconds: int) -> str | None:
+    """A URL that GETs the blob straight from S3 for ``seconds``, answered with the given download filename
+    and content type; None when storage is not S3 (local files have no such URL)."""
+    storage = blob_storage()
+    if not isinstance(storage, S3Storage):
+        return None
+    key = storage._normalize_name(clean_name(name))
+    params = {
+        "Bucket": storage.bucket_name,
+        "Key": key,
+        "ResponseContentType": content_type,
+        "ResponseContentDisposition": content_disposition_header(False, filename) or "inline",
+    }
+    # Signing is local (no request to S3): the storage's own client, credentials and endpoint.
+    url = storage.connection.meta.client.generate_presigned_url("get_object", Params=params, ExpiresIn=seconds)
+    return str(url)
 
 
 def _s3_range(storage: S3Storage, name: str, start: int, end: int | None) -> _RangeSource:

@@ -5,7 +5,7 @@ from urllib.parse import quote
 
 from django.conf import settings
 from django.core.files.storage import FileSystemStorage
-from django.http import FileResponse, HttpResponse
+from django.http import FileResponse, HttpResponse, HttpResponseRedirect
 from django.utils.http import content_disposition_header
 from rest_framework.parsers import MultiPartParser
 from rest_framework.request import Request
@@ -21,7 +21,7 @@ from controlplane.core.parsers import LimitedJSONParser, declared_length
 from controlplane.files import schema, selectors, services
 from controlplane.files.quota import StorageRoom, storage_room
 from controlplane.files.render import file_render
-from controlplane.files.storage import READ_CHUNK_BYTES, blob_open, blob_storage
+from controlplane.files.storage import READ_CHUNK_BYTES, blob_open, blob_presigned_url, blob_storage
 from controlplane.files.uploads import ContentHashUploadHandler, SizeLimitUploadHandler
 from controlplane.tenants.auth import request_tenant
 
@@ -120,6 +120,20 @@ class FileContentView(APIView):
 
     def get(self, request: Request, file_id: str) -> Any:
         file = selectors.file_get(tenant=request_tenant(request), file_id=file_id)
+        presigned_seconds = settings.FILE_DOWNLOAD_PRESIGNED_SECONDS
+        url = (
+            blob_presigned_url(
+                file.storage_name, filename=file.filename, content_type="application/jsonl", seconds=presigned_seconds
+            )
+            if presigned_seconds
+            else None
+        )
+        if url is not None:
+            # S3 sends the bytes, not a web thread (the tenant was checked above). The openai SDK follows the
+            # redirect and, the origin being another, drops its Authorization header, as S3 requires.
+            redirect = HttpResponseRedirect(url)
+            redirect["Cache-Control"] = "no-store"  # the URL is a short-lived credential for this one file
+            return redirect
         prefix = settings.FILE_DOWNLOAD_ACCEL_PREFIX
         if prefix and isinstance(blob_storage(), FileSystemStorage):
             # Behind the shipped nginx (deploy/nginx): it sends the blob from its internal location, which maps

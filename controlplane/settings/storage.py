@@ -46,6 +46,8 @@ def s3_storage_entry(
             # files/storage.blob_save wants to see a name clash (a bug), not silently overwrite a blob.
             "file_overwrite": False,
             "transfer_config": transfer,
+            # Signature V4, which every region accepts; presigned download URLs then carry X-Amz-Expires.
+            "signature_version": "s3v4",
         },
     }
 
@@ -64,6 +66,9 @@ if env_choice("STORAGE_BACKEND", "local", ("local", "s3")) == "s3":
 else:
     _default_storage = {"BACKEND": "django.core.files.storage.FileSystemStorage"}
 FILE_DOWNLOAD_ACCEL_PREFIX = env_str("FILE_DOWNLOAD_ACCEL_PREFIX", "")  # local storage served by nginx (files/views.py)
+# On S3, GET /v1/files/{id}/content answers with a redirect to a presigned URL valid this long (0: streamed
+# through the web process instead). Only where clients can reach the S3 endpoint themselves (files/views.py).
+FILE_DOWNLOAD_PRESIGNED_SECONDS = env_int("FILE_DOWNLOAD_PRESIGNED_SECONDS", 0, minimum=0)
 STORAGES = {
     "default": _default_storage,
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},

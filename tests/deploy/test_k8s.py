@@ -221,3 +221,52 @@ def test_the_llm_pool_has_tensor_parallel_gpus_shared_memory_and_registers_like_
     assert find(docs, "PodDisruptionBudget", "triton-llm")["spec"]["maxUnavailable"] == 1
     claims = {v["persistentVolumeClaim"]["claimName"] for v in llm["volumes"] if "persistentVolumeClaim" in v}
     assert {d["metadata"]["name"] for d in docs if d["kind"] == "PersistentVolumeClaim"} >= claims
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_internal_fleet_endpoints_have_their_own_service_open_only_to_the_fleet(overlay):
+    docs = render(overlay)
+    web_pod = find(docs, "Deployment", "controlplane-web")["spec"]["template"]
+    nginx = next(c for c in web_pod["spec"]["containers"] if c["name"] == "nginx")
+    ports = {p["name"]: p["containerPort"] for p in nginx["ports"]}
+    assert ports == {"http": 8080, "fleet": 8081}  # nginx.conf's tenant and fleet servers (tests/deploy/test_nginx)
+    tenant_facing = find(docs, "Service", "controlplane-web")
+    assert [p["targetPort"] for p in tenant_facing["spec"]["ports"]] == ["http"]
+    fleet = find(docs, "Service", "controlplane-fleet")
+    assert [p["targetPort"] for p in fleet["spec"]["ports"]] == ["fleet"]
+    assert fleet["spec"]["selector"].items() <= web_pod["metadata"]["labels"].items()
+    # Not scraped as a web target (the ServiceMonitor follows ports named http).
+    assert all(p["name"] != "http" for p in fleet["spec"]["ports"])
+    # The drain hooks call the fleet Service, whose host Django accepts.
+    config = find(docs, "ConfigMap", "controlplane-config")["data"]
+    assert config["CONTROLPLANE_INTERNAL_URL"] == f"http://controlplane-fleet:{fleet['spec']['ports'][0]['port']}"
+    assert "controlplane-fleet" in config["DJANGO_ALLOWED_HOSTS"].split(",")
+
+    policy = find(docs, "NetworkPolicy", "controlplane-web")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= web_pod["metadata"]["labels"].items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    rules = policy["spec"]["ingress"]
+    # Each open port and who may reach it; a rule without `from` is open to all.
+    opened = {p["port"]: rule.get("from") for rule in rules for p in rule["ports"]}
+    assert set(opened) == {"http", "fleet"}  # gunicorn's 8000 is reached over the loopback only
+    assert opened["http"] is None
+    [fleet_peers] = opened["fleet"]
+    selector = fleet_peers["podSelector"]["matchLabels"]
+    assert "namespaceSelector" not in fleet_peers and "ipBlock" not in fleet_peers
+    # Exactly the pods that call the drain endpoint match it: every Triton pool, and no control-plane pod.
+    for doc in docs:
+        if doc["kind"] != "Deployment":
+            continue
+        labels = doc["spec"]["template"]["metadata"]["labels"]
+        containers = doc["spec"]["template"]["spec"]["containers"]
+        calls_drain = any("/internal/fleet/" in str(c.get("lifecycle", {})) for c in containers)
+        assert (selector.items() <= labels.items()) == calls_drain, doc["metadata"]["name"]
+
+
+def test_production_hands_downloads_to_s3_and_dev_streams_them():
+    """gpu-prod's clients reach AWS S3 and get presigned URLs (files/views.py); dev's MinIO is in-cluster only."""
+    prod = find(render("gpu-prod"), "ConfigMap", "controlplane-config")["data"]
+    assert prod["STORAGE_BACKEND"] == "s3" and not prod["S3_ENDPOINT_URL"]
+    assert 0 < int(prod["FILE_DOWNLOAD_PRESIGNED_SECONDS"]) <= 900
+    dev = find(render("dev"), "ConfigMap", "controlplane-config")["data"]
+    assert dev["S3_ENDPOINT_URL"] and "FILE_DOWNLOAD_PRESIGNED_SECONDS" not in dev

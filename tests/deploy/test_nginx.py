@@ -34,13 +34,14 @@ def _value(block: list[Any], name: str) -> str:
     return directive[1]
 
 
-def _server() -> list[Any]:
-    [server] = nginx_directives(_http(), "server")
+def _server(port: str = "8080") -> list[Any]:
+    """The server block listening on ``port``: 8080 for tenants, 8081 for the fleet's /internal/fleet/."""
+    [server] = [s for s in nginx_directives(_http(), "server") if _value(s[-1], "listen") == port]
     return server[-1]
 
 
-def _locations() -> dict[str, list[Any]]:
-    return {d[1]: d[-1] for d in nginx_directives(_server(), "location")}
+def _locations(port: str = "8080") -> dict[str, list[Any]]:
+    return {d[1]: d[-1] for d in nginx_directives(_server(port), "location")}
 
 
 def internal_blob_location() -> tuple[str, str]:
@@ -75,6 +76,16 @@ def test_requests_and_answers_are_buffered_and_downloads_handed_to_nginx():
     prefix, alias = internal_blob_location()
     assert prefix == compose_file()["services"]["web"]["environment"]["FILE_DOWNLOAD_ACCEL_PREFIX"]
     assert alias.rstrip("/") == compose_file()["x-controlplane"]["environment"]["STORAGE_ROOT"]
+
+
+def test_the_tenant_server_hides_internal_and_the_fleet_server_serves_only_it():
+    assert {_value(s[-1], "listen") for s in nginx_directives(_http(), "server")} == {"8080", "8081"}
+    public = _locations("8080")
+    assert _value(public["/internal/"], "return") == "404"
+    fleet = _locations("8081")
+    assert set(fleet) == {"/internal/fleet/", "/"}
+    assert _value(fleet["/"], "return") == "404"
+    assert _value(fleet["/internal/fleet/"], "proxy_pass") == "http://controlplane_web"
 
 
 def test_a_config_without_timeouts_fails_these_checks():
