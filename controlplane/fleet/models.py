@@ -140,6 +140,9 @@ class Placement(models.Model):
     # Triton's own view, from its statistics API (averages since the model was loaded there).
     avg_queue_ms = models.FloatField(null=True, blank=True)
     avg_compute_ms = models.FloatField(null=True, blank=True)
+    # Bytes one instance holds on each of its GPUs as Triton's statistics report it (fleet/memory.py); null
+    # where nothing reports GPU memory (CPU hosts): the planner then uses the model's declared figure.
+    measured_memory_bytes = models.PositiveBigIntegerField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

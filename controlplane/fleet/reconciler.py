@@ -26,6 +26,7 @@ from controlplane.core.metrics import CONSOLIDATION_MOVES
 from controlplane.fleet import planner
 from controlplane.fleet import planner_types as pt
 from controlplane.fleet.demand import activity_touch, demand_by_model, lines_per_second_per_instance
+from controlplane.fleet.memory import measured_bytes_per_instance, planned_bytes_per_instance
 from controlplane.fleet.models import (
     CatalogueModel,
     FleetLock,
@@ -90,7 +91,7 @@ def _sync_actual_state(servers: list[TritonServer]) -> None:
             try:
                 ready = {m["name"] for m in client.repository_index() if m.get("state") == "READY"}
                 for placement in Placement.objects.filter(server=server, status=PlacementStatus.READY).select_related(
-                    "model"
+                    "model", "server"
                 ):
                     if placement.model.triton_name in ready:
                         _record_statistics(client, placement)
@@ -116,6 +117,9 @@ def _sync_actual_state(servers: list[TritonServer]) -> None:
 
 def _record_statistics(client: TritonClient, placement: Placement) -> None:
     stats = client.model_statistics(placement.model.triton_name)
+    measured = measured_bytes_per_instance(stats, instances=placement.instances, gpus=_gpus_tuple(placement.gpus))
+    if measured is not None and placement.server.real_gpus:
+        Placement.objects.filter(id=placement.id).update(measured_memory_bytes=measured)
     for entry in stats.get("model_stats", []):
         inference = entry.get("inference_stats", {})
         count = int(inference.get("success", {}).get("count", 0) or 0)
@@ -139,6 +143,11 @@ def planner_inputs(now: float) -> tuple:
     demands, profiles = [], []
     last_moved, moves_done = move_history(settings.FLEET_PAYBACK_HORIZON_SECONDS)
     loading = models_only_loading()
+    measured: dict[int, list[int | None]] = defaultdict(list)
+    for model_id, value in Placement.objects.filter(status=PlacementStatus.READY).values_list(
+        "model_id", "measured_memory_bytes"
+    ):
+        measured[model_id].append(value)
     failed: dict[int, list[str]] = defaultdict(list)
     for model_id, server_id in Placement.objects.filter(
         status=PlacementStatus.FAILED, failed_until__gt=timezone.now()
@@ -160,7 +169,7 @@ def planner_inputs(now: float) -> tuple:
         profiles.append(
             pt.ModelProfile(
                 model=m.triton_name,
-                memory_per_instance_bytes=m.memory_per_instance_bytes,
+                memory_per_instance_bytes=planned_bytes_per_instance(m.memory_per_instance_bytes, measured[m.id]),
                 load_time_s=m.load_seconds,
                 gpus_per_instance=m.gpus_per_instance,
                 min_instances=m.min_instances,

@@ -144,12 +144,14 @@ def _gpu_indices(text: str) -> list[int]:
 
 def placed_bytes_per_gpu(*, server: TritonServer) -> dict[int, int]:
     """GPU index → memory the planner's own ready or loading placements on ``server`` hold there (instances ×
-    memory_per_instance_bytes, on each GPU of a gang)."""
+    the measured bytes per instance where Triton reported them, else memory_per_instance_bytes, on each GPU of
+    a gang). A loading placement counts in full: memory reserved for a load in flight is not free."""
     placed: dict[int, int] = defaultdict(int)
     holding = Placement.objects.filter(server=server, status__in=_HOLDS_MEMORY).select_related("model")
     for placement in holding:
         for index in _gpu_indices(placement.gpus):
-            placed[index] += placement.instances * placement.model.memory_per_instance_bytes
+            each = placement.measured_memory_bytes or placement.model.memory_per_instance_bytes
+            placed[index] += placement.instances * each
     return dict(placed)
 
 
