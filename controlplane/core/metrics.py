@@ -51,6 +51,12 @@ TRITON_CALLS_IN_FLIGHT = Gauge(
     ["server"],
     multiprocess_mode="livesum",  # the sum over live processes: a dead worker's calls are not in flight
 )
+CONSOLIDATION_MOVES = Counter(
+    "fleet_consolidation_moves_total",
+    "Instances moved make-before-break to make room for a model that fit nowhere, by moved model and outcome "
+    "(ok: the new instance was ready and the old one unloaded; failed: the new one did not load, the old stays).",
+    ["model", "outcome"],
+)
 QUOTA_REJECTIONS = Counter(
     "quota_rejections_total",
     "Requests refused with a 429 by a quota or rate limit, by the limit's name.",

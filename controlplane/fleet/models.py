@@ -140,6 +140,9 @@ class Placement(models.Model):
     # Triton's own view, from its statistics API (averages since the model was loaded there).
     avg_queue_ms = models.FloatField(null=True, blank=True)
     avg_compute_ms = models.FloatField(null=True, blank=True)
+    # Bytes one instance holds on each of its GPUs as Triton's statistics report it (fleet/memory.py); null
+    # where nothing reports GPU memory (CPU hosts): the planner then uses the model's declared figure.
+    measured_memory_bytes = models.PositiveBigIntegerField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -169,6 +172,8 @@ class PlacementEvent(models.Model):
     reason = models.TextField(blank=True, default="")
     actor = models.CharField(max_length=100, default="reconciler")
     ok = models.BooleanField(default=True)
+    # A consolidation move (action consolidate / move_in / move_out): the model it makes room for.
+    move_for = models.CharField(max_length=200, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:

@@ -27,6 +27,10 @@ may evict instances of idle models, least recently used first, never below their
 with pending or in-flight work are never evicted. The only exception is physics: if a GPU is already
 overcommitted (memory used by others grew), instances are removed there, idle LRU ones first.
 
+Consolidation (consolidation.py has its rules): a model with a backlog that still has no instance after
+growth and eviction gets room by moving other models' instances, make-before-break, when the moves pay
+back (the payback rule above, extended to the moves' load times), at most ``max_moves`` per interval.
+
 A model is placed only on servers of its pool (CatalogueModel.pool = TritonServer.pool).
 
 Server states: healthy gets new placements; cordoned keeps (and may shrink) what it has; draining keeps a
@@ -42,9 +46,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
+from controlplane.fleet import consolidation
+from controlplane.fleet.payback import affordable_instances, payback_gain_s
+from controlplane.fleet.plan_changes import diff_placements
 from controlplane.fleet.planner_types import (
-    Change,
-    ChangeKind,
     Gpu,
     ModelDemand,
     ModelProfile,
@@ -55,56 +60,11 @@ from controlplane.fleet.planner_types import (
     ServerState,
 )
 
-__all__ = ["affordable_instances", "diff_placements", "payback_gain_s", "plan"]
+__all__ = ["affordable_instances", "diff_placements", "payback_gain_s", "plan"]  # re-exported
 
 Key = tuple[str, str, tuple[int, ...]]  # (model, server_id, gpus)
 GpuId = tuple[str, int]
 _SCHEDULED = (ServerState.HEALTHY, ServerState.CORDONED)
-
-
-def payback_gain_s(pending: int, rate: float, instances: int, interval_s: float) -> float:
-    """gain(n) = min(T, P / (n * r)): seconds each of n instances is busy within the interval."""
-    return min(interval_s, pending / (instances * rate))
-
-
-def affordable_instances(pending: int, rate: float, load_time_s: float, interval_s: float, cap: int) -> int:
-    """Largest n in [0, cap] with gain(n) > L. gain(n) > L needs T > L and n < P / (r * L); the closed form
-    is then nudged by one either way so float rounding cannot disagree with payback_gain_s."""
-    if rate <= 0 or pending <= 0 or interval_s <= load_time_s:
-        return 0
-    if load_time_s <= 0:
-        return cap
-    n = max(0, min(cap, math.ceil(pending / (rate * load_time_s)) - 1))
-    while n > 0 and not payback_gain_s(pending, rate, n, interval_s) > load_time_s:
-        n -= 1
-    while n < cap and payback_gain_s(pending, rate, n + 1, interval_s) > load_time_s:
-        n += 1
-    return n
-
-
-def diff_placements(current: Iterable[Placement], target: Iterable[Placement]) -> list[Change]:
-    """Changes turning ``current`` into ``target``: every load/scale_up (sorted by key) before any
-    scale_down/unload, so capacity is added before it is taken away and no request fails mid-move."""
-    cur, tgt = _totals(current), _totals(target)
-    adds: list[Change] = []
-    removes: list[Change] = []
-    for key in sorted(cur.keys() | tgt.keys()):
-        before, after = cur.get(key, 0), tgt.get(key, 0)
-        if before == after:
-            continue
-        if after > before:
-            adds.append(Change(ChangeKind.LOAD if before == 0 else ChangeKind.SCALE_UP, *key, before, after))
-        else:
-            kind = ChangeKind.UNLOAD if after == 0 else ChangeKind.SCALE_DOWN
-            removes.append(Change(kind, *key, before, after))
-    return adds + removes
-
-
-def _totals(placements: Iterable[Placement]) -> dict[Key, int]:
-    out: dict[Key, int] = defaultdict(int)
-    for p in placements:
-        out[p.key] += p.instances
-    return dict(out)
 
 
 def plan(
@@ -152,7 +112,11 @@ class _Planner:
         self.used: dict[GpuId, int] = defaultdict(int)
         self.why: dict[Key, list[str]] = defaultdict(list)  # per placement key, for event rows
         self.model_why: dict[str, str] = {}
-        self.notes: list[str] = []
+        self.notes: dict[str, str] = {}  # per model, the last word wins (grow runs again after consolidation)
+        self.move_for: dict[Key, str] = {}  # keys changed by a consolidation move -> the model it made room for
+        self.made_room_for: list[str] = []
+        self.used_peak: dict[GpuId, int] = {}
+        self.frozen: set[str] = set()  # models a consolidation of this plan already moved
 
     # -- bookkeeping -------------------------------------------------------------------------------
     def demand(self, m: str) -> ModelDemand:
@@ -200,6 +164,8 @@ class _Planner:
             self.shrink_to(m, self.target_n[m])
         self.fix_overcommit()
         self.grow(models)
+        if consolidation.consolidate(self, models, current):
+            self.grow(models)  # what is left on the freed GPUs may now take a model that was stuck
         for m in models:
             self.settle_draining(m, self.target_n[m])
         target = tuple(Placement(*k, n) for k, n in sorted(self.alloc.items()))
@@ -207,8 +173,8 @@ class _Planner:
         for c in diff_placements(current, target):
             key = (c.model, c.server_id, c.gpus)
             reason = "; ".join(self.why.get(key) or [self.model_why.get(c.model, "")])
-            changes.append(replace(c, reason=reason))
-        return Plan(target, tuple(changes), tuple(self.notes))
+            changes.append(replace(c, reason=reason, move_for=self.move_for.get(key, "")))
+        return Plan(target, tuple(changes), tuple(self.notes.values()), tuple(self.made_room_for))
 
     def absorb(self, current: Sequence[Placement]) -> None:
         """Start from the current placements minus those that can no longer stand."""
@@ -309,13 +275,13 @@ class _Planner:
                 stuck.add(m)
                 c = self.count(m)
                 if c == 0 and not self.count(m, (ServerState.DRAINING,)):
-                    self.notes.append(
+                    self.notes[m] = (
                         f"{m}: no healthy GPU can hold an instance "
                         f"({self.prof[m].memory_per_instance_bytes} bytes on each of "
                         f"{self.prof[m].gpus_per_instance} GPU(s), pins included)"
                     )
                 else:
-                    self.notes.append(f"{m}: {c} of {desired[m]} instances placed; no room for more")
+                    self.notes[m] = f"{m}: {c} of {desired[m]} instances placed; no room for more"
 
     def victims(self, exclude: str) -> list[tuple[str, int]]:
         """Idle models that can give up instances, least recently used first, with how many above min."""

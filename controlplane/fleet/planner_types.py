@@ -40,6 +40,8 @@ class ModelDemand:
     ``in_flight`` counts work units (shards) currently executing; it only marks the model as busy (busy
     models are never evicted) and is not converted into instances. ``last_active_at`` is the last time the
     model had pending or in-flight work; ``None`` means never (treated as idle for longer than any TTL).
+    ``loading``: every placed instance of the model is still loading (none ready), so consolidation never
+    moves it; ``last_moved_at``: when consolidation last moved one of its instances (its cooldown).
     """
 
     model: str
@@ -47,6 +49,8 @@ class ModelDemand:
     lines_per_second_per_instance: float = 0.0  # measured throughput profile; 0 = unknown
     last_active_at: float | None = None
     in_flight: int = 0
+    loading: bool = False
+    last_moved_at: float | None = None
 
     def __post_init__(self) -> None:
         if self.pending_lines < 0 or self.in_flight < 0 or self.lines_per_second_per_instance < 0:
@@ -148,10 +152,15 @@ class PlannerParams:
     idle_ttl_s: float = 600.0
     interval_s: float = 60.0  # horizon over which a new load must pay back its load time
     hysteresis: float = 0.2  # relative demand change tolerated without resizing
+    max_moves: int = 2  # consolidation moves per interval (consolidation.py)
+    moves_done: int = 0  # consolidation moves already made in the current interval
+    move_cooldown_s: float = 600.0  # a moved model is not moved again for this long (no ping-pong)
 
     def __post_init__(self) -> None:
         if self.idle_ttl_s < 0 or self.interval_s <= 0 or not 0 <= self.hysteresis < 1:
             raise ValueError("need idle_ttl_s >= 0, interval_s > 0 and 0 <= hysteresis < 1")
+        if self.max_moves < 0 or self.moves_done < 0 or self.move_cooldown_s < 0:
+            raise ValueError("need max_moves, moves_done and move_cooldown_s >= 0")
 
 
 @dataclass(frozen=True)
@@ -165,10 +174,12 @@ class Change:
     before: int
     after: int
     reason: str = ""
+    move_for: str = ""  # set on both halves of a consolidation move: the model it makes room for
 
 
 @dataclass(frozen=True)
 class Plan:
     placements: tuple[Placement, ...]  # sorted by (model, server_id, gpus)
-    changes: tuple[Change, ...]  # make-before-break order, see diff_placements
+    changes: tuple[Change, ...]  # make-before-break order, see diff_placements (and execution_phases)
     notes: tuple[str, ...] = ()  # model-level facts with no change attached (e.g. "fits nowhere")
+    made_room_for: tuple[str, ...] = ()  # models placed by consolidation in this plan: load them last

@@ -1,8 +1,10 @@
 """The placement loop: signal → plan → apply. One run at a time (a lease row), make-before-break.
 
 Each run: sync what Triton actually has loaded, read demand, ask the pure planner for the target, and
-apply the difference through Triton's repository API — loads and scale-ups first, then scale-downs and
-unloads — recording every change as a PlacementEvent."""
+apply the difference through Triton's repository API in plan_changes.execution_phases order — loads and
+scale-ups first (a consolidation move's new instance among them), then scale-downs and unloads (a move's
+old instance only once its new one is ready; not at all when that load failed), then the loads of the
+models the moves made room for — recording every change as a PlacementEvent."""
 
 from __future__ import annotations
 
@@ -20,9 +22,11 @@ from django.db.models import Q
 from django.utils import timezone
 
 from controlplane.core import dispatch
+from controlplane.core.metrics import CONSOLIDATION_MOVES
 from controlplane.fleet import planner
 from controlplane.fleet import planner_types as pt
 from controlplane.fleet.demand import activity_touch, demand_by_model, lines_per_second_per_instance
+from controlplane.fleet.memory import measured_bytes_per_instance, planned_bytes_per_instance
 from controlplane.fleet.models import (
     CatalogueModel,
     FleetLock,
@@ -33,6 +37,9 @@ from controlplane.fleet.models import (
     ServerState,
     TritonServer,
 )
+from controlplane.fleet.moves import models_only_loading, move_action, move_history, moves_planned_record
+from controlplane.fleet.plan_changes import execution_phases
+from controlplane.fleet.routing import ROUTE_CACHE_SECONDS
 from controlplane.triton.client import TritonClient, TritonError, cpu_instances, repository_model_config
 
 logger = logging.getLogger(__name__)
@@ -84,7 +91,7 @@ def _sync_actual_state(servers: list[TritonServer]) -> None:
             try:
                 ready = {m["name"] for m in client.repository_index() if m.get("state") == "READY"}
                 for placement in Placement.objects.filter(server=server, status=PlacementStatus.READY).select_related(
-                    "model"
+                    "model", "server"
                 ):
                     if placement.model.triton_name in ready:
                         _record_statistics(client, placement)
@@ -110,6 +117,9 @@ def _sync_actual_state(servers: list[TritonServer]) -> None:
 
 def _record_statistics(client: TritonClient, placement: Placement) -> None:
     stats = client.model_statistics(placement.model.triton_name)
+    measured = measured_bytes_per_instance(stats, instances=placement.instances, gpus=_gpus_tuple(placement.gpus))
+    if measured is not None and placement.server.real_gpus:
+        Placement.objects.filter(id=placement.id).update(measured_memory_bytes=measured)
     for entry in stats.get("model_stats", []):
         inference = entry.get("inference_stats", {})
         count = int(inference.get("success", {}).get("count", 0) or 0)
@@ -131,6 +141,13 @@ def planner_inputs(now: float) -> tuple:
     demand = demand_by_model()
     activity_touch([name for name, d in demand.items() if d.pending_lines or d.in_flight_shards])
     demands, profiles = [], []
+    last_moved, moves_done = move_history(settings.FLEET_PAYBACK_HORIZON_SECONDS)
+    loading = models_only_loading()
+    measured: dict[int, list[int | None]] = defaultdict(list)
+    for model_id, value in Placement.objects.filter(status=PlacementStatus.READY).values_list(
+        "model_id", "measured_memory_bytes"
+    ):
+        measured[model_id].append(value)
     failed: dict[int, list[str]] = defaultdict(list)
     for model_id, server_id in Placement.objects.filter(
         status=PlacementStatus.FAILED, failed_until__gt=timezone.now()
@@ -145,12 +162,14 @@ def planner_inputs(now: float) -> tuple:
                 lines_per_second_per_instance=lines_per_second_per_instance(m, d),
                 last_active_at=m.last_active_at.timestamp() if m.last_active_at else None,
                 in_flight=d.in_flight_shards if d else 0,
+                loading=m.id in loading,
+                last_moved_at=last_moved.get(m.id),
             )
         )
         profiles.append(
             pt.ModelProfile(
                 model=m.triton_name,
-                memory_per_instance_bytes=m.memory_per_instance_bytes,
+                memory_per_instance_bytes=planned_bytes_per_instance(m.memory_per_instance_bytes, measured[m.id]),
                 load_time_s=m.load_seconds,
                 gpus_per_instance=m.gpus_per_instance,
                 min_instances=m.min_instances,
@@ -176,6 +195,9 @@ def planner_inputs(now: float) -> tuple:
         idle_ttl_s=settings.FLEET_IDLE_TTL_SECONDS,
         interval_s=settings.FLEET_PAYBACK_HORIZON_SECONDS,
         hysteresis=settings.FLEET_HYSTERESIS,
+        max_moves=settings.FLEET_MAX_MOVES_PER_INTERVAL,
+        moves_done=moves_done,
+        move_cooldown_s=settings.FLEET_MOVE_COOLDOWN_SECONDS,
     )
     return demands, inventory, gpus, profiles, current, params
 
@@ -197,24 +219,50 @@ def fleet_reconcile(*, actor: str = "reconciler") -> ReconcileReport:
 
 def _apply(result: pt.Plan, actor: str) -> ReconcileReport:
     report = ReconcileReport(ran=True)
-    groups: dict[tuple[str, str], list[pt.Change]] = defaultdict(list)
-    order: list[tuple[str, str]] = []
-    for change in result.changes:  # already make-before-break: every addition precedes any removal
-        key = (change.model, change.server_id)
-        if key not in groups:
-            order.append(key)
-        groups[key].append(change)
-    for model_name, server_name in order:
-        model = CatalogueModel.objects.get(triton_name=model_name)
-        server = TritonServer.objects.get(name=server_name)
-        blocked = Placement.objects.filter(
-            model=model, server=server, status=PlacementStatus.FAILED, failed_until__gt=timezone.now()
-        ).exists()
-        if blocked and any(c.after > c.before for c in groups[(model_name, server_name)]):
-            continue
-        ok, message = _apply_group(model, server, groups[(model_name, server_name)], actor)
-        (report.changes if ok else report.failures).append(message)
+    moves_planned_record(result, actor)
+    unfreed: set[str] = set()  # models a move was for whose new instance failed to load: nothing freed
+    for phase in execution_phases(result):
+        groups: dict[tuple[str, str], list[pt.Change]] = defaultdict(list)
+        for change in phase:
+            if change.move_for in unfreed or change.model in unfreed:
+                continue  # keep the moves' old instances; do not load into memory that was not freed
+            groups[(change.model, change.server_id)].append(change)
+        moved_in: list[tuple[CatalogueModel, TritonServer]] = []
+        for (model_name, server_name), changes in groups.items():
+            model = CatalogueModel.objects.get(triton_name=model_name)
+            server = TritonServer.objects.get(name=server_name)
+            blocked = Placement.objects.filter(
+                model=model, server=server, status=PlacementStatus.FAILED, failed_until__gt=timezone.now()
+            ).exists()
+            grows = any(c.after > c.before for c in changes)
+            ok, message = (False, "") if blocked and grows else _apply_group(model, server, changes, actor)
+            if message:
+                (report.changes if ok else report.failures).append(message)
+            for c in changes:
+                if c.move_for and c.after > c.before:
+                    CONSOLIDATION_MOVES.labels(model_name, "ok" if ok else "failed").inc(c.after - c.before)
+                    if ok:
+                        moved_in.append((model, server))
+                    else:
+                        unfreed.add(c.move_for)
+        for model, server in moved_in:
+            _wait_ready(model, server)
     return report
+
+
+def _wait_ready(model: CatalogueModel, server: TritonServer) -> None:
+    """A moved instance's old copy goes only once the new one answers ready and dispatch's route cache
+    (routing.ROUTE_CACHE_SECONDS) has had time to see it; the unload's own grace covers in-flight calls."""
+    client = _client(server)
+    try:
+        deadline = time.monotonic() + settings.TRITON_TIMEOUT_SECONDS
+        while time.monotonic() < deadline and not client.is_model_ready(model.triton_name):
+            time.sleep(0.2)
+    except TritonError as exc:
+        logger.warning("readiness of moved %s on %s unknown: %s", model.triton_name, server.name, exc)
+    finally:
+        client.close()
+    time.sleep(ROUTE_CACHE_SECONDS)
 
 
 def _apply_group(model: CatalogueModel, server: TritonServer, changes: list[pt.Change], actor: str) -> tuple[bool, str]:
@@ -271,11 +319,12 @@ def _apply_group(model: CatalogueModel, server: TritonServer, changes: list[pt.C
                 model=model,
                 server=server,
                 gpus=_gpus_text(c.gpus),
-                action=c.kind.value,
+                action=move_action(c),
                 before=c.before,
                 after=c.after,
                 reason=c.reason or reason,
                 actor=actor,
+                move_for=c.move_for,
             )
     return True, f"{summary} ({elapsed:.1f}s)"
 
@@ -332,10 +381,11 @@ def _record_failure(
                 model=model,
                 server=server,
                 gpus=_gpus_text(c.gpus),
-                action=c.kind.value,
+                action=move_action(c),
                 before=c.before,
                 after=c.after,
                 ok=False,
+                move_for=c.move_for,
                 reason=error[:2000],
                 actor=actor,
             )

@@ -126,12 +126,16 @@ class EventRow:
     ok: bool
     actor: str
     reason: str
+    move_for: str = ""
 
 
 @dataclass(frozen=True)
 class FleetOverview:
     servers: tuple[ServerRow, ...]
     events: tuple[EventRow, ...]
+    # Consolidation: the plans (action consolidate) and the moves' halves (move_in / move_out), newest first,
+    # each with the model it made room for.
+    moves: tuple[EventRow, ...] = ()
 
 
 def _gpu_indices(text: str) -> list[int]:
@@ -140,12 +144,14 @@ def _gpu_indices(text: str) -> list[int]:
 
 def placed_bytes_per_gpu(*, server: TritonServer) -> dict[int, int]:
     """GPU index → memory the planner's own ready or loading placements on ``server`` hold there (instances ×
-    memory_per_instance_bytes, on each GPU of a gang)."""
+    the measured bytes per instance where Triton reported them, else memory_per_instance_bytes, on each GPU of
+    a gang). A loading placement counts in full: memory reserved for a load in flight is not free."""
     placed: dict[int, int] = defaultdict(int)
     holding = Placement.objects.filter(server=server, status__in=_HOLDS_MEMORY).select_related("model")
     for placement in holding:
         for index in _gpu_indices(placement.gpus):
-            placed[index] += placement.instances * placement.model.memory_per_instance_bytes
+            each = placement.measured_memory_bytes or placement.model.memory_per_instance_bytes
+            placed[index] += placement.instances * each
     return dict(placed)
 
 
@@ -207,22 +213,25 @@ def fleet_overview(*, events: int = OVERVIEW_EVENTS) -> FleetOverview:
                 stray=tuple(sorted(stray, key=lambda s: (s.model, s.gpus))),
             )
         )
-    recent = PlacementEvent.objects.select_related("model", "server").order_by("-created_at", "-id")[:events]
+    recent = PlacementEvent.objects.select_related("model", "server").order_by("-created_at", "-id")
     return FleetOverview(
         servers=tuple(servers),
-        events=tuple(
-            EventRow(
-                created_at=e.created_at,
-                action=e.action,
-                model=e.model.triton_name if e.model else "",
-                server=e.server.name if e.server else "",
-                gpus=e.gpus,
-                before=e.before,
-                after=e.after,
-                ok=e.ok,
-                actor=e.actor,
-                reason=e.reason,
-            )
-            for e in recent
-        ),
+        events=tuple(_event_row(e) for e in recent[:events]),
+        moves=tuple(_event_row(e) for e in recent.exclude(move_for="")[:events]),
+    )
+
+
+def _event_row(e: PlacementEvent) -> EventRow:
+    return EventRow(
+        created_at=e.created_at,
+        action=e.action,
+        model=e.model.triton_name if e.model else "",
+        server=e.server.name if e.server else "",
+        gpus=e.gpus,
+        before=e.before,
+        after=e.after,
+        ok=e.ok,
+        actor=e.actor,
+        reason=e.reason,
+        move_for=e.move_for,
     )

@@ -36,6 +36,10 @@ FLEET_PAYBACK_HORIZON_SECONDS = env_float("FLEET_PAYBACK_HORIZON_SECONDS", 60.0)
 FLEET_HYSTERESIS = env_float("FLEET_HYSTERESIS", 0.2)
 # Longer than the dispatch route cache (1 s), so no new call is routed to a model being unloaded.
 FLEET_UNLOAD_GRACE_SECONDS = env_float("FLEET_UNLOAD_GRACE_SECONDS", 1.5)
+# Consolidation (fleet/consolidation.py): at most this many instance moves per payback horizon to make room
+# for a model that fits nowhere, and a moved model stays put this long (no ping-pong).
+FLEET_MAX_MOVES_PER_INTERVAL = env_int("FLEET_MAX_MOVES_PER_INTERVAL", 2, minimum=0)
+FLEET_MOVE_COOLDOWN_SECONDS = env_float("FLEET_MOVE_COOLDOWN_SECONDS", 600.0)
 FLEET_BREAKER_FAILURES = env_int("FLEET_BREAKER_FAILURES", 3, minimum=1)
 FLEET_BREAKER_OPEN_SECONDS = env_float("FLEET_BREAKER_OPEN_SECONDS", 30.0)
 

@@ -292,3 +292,24 @@ def test_fleet_register_rejects_a_grpc_url_taken_by_another_server(db):
     call_command("fleet_register", "triton-x", "x:8001", "--gpu-memory", "16G")
     with pytest.raises(CommandError, match="already registered"):
         call_command("fleet_register", "triton-y", "x:8001", "--gpu-memory", "16G")
+
+
+def test_overview_shows_consolidation_moves_and_the_model_they_make_room_for(admin_client, fleet):
+    a, _b = fleet
+    scale2 = CatalogueModel.objects.get(triton_name="scale2")
+    minilm = CatalogueModel.objects.get(triton_name="minilm")
+    PlacementEvent.objects.create(
+        model=scale2, gpus="1", action="consolidate", reason="planned 1 move(s)", move_for="scale2"
+    )
+    PlacementEvent.objects.create(
+        model=minilm, server=a, gpus="1", action="move_in", before=0, after=1, reason="moved", move_for="scale2"
+    )
+    overview = fleet_overview()
+    assert [(e.action, e.model, e.move_for) for e in overview.moves] == [
+        ("move_in", "minilm", "scale2"),
+        ("consolidate", "scale2", "scale2"),
+    ]
+    assert [e.action for e in overview.events][:2] == ["move_in", "consolidate"]
+    html = admin_client.get(f"{SERVERS}overview/").content.decode()
+    section = html[html.index("Consolidation moves") : html.index("Latest placement events")]
+    assert "move_in" in section and "<strong>scale2</strong>" in section and "planned 1 move(s)" in section

@@ -156,3 +156,40 @@ def test_the_planner_rate_comes_from_the_one_speed_estimate(tenant, settings, mo
     # No speed known: 0, which the planner reads as "busy without a throughput estimate" (size kept).
     CatalogueModel.objects.filter(triton_name="identity").update(seconds_per_work_unit=0.0)
     assert identity_demand().lines_per_second_per_instance == 0.0
+
+
+def test_consolidation_moves_make_before_break_then_loads_the_model_it_made_room_for(fleet, tenant):
+    """Two declared 256 MiB GPUs: something else holds 100 MiB of GPU 0 and identity (100 MiB) sits on GPU 1,
+    so scale2 (200 MiB) fits on neither. The reconciler moves identity to GPU 0 (new instance ready before
+    the old one goes), then loads scale2 on GPU 1; events and the metric record the move."""
+    from controlplane.core.metrics import CONSOLIDATION_MOVES
+    from controlplane.fleet.models import Gpu
+
+    server, client = fleet
+    mib = 1024**2
+    server_register(name="t0", grpc_url=server.grpc_url, gpu_memory_bytes=[256 * mib, 256 * mib])
+    Gpu.objects.filter(server=server, index=0).update(used_by_others_bytes=100 * mib)
+    models = CatalogueModel.objects.filter(triton_name__in=("identity", "scale2"))
+    # Slow declared speed: a 40-line backlog then outlasts the (zero) load times, so the moves pay back.
+    models.update(seconds_per_work_unit=10.0, max_instances=1)
+    CatalogueModel.objects.filter(triton_name="identity").update(memory_per_instance_bytes=100 * mib, pin_gpus=[1])
+    CatalogueModel.objects.filter(triton_name="scale2").update(memory_per_instance_bytes=200 * mib)
+    _demand(tenant, "identity")
+    assert fleet_reconcile(actor="test").failures == []
+    assert list(Placement.objects.filter(model__triton_name="identity").values_list("gpus", flat=True)) == ["1"]
+    models.update(load_seconds=0.0)
+    CatalogueModel.objects.filter(triton_name="identity").update(pin_gpus=[])
+    before = CONSOLIDATION_MOVES.labels("identity", "ok")._value.get()
+    _demand(tenant, "scale2")
+    report = fleet_reconcile(actor="test")
+    assert report.failures == [], report
+    placed = {(p.model.triton_name, p.gpus, p.status) for p in Placement.objects.select_related("model")}
+    assert placed == {("identity", "0", PlacementStatus.READY), ("scale2", "1", PlacementStatus.READY)}
+    assert client.is_model_ready("identity") and client.is_model_ready("scale2")
+    events = list(PlacementEvent.objects.order_by("id").filter(move_for="scale2").values_list("action", "gpus", "ok"))
+    assert events == [("consolidate", "1", True), ("move_in", "0", True), ("move_out", "1", True)], events
+    load = PlacementEvent.objects.get(model__triton_name="scale2", action="load")
+    assert load.id > PlacementEvent.objects.get(action="move_out").id  # loaded only after the memory was freed
+    assert CONSOLIDATION_MOVES.labels("identity", "ok")._value.get() == before + 1
+    # The next plan keeps it so: identity is in its cooldown and scale2 is placed.
+    assert fleet_reconcile(actor="test").changes == []
