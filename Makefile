@@ -10,7 +10,7 @@ TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
 # so three workers pay on two cores.
 TEST_WORKERS ?= 3
 
-.PHONY: install demo serve test test-fast test-unit lint chaos scale bench bench-quick bench-1g clean
+.PHONY: install demo serve test test-fast test-unit lint chaos scale bench bench-quick bench-1g clean mutation
 
 # requirements.txt, then the batchctl console script (pyproject.toml) as an editable install: setuptools is
 # pinned in requirements.txt, so the build needs no download.
@@ -101,3 +101,10 @@ bench-1g: install
 
 clean:
 	rm -rf var build_engines/out
+
+# Mutation testing (cosmic-ray) of the modules that guard correctness: claims, shards, finalize, policy, planner,
+# sizing, custom ids, quickcheck, fastparse; one `MUTATION module=… killed=… survived=… score=…` line each
+# (docs/RELIABILITY.md). Not part of `make test`: hours on 2 cores. One module: `make mutation MODULES=claims`.
+mutation: install
+	bash scripts/ensure_services.sh
+	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) scripts/mutation.py $(MODULES)

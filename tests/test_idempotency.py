@@ -19,6 +19,7 @@ from controlplane.core.idempotency import idempotency_records_prune
 from controlplane.core.models import IdempotencyRecord
 from controlplane.files.models import File
 from tests.batches.helpers import embedding_line, jsonl
+from tests.row_locks import GIVE_UP_SECONDS, connect
 
 CONTENT = jsonl([embedding_line("a", "x")])
 
@@ -152,11 +153,14 @@ class TestLifecycle:
 
 @pytest.mark.django_db(transaction=True)
 class TestConcurrency:
-    @staticmethod
-    def _race(tenant, file_id: str, key: str, count: int = 2) -> list:
+    # The racers' answers as they arrive: the winner's slow create waits on them (see slow_create).
+    answered: list
+    hold_until_answered: bool
+
+    def _race(self, tenant, file_id: str, key: str, count: int = 2) -> list:
         """``count`` same-key creates at once, each from its own thread and database connection."""
         start = threading.Barrier(count)
-        responses: list = []
+        responses: list = self.answered
         errors: list[BaseException] = []
 
         def create() -> None:
@@ -179,14 +183,40 @@ class TestConcurrency:
 
     @pytest.fixture
     def slow_create(self, monkeypatch):
-        """batch_create that takes a while, so the racers overlap while the first holds the key."""
+        """batch_create that holds the key until the other racer has surely arrived: it waits for it on the
+        key's row lock (Postgres), or for its answer (a 409 after a bounded wait, or at once on SQLite). An
+        event, not a sleep: on a loaded machine a fixed pause let the second request come after the first
+        had committed, and the race was not run at all."""
         real = batch_services.batch_create
+        self.answered = []
+        self.hold_until_answered = False  # a test whose loser must give up first sets it
+        overlapped: list[str] = []
+
+        def lock_waiters() -> int:
+            if connection.vendor != "postgresql":
+                return 0
+            with connect(autocommit=True) as observer:
+                return observer.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'"
+                ).fetchone()[0]
 
         def slow(**kwargs):
-            time.sleep(0.5)
+            started = time.monotonic()
+            while time.monotonic() - started < GIVE_UP_SECONDS:
+                if self.answered:
+                    overlapped.append("the other racer answered while this one held the key")
+                    break
+                if not self.hold_until_answered and lock_waiters():
+                    overlapped.append("the other racer waits on the key's lock")
+                    break
+                time.sleep(0.01)
+            print(f"winner held the key {time.monotonic() - started:.2f} s until: {overlapped}")
             return real(**kwargs)
 
         monkeypatch.setattr(batch_services, "batch_create", slow)
+        yield
+        assert overlapped, f"the racers never overlapped within {GIVE_UP_SECONDS} s"
 
     def test_concurrent_same_key_creates_make_one_batch(self, api, tenant, quiet, slow_create):
         file_id = _upload(api).json()["id"]
@@ -206,6 +236,7 @@ class TestConcurrency:
         if connection.vendor != "postgresql":
             pytest.skip("the bounded wait is Postgres' lock_timeout")
         settings.IDEMPOTENCY_WAIT_SECONDS = 0.1
+        self.hold_until_answered = True  # the winner holds the key until the loser's bounded wait has ended
         file_id = _upload(api).json()["id"]
         responses = sorted(self._race(tenant, file_id, "slow"), key=lambda r: r.status_code)
         assert [r.status_code for r in responses] == [200, 409]

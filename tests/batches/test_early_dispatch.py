@@ -48,27 +48,40 @@ def _run(shard: Shard, backend: FakeBackend) -> str:
     return run_shard(shard, backend, owner="early-worker")
 
 
-def _on_flush(monkeypatch, hook):
-    """Call ``hook(batch_id, flush_number)`` after each flush of planned shards, as a worker would see them."""
-    original = early_dispatch.EarlyShards.flush
-    count = {"n": 0}
+@pytest.fixture
+def on_flush(monkeypatch):
+    """``on_flush(hook)`` calls ``hook(batch_id, flush_number)`` after each flush of planned shards, as a worker
+    would see them; returns the flush count. The hook runs inside validation, whose ``except Exception`` would
+    turn a failed assert into a failed batch and let the test go on: every failure is kept and fails the test."""
+    failures: list[BaseException] = []
 
-    def flush(self):
-        had = bool(self._pending)
-        original(self)
-        if had:
-            count["n"] += 1
-            hook(self.batch_id, count["n"])
+    def install(hook):
+        original = early_dispatch.EarlyShards.flush
+        count = {"n": 0}
 
-    monkeypatch.setattr(early_dispatch.EarlyShards, "flush", flush)
-    return count
+        def flush(self):
+            had = bool(self._pending)
+            original(self)
+            if had:
+                count["n"] += 1
+                try:
+                    hook(self.batch_id, count["n"])
+                except BaseException as exc:
+                    failures.append(exc)
+                    raise
+
+        monkeypatch.setattr(early_dispatch.EarlyShards, "flush", flush)
+        return count
+
+    yield install
+    assert not failures, f"a flush hook failed inside validation: {failures!r}"
 
 
 def _lines(n: int) -> list[dict]:
     return [tensor_line(f"r-{i}", [[float(i), 1.0]]) for i in range(n)]
 
 
-def test_shards_run_while_validating_show_and_charge_only_once_the_file_is_valid(tenant, eager, monkeypatch):
+def test_shards_run_while_validating_show_and_charge_only_once_the_file_is_valid(tenant, eager, monkeypatch, on_flush):
     backend = FakeBackend()
     seen_while_validating = []
 
@@ -82,7 +95,7 @@ def test_shards_run_while_validating_show_and_charge_only_once_the_file_is_valid
         seen_while_validating.append(batch_render(batch))
         assert not UsageRecord.objects.filter(batch_id=batch_id).exists()  # not charged yet
 
-    flushes = _on_flush(monkeypatch, worker)
+    flushes = on_flush(worker)
     batch = _create(tenant, _lines(10))
     services.batch_validate(batch_id=batch.id)
 
@@ -111,7 +124,7 @@ def test_shards_run_while_validating_show_and_charge_only_once_the_file_is_valid
     assert [r["custom_id"] for r in out] == [f"r-{i}" for i in range(10)]
 
 
-def test_all_shards_done_while_validating_still_finalize(tenant, eager, monkeypatch):
+def test_all_shards_done_while_validating_still_finalize(tenant, eager, monkeypatch, on_flush):
     """8 lines in shards of 4: both close inside the pass, so both run early and may be done before the
     verdict."""
     backend = FakeBackend()
@@ -119,7 +132,7 @@ def test_all_shards_done_while_validating_still_finalize(tenant, eager, monkeypa
     def worker(batch_id, flush):
         run_batch(Batch.objects.get(id=batch_id), backend, owner="early-worker")
 
-    _on_flush(monkeypatch, worker)
+    on_flush(worker)
     finalize_sent = []
     monkeypatch.setattr(dispatch, "batch_finalize_enqueue", finalize_sent.append)
     batch = _create(tenant, _lines(8))
@@ -132,7 +145,7 @@ def test_all_shards_done_while_validating_still_finalize(tenant, eager, monkeypa
     assert UsageRecord.objects.filter(batch_id=batch.id).count() == 2
 
 
-def test_a_file_found_invalid_late_discards_the_work_already_done(tenant, eager, monkeypatch):
+def test_a_file_found_invalid_late_discards_the_work_already_done(tenant, eager, monkeypatch, on_flush):
     """The duplicate id on line 9 is only known after the whole pass; by then two shards have run."""
     backend = FakeBackend()
     parts = []
@@ -142,7 +155,7 @@ def test_a_file_found_invalid_late_discards_the_work_already_done(tenant, eager,
             assert _run(shard, backend) == "succeeded"
             parts.append(Shard.objects.get(id=shard.id).part_name)
 
-    _on_flush(monkeypatch, worker)
+    on_flush(worker)
     lines = _lines(10)
     lines[8] = tensor_line("r-0", [[8.0, 1.0]])
     batch = _create(tenant, lines)
@@ -159,7 +172,9 @@ def test_a_file_found_invalid_late_discards_the_work_already_done(tenant, eager,
     assert not any(blob_storage().exists(name) for name in parts)
 
 
-def test_cancel_while_validating_discards_shards_and_a_running_one_publishes_nothing(tenant, eager, monkeypatch):
+def test_cancel_while_validating_discards_shards_and_a_running_one_publishes_nothing(
+    tenant, eager, monkeypatch, on_flush
+):
     backend = FakeBackend()
     state = {}
 
@@ -171,7 +186,7 @@ def test_cancel_while_validating_discards_shards_and_a_running_one_publishes_not
             state["claimed"] = claimed  # running, not finished
             services.batch_cancel(batch=Batch.objects.get(id=batch_id))
 
-    _on_flush(monkeypatch, worker)
+    on_flush(worker)
     batch = _create(tenant, _lines(10))
     services.batch_validate(batch_id=batch.id)  # its next flush finds the batch gone from validating
 
@@ -186,7 +201,7 @@ def test_cancel_while_validating_discards_shards_and_a_running_one_publishes_not
     assert not UsageRecord.objects.filter(batch_id=batch.id).exists()
 
 
-def test_a_newer_attempt_supersedes_the_running_one(tenant, eager, monkeypatch):
+def test_a_newer_attempt_supersedes_the_running_one(tenant, eager, monkeypatch, on_flush):
     """A rescued or redelivered validation starts while the first still runs: the first stops adding
     shards and cannot settle the batch; the newest attempt's shards are the batch's."""
     backend = FakeBackend()
@@ -196,7 +211,7 @@ def test_a_newer_attempt_supersedes_the_running_one(tenant, eager, monkeypatch):
             assert early_dispatch.validation_attempt_begin(batch_id=batch_id) == 2
             assert not Shard.objects.filter(batch_id=batch_id).exists()  # the first attempt's shard went
 
-    counter = _on_flush(monkeypatch, newer_attempt_starts)
+    counter = on_flush(newer_attempt_starts)
     batch = _create(tenant, _lines(10))
     services.batch_validate(batch_id=batch.id)
     batch.refresh_from_db()
@@ -212,9 +227,9 @@ def test_a_newer_attempt_supersedes_the_running_one(tenant, eager, monkeypatch):
     assert batch.status == BatchStatus.COMPLETED and batch.completed_lines == 10
 
 
-def test_switched_off_no_shard_exists_before_the_file_is_valid(tenant, eager, settings, monkeypatch):
+def test_switched_off_no_shard_exists_before_the_file_is_valid(tenant, eager, settings, monkeypatch, on_flush):
     settings.BATCH_EARLY_DISPATCH = False
-    flushes = _on_flush(monkeypatch, lambda batch_id, flush: None)
+    flushes = on_flush(lambda batch_id, flush: None)
     batch = _create(tenant, _lines(10))
     services.batch_validate(batch_id=batch.id)
     assert flushes["n"] == 0

@@ -13,11 +13,19 @@ from collections import defaultdict
 from dataclasses import replace
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, event, given
 from hypothesis import strategies as st
 
 from controlplane.fleet.planner import diff_placements, plan
-from controlplane.fleet.planner_types import ChangeKind, Gpu, ModelDemand, ModelProfile, PlannerParams, Server
+from controlplane.fleet.planner_types import (
+    ChangeKind,
+    Gpu,
+    ModelDemand,
+    ModelProfile,
+    Placement,
+    PlannerParams,
+    Server,
+)
 from tests.fleet.planner_strategies import CLEAN, MESSY, NOW, SETTINGS, C, D, H, Scenario, U, want
 
 
@@ -133,57 +141,107 @@ def test_idle_models_scale_to_min_after_ttl_and_never_grow(sc):
         assert not grew or c_sched < prof.min_instances, grew
 
 
+@st.composite
+def crowded_gpu(draw):
+    """One healthy server's GPU full of idle models of distinct ages (within their TTL, so nothing shrinks by
+    it), some above their min_instances; a busy model arrives that fits only once some of them go."""
+    n_idle = draw(st.integers(2, 4))  # at most 4 models × 2 instances × 2 units: they fit in the GPU's 16
+    profiles = [
+        ModelProfile(f"idle{j}", draw(st.integers(1, 2)), 5, 1, draw(st.sampled_from([0, 0, 1])), 2)
+        for j in range(n_idle)
+    ]
+    ages = draw(st.permutations(range(n_idle)))
+    demands = [ModelDemand(p.model, 0, 10, NOW - 10 * (1 + age)) for p, age in zip(profiles, ages, strict=True)]
+    current = [Placement(p.model, "s0", (0,), draw(st.integers(1, 2))) for p in profiles]
+    used = sum(p.instances * prof.memory_per_instance_bytes for p, prof in zip(current, profiles, strict=True))
+    free = 16 - used
+    profiles.append(ModelProfile("hot", draw(st.integers(free + 1, 16)), 5, 1, 0, 1))  # up to the whole GPU
+    demands.append(ModelDemand("hot", 50_000, 10, NOW, 0))
+    params = PlannerParams(now=NOW, idle_ttl_s=3_600)
+    return Scenario(tuple(demands), (Server("s0"),), (Gpu("s0", 0, 16),), tuple(profiles), tuple(current), params)
+
+
+# Crowded GPUs: in the general mix (CLEAN) an eviction beside a kept idle model came up in 1-5 of 150 examples.
+EVICTIONS = crowded_gpu()
+
+
+def lru_checks(sc, out) -> list[tuple[str, str, tuple[str, tuple[int, ...]]]]:
+    """The docstring's rule "idle models are evicted least recently used first, never below their
+    min_instances", as pairs to check: (lost, kept, where) for each idle model ``lost`` that lost instances at
+    ``where`` although its TTL has not passed (an eviction), and each other idle model ``kept`` that still has
+    instances there."""
+    before = {p.key: p.instances for p in sc.current}
+    after = {p.key: p.instances for p in out.placements}
+
+    def idle_within_ttl(m):
+        d = sc.demand(m)
+        return not d.busy and d.last_active_at is not None and NOW - d.last_active_at < sc.params.idle_ttl_s
+
+    checks = []
+    for (lost, sid, gpus), n in before.items():
+        if sc.state(sid) is not H or not idle_within_ttl(lost) or after.get((lost, sid, gpus), 0) >= n:
+            continue
+        for kept, ksid, kgpus in after:
+            if (ksid, kgpus) == (sid, gpus) and kept != lost and idle_within_ttl(kept):
+                checks.append((lost, kept, (sid, gpus)))
+    return checks
+
+
 @SETTINGS
-@given(CLEAN)
+@given(EVICTIONS)
 def test_eviction_takes_least_recently_used_idle_model_first(sc):
     out = sc.run()
-    cur = {p.key: p.instances for p in sc.current}
-    tgt = {p.key: p.instances for p in out.placements}
+    checks = lru_checks(sc, out)
+    event("an eviction beside an idle model kept" if checks else "no such eviction")
+    assume(checks)
+    for lost, kept, where in checks:
+        # What stays is used more recently than what went, unless it is held by its min_instances.
+        newer = sc.demand(kept).last_active_at > sc.demand(lost).last_active_at
+        at_min = sc.count(out.placements, kept) <= sc.prof(kept).min_instances
+        assert newer or at_min, (lost, kept, where, out)
 
-    def recency(m):
-        last = sc.demand(m).last_active_at
-        return -math.inf if last is None else last
 
-    for (m2, sid, gpus), n in cur.items():
-        d2 = sc.demand(m2)
-        if d2.busy or sc.state(sid) is not H or tgt.get((m2, sid, gpus), 0) >= n:
-            continue
-        if d2.last_active_at is None or NOW - d2.last_active_at >= sc.params.idle_ttl_s:
-            continue  # shrunk by the TTL, not evicted
-        for prof in sc.profiles:
-            m1 = prof.model
-            if sc.demand(m1).busy or recency(m1) >= recency(m2):
-                continue
-            if sc.count(out.placements, m1) > prof.min_instances:  # older m1 could still give memory
-                still_on = {i for (m, s, g) in tgt if m == m1 and s == sid for i in g}
-                assert any(i not in still_on for i in gpus), (m1, m2, sid, gpus)
+def test_the_eviction_property_reaches_its_assert_in_most_examples():
+    """The property above is only as good as the examples that reach its assert: most must."""
+    reached: list[bool] = []
+
+    @SETTINGS
+    @given(EVICTIONS)
+    def probe(sc):
+        reached.append(bool(lru_checks(sc, sc.run())))
+
+    probe()
+    share = sum(reached) / len(reached)
+    print(f"eviction property: assert reached in {share:.0%} of {len(reached)} examples")
+    assert share >= 0.3, share
+
+
+@st.composite
+def within_the_band(draw):
+    """A model with c instances on healthy servers and a backlog whose exact need P / (r * T) lies within the
+    hysteresis band around c (|need - c| <= h * c), as the planner's docstring states the rule: keep c."""
+    sc = draw(CLEAN)
+    movable = sorted({p.model for p in sc.current if sc.state(p.server_id) is H})
+    assume(movable)
+    m = draw(st.sampled_from(movable))
+    # Relocation off other servers is not a demand change.
+    assume(all(sc.state(p.server_id) is H for p in sc.current if p.model == m))
+    prof, c = sc.prof(m), sc.count(sc.current, m)
+    assume(max(prof.min_instances, 1) <= c <= prof.max_instances)
+    h, T = sc.params.hysteresis, sc.params.interval_s
+    rate = draw(st.sampled_from([5, 50, 500]))
+    need = draw(st.floats(max(c * (1 - h), 1 / (rate * T)), c * (1 + h)))  # instances the backlog needs
+    pending = math.floor(need * rate * T)  # whole lines: at most one line short of ``need``
+    assume(pending >= 1 and abs(pending / (rate * T) - c) <= h * c)
+    demand = ModelDemand(m, pending, rate, NOW, 0)
+    return replace(sc, demands=(*(d for d in sc.demands if d.model != m), demand)), m
 
 
 @SETTINGS
-@given(CLEAN, st.floats(-1.0, 1.0), st.sampled_from([5, 50, 500]), st.data())
-def test_hysteresis_small_demand_change_moves_nothing(sc, wobble, rate, data):
-    candidates = sorted({p.model for p in sc.current if sc.state(p.server_id) is H})
-    if not candidates:
-        return
-    m = data.draw(st.sampled_from(candidates))
-    if any(p.model == m and sc.state(p.server_id) is not H for p in sc.current):
-        return  # relocation off other servers is not a demand change
-    prof, c = sc.prof(m), sc.count(sc.current, m)
-    h, T = sc.params.hysteresis, sc.params.interval_s
-    pending = max(1, round(c * rate * T * (1 + wobble * h)))
-    demand = ModelDemand(m, pending, rate, NOW, 0)
-    sc = Scenario(
-        (*(d for d in sc.demands if d.model != m), demand),
-        sc.servers,
-        sc.gpus,
-        sc.profiles,
-        sc.current,
-        sc.params,
-    )
-    raw, _ = want(sc, m)
-    floor = max(prof.min_instances, 1)
-    if not (floor <= c <= prof.max_instances and abs(min(max(raw, floor), prof.max_instances) - c) <= h * c):
-        return
+@given(within_the_band())
+def test_hysteresis_small_demand_change_moves_nothing(case):
+    sc, m = case
+    event("kept inside the band")
     out = sc.run()
     assert sorted(p for p in out.placements if p.model == m) == sorted(p for p in sc.current if p.model == m)
 
