@@ -316,12 +316,26 @@ class TestStorageQuota:
         assert first.status_code == again.status_code == 200 and again.json() == first.json()
         assert again["Idempotent-Replayed"] == "true"
 
-    def test_unlimited_by_default_and_the_default_comes_from_settings(self, db, settings):
+    def test_every_tenant_has_the_service_default_unless_it_has_its_own(self, tenant, api, settings, storage_dir):
         from controlplane.tenants.services import tenant_create
 
-        assert tenant_create(name="no-quota")[0].storage_quota_bytes is None
-        settings.TENANT_STORAGE_QUOTA_BYTES = 10**9
-        assert tenant_create(name="with-quota")[0].storage_quota_bytes == 10**9
+        assert settings.TENANT_STORAGE_QUOTA_BYTES == 100 * 1024**3  # the shipped default is not unlimited
+        fresh = tenant_create(name="no-override")[0]
+        assert fresh.storage_quota_bytes is None and fresh.storage_quota == 100 * 1024**3
+        # The default is read when enforced, so an operator's change reaches tenants without their own.
+        settings.TENANT_STORAGE_QUOTA_BYTES = len(CONTENT) - 1
+        response = _upload(api)
+        assert response.status_code == 413 and response.json()["error"]["code"] == "storage_quota_exceeded"
+        assert f"whole storage quota of {len(CONTENT) - 1} bytes" in response.json()["error"]["message"]
+        # The tenant's own quota overrides it, up or down.
+        tenant.storage_quota_bytes = len(CONTENT) * 2
+        tenant.save()
+        assert _upload(api).status_code == 200
+        settings.TENANT_STORAGE_QUOTA_BYTES = 0  # no service default: a tenant's own still holds
+        assert _upload(api).status_code == 200 and _upload(api).status_code == 429
+        tenant.storage_quota_bytes = None
+        tenant.save()
+        assert _upload(api).status_code == 200  # neither: unlimited
 
     def test_the_admin_edits_it(self, admin_client, tenant):
         page = admin_client.get(f"/admin/tenants/tenant/{tenant.id}/change/")

@@ -8,10 +8,9 @@ from typing import Any
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, transaction
-from django.db.models import Q, Sum
 from django.utils import timezone
 
-from controlplane.batches.intake.admission import batch_admit
+from controlplane.batches.intake.admission import batch_admit, batch_admit_validated
 from controlplane.batches.intake.early_dispatch import (
     EarlyShards,
     ValidationSuperseded,
@@ -22,7 +21,7 @@ from controlplane.batches.intake.early_dispatch import (
 from controlplane.batches.intake.validation import BatchColumns, validate_input
 from controlplane.batches.intake.validation_deadline import DeadlineStream, ValidationDeadlinePassed, attempt_stop_at
 from controlplane.batches.intake.windows import parse_completion_window
-from controlplane.batches.models import ACTIVE_STATUSES, Batch, BatchStatus, Shard, StopReason
+from controlplane.batches.models import Batch, BatchStatus, Shard, StopReason
 from controlplane.batches.run.shards import shards_skip_pending
 from controlplane.batches.transitions import (
     batch_end_validating,
@@ -36,9 +35,10 @@ from controlplane.core.errors import Conflict, ValidationFailed
 from controlplane.core.jsontext import bad_text
 from controlplane.files.lifecycle import expires_after_parse
 from controlplane.files.models import File
+from controlplane.files.quota import storage_reserve
 from controlplane.files.selectors import file_get
 from controlplane.files.storage import blob_delete, blob_open, blob_save
-from controlplane.kinds.registry import KINDS, endpoint_urls, kind_for, token_endpoint_urls
+from controlplane.kinds.registry import KINDS, endpoint_urls, kind_for
 from controlplane.tenants.models import Tenant
 from controlplane.usage.services import batch_origin_record
 
@@ -218,81 +218,49 @@ def _batch_validate_input(batch: Batch, attempt: int) -> None:
         batch_validation_fail(batch, errors, attempt=attempt)
         columns.discard()
         return
-    over_quota = _enqueued_quota_error(batch, result.total, result.work_units)
-    if over_quota is not None:
-        batch_validation_fail(batch, [over_quota], attempt=attempt)
-        columns.discard()
-        return
     now = timezone.now()
     with transaction.atomic():
-        started = batch_start(
-            batch_id=batch.id,
-            attempt=attempt,
-            now=now,
-            total_lines=result.total,
-            work_units=result.work_units,
-            model=result.model,
-            model_snapshot=result.model_snapshot,
-            shards=len(result.shards),
-            added_early=early.added,
-            body_errors=result.body_errors,
+        # The tenant row is locked from here to the commit: a concurrent validation of the same tenant counts
+        # this batch's lines, tokens and reserved results once it is in progress (batches/intake/admission.py).
+        refused, expected_output = batch_admit_validated(
+            batch=batch, lines=result.total, work_units=result.work_units, model_snapshot=result.model_snapshot
         )
-        if not started:
-            # Cancelled or expired while we validated (its shards went with it), or superseded.
-            transaction.on_commit(columns.discard)
-            return
-        # The shards not yet added early.
-        Shard.objects.bulk_create(shard_rows(batch.id, result.shards[early.added :]))
-        # The batch is runnable: the dispatcher decides when its shards run (Postgres is the queue).
-        dispatch.slots_topup_enqueue(result.model)
-        if early.added:
-            # Its last shard may have closed (committed, or dead) while it validated: nobody else would look.
-            dispatch.batch_finalize_enqueue(batch.id)
-
-
-def _enqueued_quota_error(batch: Batch, lines: int, work: int) -> dict[str, Any] | None:
-    """The tenant's quotas on work waiting across its non-terminal batches, with this batch's exact
-    counts (create checked lines from the upload's count; tokens are known only now)."""
-    tenant = batch.tenant
-    others = (
-        Batch.objects.filter(tenant_id=batch.tenant_id, status__in=ACTIVE_STATUSES)
-        .exclude(id=batch.id)
-        .aggregate(lines=Sum("total_lines"), work=Sum("work_units", filter=Q(endpoint__in=token_endpoint_urls())))
-    )
-    queued_lines = (others["lines"] or 0) + lines
-    if queued_lines > tenant.max_enqueued_lines:
-        return {
-            "code": "quota_exceeded",
-            "param": None,
-            "line": None,
-            "message": (
-                f"{lines} requests would bring the tenant's enqueued requests to {queued_lines}, "
-                f"over the limit of {tenant.max_enqueued_lines}."
-            ),
-        }
-    if kind_for(batch.endpoint).counts_tokens:
-        queued_tokens = (others["work"] or 0) + work
-        if queued_tokens > tenant.max_enqueued_tokens:
-            # OpenAI's code for the same condition, so clients can handle it the same way.
-            return {
-                "code": "token_limit_exceeded",
-                "param": None,
-                "line": None,
-                "message": (
-                    f"Enqueued token limit reached: this batch's ~{work} tokens would bring the tenant's "
-                    f"enqueued tokens to ~{queued_tokens}, over the limit of {tenant.max_enqueued_tokens}. "
-                    "Wait for other batches to finish or split the file."
-                ),
-            }
-    return None
+        if refused is None:
+            started = batch_start(
+                batch_id=batch.id,
+                attempt=attempt,
+                now=now,
+                total_lines=result.total,
+                work_units=result.work_units,
+                model=result.model,
+                model_snapshot=result.model_snapshot,
+                shards=len(result.shards),
+                added_early=early.added,
+                body_errors=result.body_errors,
+            )
+            if not started:
+                # Cancelled or expired while we validated (its shards went with it), or superseded.
+                transaction.on_commit(columns.discard)
+                return
+            storage_reserve(tenant_id=batch.tenant_id, batch_id=batch.id, expected=expected_output)
+            # The shards not yet added early.
+            Shard.objects.bulk_create(shard_rows(batch.id, result.shards[early.added :]))
+            # The batch is runnable: the dispatcher decides when its shards run (Postgres is the queue).
+            dispatch.slots_topup_enqueue(result.model)
+            if early.added:
+                # Its last shard may have closed (committed, or dead) while it validated: nobody else would look.
+                dispatch.batch_finalize_enqueue(batch.id)
+    if refused is not None:
+        batch_validation_fail(batch, [refused], attempt=attempt)
+        columns.discard()
 
 
 def batch_validation_fail(batch: Batch, errors: list[dict[str, Any]], *, attempt: int | None = None) -> None:
     """Fail a validating batch (only as its current validation ``attempt``, when given); the shards that
-    ran while it validated go with it (batches/intake/early_dispatch.py)."""
+    ran while it validated go with it, those that finished charged (batches/intake/early_dispatch.py)."""
     with transaction.atomic():
         if batch_fail(batch_id=batch.id, errors=errors, attempt=attempt, now=timezone.now()):
-            shards_discard(batch_id=batch.id)
+            shards_discard(batch_id=batch.id, charge=True)
         else:
             return
     # Each line-numbered error becomes an event of the validation span (when it is traced).
@@ -307,7 +275,7 @@ def batch_cancel(*, batch: Batch) -> Batch:
     now = timezone.now()
     with transaction.atomic():
         if batch_end_validating(batch_id=batch.id, reason=StopReason.CANCEL, now=now):
-            shards_discard(batch_id=batch.id)
+            shards_discard(batch_id=batch.id, charge=True)
         elif batch_stop_running(batch_id=batch.id, reason=StopReason.CANCEL, now=now):
             shards_skip_pending(batch_id=batch.id)
             dispatch.batch_finalize_enqueue(batch.id)

@@ -19,6 +19,7 @@ from typing import Any
 
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus, StopReason
 from controlplane.batches.usage_rows import held_usage_record
+from controlplane.files.quota import storage_reservation_release
 from controlplane.webhooks.services import batch_event_emit
 
 logger = logging.getLogger(__name__)
@@ -44,9 +45,12 @@ def event_record(*, batch_id: str, kind: str, message: str = "", shard_index: in
 
 
 def _terminal_notify(*, batch_id: str, status: str, at: datetime) -> None:
-    """The tenant's webhooks for a batch that just reached a terminal status (``batch.completed``, …). In the
-    transaction that sets the status: the deliveries commit with it, and are only rows until then."""
+    """The tenant's webhooks for a batch that just reached a terminal status (``batch.completed``, …), and the
+    release of its reserved result bytes (files/quota.py). In the transaction that sets the status: the
+    deliveries commit with it, and are only rows until then."""
     tenant_id = Batch.objects.values_list("tenant_id", flat=True).get(id=batch_id)
+    # Its result files (saved in this transaction, if any) count against the storage quota from now on.
+    storage_reservation_release(batch_id=batch_id)
     batch_event_emit(tenant_id=tenant_id, batch_id=batch_id, event_type=f"batch.{status}", created_at=at)
 
 

@@ -9,7 +9,7 @@ from controlplane.kinds.registry import kind_for
 from controlplane.usage.services import ShardUsage, usage_record_shard
 
 
-def shard_usage_from_row(shard: Shard) -> ShardUsage:
+def shard_usage_from_row(shard: Shard, *, discarded: bool = False) -> ShardUsage:
     """A committed shard's ledger entry (its batch loaded alongside), billed as its endpoint kind counts."""
     assert shard.finished_at is not None  # set by the commit
     billed = kind_for(shard.batch.endpoint).ledger_units(
@@ -32,15 +32,17 @@ def shard_usage_from_row(shard: Shard) -> ShardUsage:
         rows=billed.rows,
         started_at=shard.started_at,
         finished_at=shard.finished_at,
+        discarded=discarded,
     )
 
 
-def held_usage_record(*, batch_id: str) -> int:
+def held_usage_record(*, batch_id: str, discarded: bool = False) -> int:
     """Inside the transaction that makes the batch in_progress: the ledger rows of the shards that
-    committed while it validated (a commit after that transaction writes its own)."""
+    committed while it validated (a commit after that transaction writes its own). ``discarded``: inside the
+    one that fails or cancels it instead (batches/intake/early_dispatch.shards_discard)."""
     held = Shard.objects.filter(batch_id=batch_id, status__in=(ShardStatus.SUCCEEDED, ShardStatus.STOPPED))
     count = 0
     for shard in held.select_related("batch"):
-        usage_record_shard(usage=shard_usage_from_row(shard))
+        usage_record_shard(usage=shard_usage_from_row(shard, discarded=discarded))
         count += 1
     return count

@@ -38,3 +38,17 @@ class File(models.Model):
 
     def __str__(self) -> str:
         return f"{self.id} {self.filename}"
+
+
+class StorageReservation(models.Model):
+    """The expected size of a running batch's results, held against its tenant's storage quota from validation
+    until the batch ends (then its result files, if any, count instead; files/quota.py). By batch id, not
+    foreign key: files sit below batches."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="storage_reservations")
+    batch_id = models.CharField(max_length=40, unique=True)
+    bytes = models.PositiveBigIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.batch_id}: {self.bytes} bytes"

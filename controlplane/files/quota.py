@@ -1,22 +1,31 @@
-"""The per-tenant storage quota: bytes of the tenant's stored files, uploads and batch results alike.
+"""The per-tenant storage quota: bytes of the tenant's stored files, uploads and batch results alike, plus the
+expected results of its running batches.
 
-An upload is checked three times, each as early as it can be known: against the request's
+Every tenant has one: its own (the admin), else the service default TENANT_STORAGE_QUOTA_BYTES (100 GiB; 0 is
+unlimited). An upload is checked three times, each as early as it can be known: against the request's
 Content-Length before the body is read, against the bytes received while it streams in (a chunked
 upload), and, authoritatively, in the transaction that creates its row with the tenant row locked, so
 two concurrent uploads cannot both slip under the quota (the stored blob is deleted when that fails).
 A file larger than the whole quota is a 413; one that only does not fit beside the tenant's other
-files is a 429 naming the limit. Batch results are never refused: a finished batch always gets its
-files, which may take a tenant over its quota until it deletes some (or they expire).
+files is a 429 naming the limit.
+
+A batch's results are reserved when its validation succeeds: the expected output size (its endpoint kind's
+estimate, e.g. embeddings: lines × dimensions) is checked against the room left, under the tenant row lock, and
+held as a StorageReservation until the batch ends, when its result files (written in that same transaction)
+count instead. A batch that does not fit fails validation (storage_quota_exceeded), before any more of it runs;
+results are never refused once it runs, so real output larger than the estimate can take a tenant over its
+quota until it deletes files (or they expire).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from django.db.models import Sum
 
 from controlplane.core.errors import PayloadTooLarge, QuotaExceeded
-from controlplane.files.models import File
+from controlplane.files.models import File, StorageReservation
 from controlplane.tenants.models import Tenant
 
 CODE = "storage_quota_exceeded"
@@ -27,9 +36,11 @@ _NO_SDK_RETRY = {"x-should-retry": "false"}
 
 
 def storage_used(*, tenant_id: int) -> int:
-    """Bytes of the tenant's stored files (expired ones count until beat has deleted them)."""
-    total = File.objects.filter(tenant_id=tenant_id).aggregate(total=Sum("bytes"))["total"]
-    return int(total or 0)
+    """Bytes of the tenant's stored files (expired ones count until beat has deleted them) and of the results
+    reserved for its running batches."""
+    stored = File.objects.filter(tenant_id=tenant_id).aggregate(total=Sum("bytes"))["total"]
+    reserved = StorageReservation.objects.filter(tenant_id=tenant_id).aggregate(total=Sum("bytes"))["total"]
+    return int(stored or 0) + int(reserved or 0)
 
 
 @dataclass(frozen=True)
@@ -74,13 +85,42 @@ class StorageRoom:
 
 def storage_room(*, tenant: Tenant) -> StorageRoom:
     """The tenant's quota and, only when it has one, its usage (no sum over its files otherwise)."""
-    quota = tenant.storage_quota_bytes
+    quota = tenant.storage_quota
     return StorageRoom(quota=quota, used=0 if quota is None else storage_used(tenant_id=tenant.id))
 
 
 def storage_quota_enforce(*, tenant_id: int, incoming: int) -> None:
     """The authoritative check, inside the transaction that creates the file's row: locks the tenant row
     (as batch create does for its quotas), so concurrent uploads are counted one after the other."""
-    quota = Tenant.objects.select_for_update().values_list("storage_quota_bytes", flat=True).get(id=tenant_id)
-    if quota is not None:
-        StorageRoom(quota=quota, used=storage_used(tenant_id=tenant_id)).check(incoming)
+    storage_room(tenant=Tenant.objects.select_for_update().get(id=tenant_id)).check(incoming)
+
+
+def storage_reserve_refusal(*, tenant: Tenant, expected: int) -> dict[str, Any] | None:
+    """The batch error entry when ``expected`` bytes of results do not fit beside what the tenant stores and
+    has reserved, else None. ``tenant`` must be the locked row, held until ``storage_reserve`` commits."""
+    quota = tenant.storage_quota
+    if quota is None:
+        return None
+    used = storage_used(tenant_id=tenant.id)
+    if used + expected <= quota:
+        return None
+    return {
+        "code": CODE,
+        "param": None,
+        "line": None,
+        "message": (
+            f"The batch's results are expected to take ~{expected} bytes, which would bring the tenant's stored "
+            f"and reserved bytes to {used + expected}, over its storage quota of {quota} bytes ({used} already "
+            "used); delete files you no longer need (or let them expire), or split the file."
+        ),
+    }
+
+
+def storage_reserve(*, tenant_id: int, batch_id: str, expected: int) -> None:
+    """Hold ``expected`` bytes for a batch that just started, in the transaction that starts it."""
+    StorageReservation.objects.update_or_create(batch_id=batch_id, defaults={"tenant_id": tenant_id, "bytes": expected})
+
+
+def storage_reservation_release(*, batch_id: str) -> None:
+    """In the transaction that ends the batch: its result files, saved in it, count from now on."""
+    StorageReservation.objects.filter(batch_id=batch_id).delete()

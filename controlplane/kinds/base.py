@@ -170,6 +170,11 @@ class ColumnCollector(Protocol):
     def close(self, *, index: int, request_count: int) -> str: ...
 
 
+# An output line's envelope and body without its payload (id, custom_id, response status and request id, the
+# body's object/model/usage fields): ~300 bytes on the embeddings lines of tests/files/test_storage_quota.py.
+OUTPUT_LINE_BYTES = 400
+
+
 class EndpointKind(ABC):
     url: ClassVar[str]  # the batch endpoint, as in the line's "url" and the batch's "endpoint"
     model_kind: ClassVar[str]  # the CatalogueModel.kind that serves it
@@ -241,3 +246,10 @@ class EndpointKind(ABC):
     def measured_work_units(self, *, estimated: int, measured_tokens: int) -> int:
         """A finished shard's work units as measured (fair share is corrected to it at commit)."""
         return measured_tokens if self.counts_tokens and measured_tokens else estimated
+
+    # --- (e) storage ----------------------------------------------------------------------------------
+
+    def output_bytes_estimate(self, *, lines: int, work_units: int, model: CatalogueModel) -> int:
+        """The expected size of a batch's output file, held against the tenant's storage quota while it runs
+        (files/quota.py): a line's envelope, plus a few bytes per work unit for a kind that says no more."""
+        return lines * OUTPUT_LINE_BYTES + work_units * 8

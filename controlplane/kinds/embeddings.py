@@ -14,11 +14,13 @@ from typing import Any, ClassVar
 import numpy as np
 
 from controlplane.fleet.models import CatalogueModel, ModelKind
-from controlplane.kinds.base import BodyIssue, Call, LedgerUnits, LineOutput, Member, ParsedLine
+from controlplane.kinds.base import OUTPUT_LINE_BYTES, BodyIssue, Call, LedgerUnits, LineOutput, Member, ParsedLine
 from controlplane.kinds.calls import CallKind
 
 # OpenAI's own limit on inputs per embeddings request.
 MAX_EMBEDDING_INPUTS = 2048
+# One float32 of a vector in the output file: "-0.012345679," at most, as orjson writes it.
+FLOAT_JSON_BYTES = 13
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,11 @@ class EmbeddingsKind(CallKind):
     def render(self, parsed: ParsedLine, pieces: dict[int, Any]) -> LineOutput:
         body, tokens = embedding_body(parsed, pieces)
         return LineOutput(body, tokens)
+
+    def output_bytes_estimate(self, *, lines: int, work_units: int, model: CatalogueModel) -> int:
+        # A vector per line (a line with several inputs has several: counted as one, the estimate stays an
+        # estimate), orjson writing each float32 in at most ~12 characters and a comma.
+        return lines * (OUTPUT_LINE_BYTES + (model.embedding_dimensions or 0) * FLOAT_JSON_BYTES)
 
     def ledger_units(
         self, *, completed: int, runnable: int, estimated_work_units: int, measured_tokens: int

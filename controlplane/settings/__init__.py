@@ -223,9 +223,14 @@ DISPATCH_INFLIGHT_CALLS = env_int("DISPATCH_INFLIGHT_CALLS", 3, minimum=1)
 BATCH_COMPLETION_WINDOWS = env_list("BATCH_COMPLETION_WINDOWS", ["24h"])
 
 # --- Data lifecycle (docs/ARCHITECTURE.md, "Data lifecycle") ---------------------------------------
-# A new tenant's storage quota in bytes of stored files, uploads and results (0: unlimited); the admin
-# edits it per tenant. Over it an upload is a 413 (the file alone is larger) or a 429.
-TENANT_STORAGE_QUOTA_BYTES = env_int("TENANT_STORAGE_QUOTA_BYTES", 0, minimum=0)
+# The storage quota of every tenant without its own (the admin sets one per tenant): bytes of stored files,
+# uploads and results, and the expected results of running batches (files/quota.py). Over it an upload is a 413
+# (the file alone is larger) or a 429, a batch fails validation. 0: unlimited. 100 GiB: OpenAI's per-organization
+# file storage, so a tenant that fits there fits here.
+TENANT_STORAGE_QUOTA_BYTES = env_int("TENANT_STORAGE_QUOTA_BYTES", 100 * 1024**3, minimum=0)
+# A batch whose expected results (kinds/base.EndpointKind.output_bytes_estimate) are larger fails validation
+# (output_too_large): a result file is written whole by one finalizer, and downloaded whole.
+BATCH_MAX_OUTPUT_BYTES = env_int("BATCH_MAX_OUTPUT_BYTES", 20 * 1024**3, minimum=1)
 # How often beat deletes files past their expires_at (expires_after, output_expires_after).
 FILE_EXPIRY_INTERVAL_SECONDS = env_float("FILE_EXPIRY_INTERVAL_SECONDS", 300.0)
 # Events and shard rows of batches that ended this many days ago are pruned (the Batch row stays).

@@ -82,9 +82,19 @@ class TenantAdmin(AuditedAdmin, admin.ModelAdmin):
     actions = ("pause", "resume")
 
     @admin.display(description="Storage used (bytes)")
-    def storage_used_bytes(self, obj: Tenant) -> int:
-        # Through the reverse relation: the tenants app does not import the files app above it.
-        return int(obj.files.aggregate(total=Sum("bytes"))["total"] or 0) if obj.pk else 0
+    def storage_used_bytes(self, obj: Tenant) -> str:
+        # Through the reverse relations: the tenants app does not import the files app above it.
+        if not obj.pk:
+            return "0"
+        stored = int(obj.files.aggregate(total=Sum("bytes"))["total"] or 0)
+        reserved = int(obj.storage_reservations.aggregate(total=Sum("bytes"))["total"] or 0)
+        quota = obj.storage_quota
+        limit = (
+            "unlimited"
+            if quota is None
+            else f"{quota}" + (" (service default)" if obj.storage_quota_bytes is None else "")
+        )
+        return f"{stored} stored + {reserved} reserved for running batches, of {limit}"
 
     def _set_paused(self, request: HttpRequest, queryset: QuerySet[Tenant], *, paused: bool) -> None:
         actor = request.user.get_username()

@@ -39,7 +39,8 @@ def priority_rank(value: object) -> int | None:
 
 
 def default_storage_quota_bytes() -> int | None:
-    """A new tenant's storage quota: TENANT_STORAGE_QUOTA_BYTES, where 0 means unlimited (None)."""
+    """The service's storage quota for a tenant without its own: TENANT_STORAGE_QUOTA_BYTES (0: unlimited, None).
+    Also named by migration 0005, when it was the field's default."""
     return settings.TENANT_STORAGE_QUOTA_BYTES or None
 
 
@@ -53,12 +54,15 @@ class Tenant(TimestampedModel):
     max_enqueued_tokens = models.PositiveBigIntegerField(default=5_000_000_000)
     # API requests per minute, counted per key.
     max_requests_per_minute = models.PositiveIntegerField(default=3000)
-    # Bytes of stored files (uploads and batch results); an upload over it is a 413 (the file alone) or 429.
+    # Bytes of stored files (uploads and batch results) and of the results of running batches (files/quota.py);
+    # an upload over it is a 413 (the file alone) or 429. Empty follows TENANT_STORAGE_QUOTA_BYTES, so a tenant
+    # nobody configured still has the service's limit (and follows it when the operator changes it).
     storage_quota_bytes = models.PositiveBigIntegerField(
         null=True,
         blank=True,
-        default=default_storage_quota_bytes,
-        help_text="Bytes of stored files (uploads and results). Empty: unlimited.",
+        default=None,
+        help_text="Bytes of stored files and expected results of running batches. Empty: the service default "
+        "(TENANT_STORAGE_QUOTA_BYTES).",
     )
     # Scheduling: share of the fleet relative to other tenants, and the priority classes allowed.
     weight = models.FloatField(default=1.0, help_text="Fair-share weight: 2.0 gets twice the work of 1.0")
@@ -82,6 +86,12 @@ class Tenant(TimestampedModel):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def storage_quota(self) -> int | None:
+        """The quota in force: this tenant's own, else the service default; None is unlimited."""
+        own = self.storage_quota_bytes
+        return own if own is not None else default_storage_quota_bytes()
 
     def clean(self) -> None:
         if self.weight is not None and not self.weight > 0:

@@ -82,6 +82,11 @@ class UsageRecord(models.Model):
     price_per_gpu_second = models.DecimalField(max_digits=14, decimal_places=9, default=Decimal(0))
     currency = models.CharField(max_length=8, default=DEFAULT_CURRENCY)
     cost = models.DecimalField(max_digits=24, decimal_places=AMOUNT_PLACES, default=Decimal(0))
+    # A shard that ran early, while its batch validated, for a batch that then failed validation or was
+    # cancelled (batches/intake/early_dispatch.py): its lines were computed, then thrown away, but charged.
+    discarded = models.BooleanField(
+        default=False, help_text="Ran before its batch failed validation or was cancelled: no output, charged"
+    )
 
     class Meta:
         indexes = (

@@ -47,6 +47,8 @@ class ShardUsage:
     rows: int
     started_at: datetime | None
     finished_at: datetime
+    # Ran for a batch that then failed validation or was cancelled: charged, its output thrown away.
+    discarded: bool = False
 
 
 def usage_record_shard(*, usage: ShardUsage) -> UsageRecord:
@@ -79,6 +81,7 @@ def usage_record_shard(*, usage: ShardUsage) -> UsageRecord:
         dispatch_seconds=dispatch_seconds,
         compute_seconds=dispatch_seconds,
         compute_source=ComputeSource.DISPATCH,
+        discarded=u.discarded,
     )
     if price is not None:
         record.price = price

@@ -1,5 +1,6 @@
 """Shards that run while their file is still validated (batches/intake/early_dispatch.py): the work is kept and
-charged only when the whole file proves valid; an invalid file, a cancel or a newer attempt discards it.
+charged as usual when the whole file proves valid; an invalid file, a cancel or a newer attempt discards it, and
+the first two (the tenant's doing) still charge the shards that finished, as discarded ledger rows.
 
 A "worker" here is the test itself: each time validation adds shards to the database, the hook runs some
 of them to completion with a fake backend before validation reads on."""
@@ -168,7 +169,10 @@ def test_a_file_found_invalid_late_discards_the_work_already_done(tenant, eager,
     assert not Shard.objects.filter(batch=batch).exists()
     assert (batch.completed_lines, batch.failed_lines) == (0, 0)
     assert batch.output_file_id is None and batch.error_file_id is None
-    assert not UsageRecord.objects.filter(batch_id=batch.id).exists()
+    # The work done was GPU time: charged, one ledger row per shard that finished, marked discarded.
+    charged = UsageRecord.objects.filter(batch_id=batch.id)
+    assert charged.count() == len(parts) and all(r.discarded for r in charged)
+    assert sum(r.completed_lines for r in charged) == sum(r.rows for r in charged) > 0
     assert not any(blob_storage().exists(name) for name in parts)
 
 
@@ -201,6 +205,38 @@ def test_cancel_while_validating_discards_shards_and_a_running_one_publishes_not
     assert not UsageRecord.objects.filter(batch_id=batch.id).exists()
 
 
+def test_cancel_while_validating_charges_the_finished_shards_toward_the_spend_cap(tenant, eager, monkeypatch, on_flush):
+    """Issue 21 item 5: a tenant cannot run GPU work for free by cancelling (or spoiling) a batch after its first
+    shards ran early. The finished shard's ledger row is written, marked discarded, and the spend cap counts it."""
+    from decimal import Decimal
+
+    from controlplane.core.errors import QuotaExceeded
+    from controlplane.usage.models import Price
+
+    Price.objects.create(model=CatalogueModel.objects.get(name="identity"), per_thousand_rows=Decimal("1000"))
+    backend = FakeBackend()
+
+    def worker(batch_id, flush):
+        if flush == 1:
+            (shard,) = Shard.objects.filter(batch_id=batch_id, status=ShardStatus.PENDING)
+            assert _run(shard, backend) == "succeeded"
+            services.batch_cancel(batch=Batch.objects.get(id=batch_id))
+
+    on_flush(worker)
+    batch = _create(tenant, _lines(10))
+    services.batch_validate(batch_id=batch.id)
+    batch.refresh_from_db()
+    assert batch.status == BatchStatus.CANCELLED and not Shard.objects.filter(batch=batch).exists()
+    (charged,) = UsageRecord.objects.filter(batch_id=batch.id)
+    assert charged.discarded and charged.completed_lines == charged.rows == 4
+    assert charged.cost == Decimal(4)  # 4 rows at 1000 per thousand
+    tenant.monthly_spend_cap = Decimal(4)
+    tenant.save()
+    with pytest.raises(QuotaExceeded) as refused:
+        _create(tenant, _lines(2))
+    assert refused.value.code == "spend_cap_exceeded"
+
+
 def test_a_newer_attempt_supersedes_the_running_one(tenant, eager, monkeypatch, on_flush):
     """A rescued or redelivered validation starts while the first still runs: the first stops adding
     shards and cannot settle the batch; the newest attempt's shards are the batch's."""
@@ -218,6 +254,7 @@ def test_a_newer_attempt_supersedes_the_running_one(tenant, eager, monkeypatch, 
     assert batch.status == BatchStatus.VALIDATING and counter["n"] == 1
     assert not Shard.objects.filter(batch=batch).exists()
 
+    assert not UsageRecord.objects.filter(batch_id=batch.id).exists()  # a rescue is the service's doing: free
     services.batch_validate(batch_id=batch.id)  # attempt 3 runs to the end
     batch.refresh_from_db()
     assert batch.status == BatchStatus.IN_PROGRESS and batch.validation_attempt == 3

@@ -1,16 +1,27 @@
-"""Admission at batch create: the priority class asked for, and the tenant's quotas on work waiting.
+"""Admission: at batch create, the priority class asked for and the tenant's quotas on work waiting; when
+validation succeeds, the same quotas with the batch's exact counts (tokens are known only then), its output cap
+and its expected results against the storage quota.
 
-``batch_admit`` runs inside ``batch_create``'s transaction after the tenant row is locked, so two
-concurrent creates cannot both slip under a quota. It only reads; the caller writes the batch.
+Both run under the tenant row lock, held until the caller's transaction writes the batch (create) or starts
+it (validation), so two concurrent creates or validations of one tenant are counted one after the other and
+cannot both slip under a limit only one fits. They only read; the caller writes.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Q, Sum
 from django.utils import timezone
 
 from controlplane.batches import selectors
+from controlplane.batches.intake.pinning import pinned_model
+from controlplane.batches.models import ACTIVE_STATUSES, Batch
 from controlplane.core.errors import QuotaExceeded, ValidationFailed
 from controlplane.files.models import File
+from controlplane.files.quota import storage_reserve_refusal
+from controlplane.kinds.registry import kind_for, token_endpoint_urls
 from controlplane.tenants.models import PRIORITY_RANK, Priority, Tenant, priority_parse
 from controlplane.usage.spendcap import spend_cap_enforce
 
@@ -88,3 +99,50 @@ def _priority_choose(*, tenant: Tenant, priority: object) -> str:
             code="priority_not_allowed",
         )
     return asked.value
+
+
+def _refusal(code: str, message: str) -> dict[str, Any]:
+    return {"code": code, "param": None, "line": None, "message": message}
+
+
+def batch_admit_validated(
+    *, batch: Batch, lines: int, work_units: int, model_snapshot: dict[str, Any] | None
+) -> tuple[dict[str, Any] | None, int]:
+    """For a batch whose file just proved valid, inside the transaction that will start it: locks the tenant row
+    and returns (the batch's error entry, or None when it may start; the bytes of results to reserve). Checks the
+    tenant's enqueued lines and tokens across its other non-terminal batches with this batch's exact counts, the
+    per-batch output cap (BATCH_MAX_OUTPUT_BYTES) and the storage quota."""
+    tenant = Tenant.objects.select_for_update().get(id=batch.tenant_id)
+    kind = kind_for(batch.endpoint)
+    others = (
+        Batch.objects.filter(tenant_id=tenant.id, status__in=ACTIVE_STATUSES)
+        .exclude(id=batch.id)
+        .aggregate(lines=Sum("total_lines"), work=Sum("work_units", filter=Q(endpoint__in=token_endpoint_urls())))
+    )
+    queued_lines = (others["lines"] or 0) + lines
+    if queued_lines > tenant.max_enqueued_lines:
+        return _refusal(
+            "quota_exceeded",
+            f"{lines} requests would bring the tenant's enqueued requests to {queued_lines}, "
+            f"over the limit of {tenant.max_enqueued_lines}.",
+        ), 0
+    if kind.counts_tokens:
+        queued_tokens = (others["work"] or 0) + work_units
+        if queued_tokens > tenant.max_enqueued_tokens:
+            # OpenAI's code for the same condition, so clients can handle it the same way.
+            return _refusal(
+                "token_limit_exceeded",
+                f"Enqueued token limit reached: this batch's ~{work_units} tokens would bring the tenant's "
+                f"enqueued tokens to ~{queued_tokens}, over the limit of {tenant.max_enqueued_tokens}. "
+                "Wait for other batches to finish or split the file.",
+            ), 0
+    expected = 0
+    if model_snapshot is not None:
+        expected = kind.output_bytes_estimate(lines=lines, work_units=work_units, model=pinned_model(model_snapshot))
+    if expected > settings.BATCH_MAX_OUTPUT_BYTES:
+        return _refusal(
+            "output_too_large",
+            f"The batch's results are expected to take ~{expected} bytes, over the limit of "
+            f"{settings.BATCH_MAX_OUTPUT_BYTES} bytes per batch; split the file into smaller batches.",
+        ), 0
+    return storage_reserve_refusal(tenant=tenant, expected=expected), expected

@@ -11,7 +11,10 @@ time, on one core, with the other idle. Nothing of it shows before the whole fil
   ``in_progress``, so a tenant is never charged for a batch that then fails;
 - if the file turns out invalid, or the batch is cancelled or expires while validating, its shards are
   deleted with the terminal state (``shards_discard``): a running shard's commit and lease renewals then
-  match no row, so it publishes nothing, and its part is deleted (or collected by storage_gc);
+  match no row, so it publishes nothing, and its part is deleted (or collected by storage_gc). When the file
+  was invalid or the tenant cancelled, the shards that had finished are charged first: ledger rows marked
+  ``discarded`` (the GPU time was spent; the spend cap counts them). An expiry or a superseded attempt is the
+  service's doing and charges nothing;
 - each validation attempt takes a number (Batch.validation_attempt): a redelivered or rescued attempt
   discards the shards of the one it supersedes, and the superseded one can add and settle nothing.
 
@@ -29,6 +32,7 @@ from django.db import transaction
 
 from controlplane.batches.intake.validation import ShardPlan, ValidationResult
 from controlplane.batches.models import Batch, BatchStatus, Shard
+from controlplane.batches.usage_rows import held_usage_record
 from controlplane.core import dispatch
 from controlplane.files.storage import blob_delete
 
@@ -116,9 +120,13 @@ def shard_rows(batch_id: str, plans: list[ShardPlan]) -> list[Shard]:
     ]
 
 
-def shards_discard(*, batch_id: str) -> int:
+def shards_discard(*, batch_id: str, charge: bool = False) -> int:
     """Inside the transaction that ends a validating batch (or starts a new attempt): its shards go, with
-    the counts their commits added; their parts and columns are deleted once that transaction commits."""
+    the counts their commits added; their parts and columns are deleted once that transaction commits.
+    ``charge``: the tenant failed or cancelled the batch, so the shards that finished get their ledger rows
+    (marked discarded) before they go."""
+    if charge:
+        held_usage_record(batch_id=batch_id, discarded=True)
     shards = Shard.objects.filter(batch_id=batch_id)
     parts = [name for pair in shards.values_list("part_name", "columns_name") for name in pair if name]
     deleted, _ = shards.delete()
