@@ -189,14 +189,18 @@ class Bench:
         keys = ("status", "created", "in_progress", "finalizing", "completed", "ok", "failed", "output")
         return dict(zip(keys, row, strict=True))
 
-    def run(self, content: bytes, lines: int, endpoint: str = "/v2/infer") -> Run:
+    def run(
+        self, content: bytes, lines: int, endpoint: str = "/v2/infer", headers: dict[str, str] | None = None
+    ) -> Run:
         cpu_pids = self.pids() | {"triton": self.stack.procs["triton"].pid}
         cpu_before = cpu_snapshot(cpu_pids)
         with RssSampler(self.pids()) as rss:
             started = time.perf_counter()
             file_id = self.sdk.files.create(file=("hot.jsonl", io.BytesIO(content)), purpose="batch").id
             uploaded = time.perf_counter()
-            batch = self.sdk.batches.create(input_file_id=file_id, endpoint=endpoint, completion_window="24h")
+            batch = self.sdk.batches.create(
+                input_file_id=file_id, endpoint=endpoint, completion_window="24h", extra_headers=headers
+            )
             while True:
                 row = self.batch_row(batch.id)
                 if row["status"] in TERMINAL:
