@@ -132,8 +132,19 @@ class Run:
 
 
 class Bench:
-    def __init__(self, var_dir: Path, warm_models: tuple[str, ...] = ("identity",)):
+    def __init__(
+        self,
+        var_dir: Path,
+        warm_models: tuple[str, ...] = ("identity",),
+        *,
+        env: dict[str, str] | None = None,
+        flush_broker: bool = True,
+    ):
+        """``env``: settings on top of the benchmark's (bench/tracing_cost.py runs one stack traced, one not,
+        each with its own broker key prefix, so only the first may flush the broker's database)."""
         self.warm_models = warm_models
+        self.extra_env = env or {}
+        self.flush_broker = flush_broker
         self.db_name = f"cp_bench_hot_{uuid.uuid4().hex[:6]}"
         self.db_url = ADMIN_DB_URL.rsplit("/", 1)[0] + f"/{self.db_name}"
         self.var_dir = var_dir
@@ -146,7 +157,8 @@ class Bench:
 
         with psycopg.connect(ADMIN_DB_URL, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{self.db_name}"')
-        redis.Redis.from_url(BROKER_URL).flushdb()
+        if self.flush_broker:
+            redis.Redis.from_url(BROKER_URL).flushdb()
         shutil.rmtree(self.var_dir / "stack", ignore_errors=True)
         env = {
             "DATABASE_URL": self.db_url,
@@ -154,6 +166,7 @@ class Bench:
             # A 1 GB-class upload must pass: the default limit is the service's, not this benchmark's.
             "FILE_MAX_BYTES": str(2 * 1024**3),
             "BATCH_MAX_LINES": str(10_000_000),
+            **self.extra_env,
         }
         self.stack = Stack(
             var_dir=self.var_dir / "stack", web_port=find_free_port(), env=env, warm_models=self.warm_models
@@ -176,14 +189,18 @@ class Bench:
         keys = ("status", "created", "in_progress", "finalizing", "completed", "ok", "failed", "output")
         return dict(zip(keys, row, strict=True))
 
-    def run(self, content: bytes, lines: int, endpoint: str = "/v2/infer") -> Run:
+    def run(
+        self, content: bytes, lines: int, endpoint: str = "/v2/infer", headers: dict[str, str] | None = None
+    ) -> Run:
         cpu_pids = self.pids() | {"triton": self.stack.procs["triton"].pid}
         cpu_before = cpu_snapshot(cpu_pids)
         with RssSampler(self.pids()) as rss:
             started = time.perf_counter()
             file_id = self.sdk.files.create(file=("hot.jsonl", io.BytesIO(content)), purpose="batch").id
             uploaded = time.perf_counter()
-            batch = self.sdk.batches.create(input_file_id=file_id, endpoint=endpoint, completion_window="24h")
+            batch = self.sdk.batches.create(
+                input_file_id=file_id, endpoint=endpoint, completion_window="24h", extra_headers=headers
+            )
             while True:
                 row = self.batch_row(batch.id)
                 if row["status"] in TERMINAL:

@@ -84,7 +84,7 @@ def test_a_batch_is_one_trace_across_processes_and_into_triton(traced: TracedSta
     batch = submit(client, lines, endpoint="/v2/infer")
     trace_id = batch.model_extra["trace_id"]
     assert trace_id and len(trace_id) == 32
-    batch = traced.wait_status(client, batch.id, {"completed", "failed", "expired", "cancelled"})
+    batch = traced.wait_status(client, batch.id, {"completed", "failed", "expired", "cancelled"}, timeout_s=300)
     assert batch.status == "completed", batch
     assert (batch.request_counts.completed, batch.request_counts.failed) == (LINES - 1, 1)
     assert client.batches.retrieve(batch.id).model_extra["trace_id"] == trace_id
@@ -94,7 +94,7 @@ def test_a_batch_is_one_trace_across_processes_and_into_triton(traced: TracedSta
         calls = names.count("triton.infer")
         return "batch.finalize" in names and calls >= 3 and names.count("InferRequest") >= calls
 
-    traced.receiver.wait_for(whole, timeout_s=60)
+    traced.receiver.wait_for(whole, timeout_s=120)
     spans = traced.receiver.trace(trace_id)
 
     # The API: Django's server span of POST /v1/batches, the root, in the web process.
