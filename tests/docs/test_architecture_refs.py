@@ -65,10 +65,19 @@ TASK = re.compile(rf"`((?:{'|'.join(APPS)})\.[a-z_]+)`")
 
 def test_every_task_named_is_registered():
     """`batches.shards_rescue` and the like are Celery task names (beat's schedule, the routing table): each must
-    be a name some task is registered under."""
+    be a name some task is registered under, or (`usage.total_tokens`) a field or name the app defines."""
     code = "\n".join(path.read_text() for path in (ROOT / "controlplane").rglob("*.py"))
     named = sorted(set(TASK.findall(DOC.read_text())))
     assert len(named) > 8, "the pattern stopped finding the map's task names"
     registered = set(re.findall(r"""shared_task\([^)]*name=["']([\w.]+)["']""", code))
-    missing = [name for name in named if name not in registered and f'"{name}"' not in code]
+    missing = [
+        name
+        for name in named
+        if name not in registered and f'"{name}"' not in code and not _app_defines(*name.split(".", 1))
+    ]
     assert not missing, f"docs/ARCHITECTURE.md names tasks nobody registers: {missing}"
+
+
+def _app_defines(app: str, name: str) -> bool:
+    source = "\n".join(path.read_text() for path in (ROOT / "controlplane" / app).rglob("*.py"))
+    return re.search(rf"^\s*(?:def|class)\s+{name}\b|^\s*{name}\s*[:=]|[\"']{name}[\"']", source, re.M) is not None
