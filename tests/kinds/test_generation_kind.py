@@ -133,7 +133,8 @@ def test_every_line_is_answered_once_in_openais_shapes():
         assert completion.choices[0].message.content == " ".join(str(v) for v in range(a, a + 5))
         assert completion.choices[0].finish_reason == "stop"
         usage = completion.usage
-        assert usage.completion_tokens == 6 and outcome.tokens == usage.total_tokens == usage.prompt_tokens + 6
+        assert usage.completion_tokens == 6 == outcome.completion_tokens and outcome.tokens == usage.prompt_tokens
+        assert (outcome.cached_tokens, outcome.choices) == (usage.prompt_tokens_details.cached_tokens, 1)
 
 
 def test_sampling_fields_reach_the_engine_in_vllms_names():
