@@ -6,7 +6,8 @@ lines in flight, each line reported the moment its final response arrives.
   More are submitted as lines finish, so a long generation never holds back the lines behind it.
 - Stop (cancel, expiry): nothing new is sent and the stream is closed with cancel, which Triton turns into
   ``is_cancelled()`` for every request still on it (the engine stops them within a step); the lines not
-  finished are left out, and finalization reports them as stopped. Finished lines are kept.
+  finished are left out, and finalization reports them as stopped. Finished lines are kept, answers already
+  received but not yet read included.
 - Errors, per line: a permanent Triton error (the engine refused the request) is a 400 line; an answer that
   cannot be this line's completion (EngineAnswerError) a 500 line. A transient one (the server went away,
   the stream broke, the model unloaded) raises: the shard is given back without spending an attempt
@@ -92,6 +93,7 @@ class _StreamRun:
             while waiting or self.running:
                 if self.control.check():
                     stopped = True
+                    self._drain()  # answers already here are finished lines: kept, not regenerated
                     break
                 while waiting and len(self.running) < limit:
                     number = waiting.popleft()
@@ -115,6 +117,13 @@ class _StreamRun:
             # Lines still out (a stop, a lease lost, an error) are cancelled in the engine, not left to run.
             stream.close(cancel=not clean)
         return stopped
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                self._receive(self.inbox.get_nowait())
+            except (queue.Empty, TransientTritonError):
+                return  # stopping anyway: a broken server only ends the reading
 
     def _receive(self, response: GenerationResponse) -> None:
         number = self.running.get(response.request_id)
