@@ -10,7 +10,7 @@ TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
 # so three workers pay on two cores.
 TEST_WORKERS ?= 3
 
-.PHONY: install demo serve test test-fast test-unit lint chaos scale bench bench-quick bench-1g clean
+.PHONY: install demo serve test test-fast test-unit lint chaos scale bench bench-quick bench-generation bench-1g clean
 
 # requirements.txt, then the batchctl console script (pyproject.toml) as an editable install: setuptools is
 # pinned in requirements.txt, so the build needs no download.
@@ -93,6 +93,12 @@ bench-quick: install
 	$(PY) bench/fairness.py --quick
 	$(PY) bench/hotpath.py --quick
 	$(PY) bench/embeddings.py --quick
+
+# Generation on tinylm (bench/generation.py): end to end vs in process, continuous vs static batching, prefix
+# caching; small by default (128 lines, a few minutes on two shared cores).
+bench-generation: install
+	bash scripts/ensure_services.sh
+	$(PY) bench/generation.py
 
 # A 1 GB-class input (5.2M identity lines, 0.97 GiB, under FILE_MAX_BYTES): flat memory at the upload limit.
 bench-1g: install
