@@ -10,7 +10,7 @@ TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
 # so three workers pay on two cores.
 TEST_WORKERS ?= 3
 
-.PHONY: install demo serve test test-fast test-unit lint chaos scale bench bench-quick bench-1g bench-follow clean mutation
+.PHONY: install demo serve test test-fast test-unit lint chaos scale bench bench-quick bench-generation bench-1g bench-follow clean mutation
 
 # requirements.txt, then the batchctl console script (pyproject.toml) as an editable install: setuptools is
 # pinned in requirements.txt, so the build needs no download.
@@ -94,13 +94,19 @@ bench-quick: install
 	$(PY) bench/hotpath.py --quick
 	$(PY) bench/embeddings.py --quick
 
-# A 1 GB-class input (5.2M identity lines, 0.97 GiB, under FILE_MAX_BYTES): flat memory at the upload limit.
+# Generation on tinylm (bench/generation.py): end to end vs in process, continuous vs static batching, prefix
+# caching; small by default (128 lines, a few minutes on two shared cores).
+bench-generation: install
+	bash scripts/ensure_services.sh
+	$(PY) bench/generation.py
+
 # What `batchctl follow` costs a running 200k-line batch (docs/PERFORMANCE.md); FOLLOW_LINES for a smaller run.
 FOLLOW_LINES ?= 200000
 bench-follow: install
 	bash scripts/ensure_services.sh
 	$(PY) bench/follow.py --lines $(FOLLOW_LINES)
 
+# A 1 GB-class input (5.2M identity lines, 0.97 GiB, under FILE_MAX_BYTES): flat memory at the upload limit.
 bench-1g: install
 	bash scripts/ensure_services.sh
 	$(PY) bench/hotpath.py --sizes 10000,5200000 --repeat 1

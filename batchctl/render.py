@@ -68,6 +68,31 @@ def progress_text(batch: Batch) -> str:
     return f"{completed} done, {failed} failed of {total}{share}"
 
 
+GENERATION_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
+
+
+def generation_text(batch: Batch, *, now: float) -> str | None:
+    """Generated tokens, tokens/s since the batch started running, and an ETA from its lines/s so far (None
+    for other endpoints). The rate runs to ``now`` while it runs, to when it stopped running after."""
+    if batch.endpoint not in GENERATION_ENDPOINTS or batch.usage is None:
+        return None
+    tokens = batch.usage.output_tokens
+    text = f"{tokens:,} generated"
+    started = batch.in_progress_at
+    if started is None:
+        return text
+    ended = batch.finalizing_at or batch.cancelling_at or batch.expired_at or batch.failed_at
+    elapsed = (ended if ended is not None else now) - started
+    if elapsed <= 0:
+        return text
+    text += f", {tokens / elapsed:,.1f} tokens/s"
+    completed, failed, total = counts(batch)
+    done = completed + failed
+    if ended is None and 0 < done < total:
+        text += f", ETA ~{(total - done) * elapsed / done:,.0f} s"
+    return text
+
+
 def status_text(status: str) -> Text:
     return Text(status, style=f"bold {STATUS_STYLES.get(status, '')}".strip())
 
@@ -82,12 +107,15 @@ def queue_text(queue: Any) -> str:
     return text + (", deadline at risk" if queue.get("deadline_at_risk") else "")
 
 
-def batch_panel(batch: Batch) -> Panel:
+def batch_panel(batch: Batch, *, now: float | None = None) -> Panel:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
     grid.add_row("status", status_text(batch.status))
     grid.add_row("lines", progress_text(batch))
+    generation = generation_text(batch, now=datetime.now(UTC).timestamp() if now is None else now)
+    if generation is not None:
+        grid.add_row("tokens", generation)
     grid.add_row("endpoint", batch.endpoint + (f"  (model {batch.model})" if batch.model else ""))
     grid.add_row("priority", str(extra(batch, "priority") or "–"))
     if batch.status in ("validating", "in_progress"):

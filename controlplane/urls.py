@@ -18,7 +18,7 @@ from controlplane.files.views import FileContentView, FileDetailView, FileListCr
 from controlplane.fleet.internal_views import ServerDrainView, ServerRegisterView
 from controlplane.fleet.views import ModelDetailView, ModelListView
 from controlplane.metrics.views import metrics_view
-from controlplane.usage.views import CostsView, UsageEmbeddingsView, UsageTensorsView
+from controlplane.usage.views import CostsView, UsageCompletionsView, UsageEmbeddingsView, UsageTensorsView
 from controlplane.webhooks.views import (
     WebhookDeliveryListView,
     WebhookEndpointDetailView,
@@ -60,6 +60,7 @@ urlpatterns = [
     path("v1/models", ModelListView.as_view()),
     path("v1/organization/usage/embeddings", UsageEmbeddingsView.as_view()),
     path("v1/organization/usage/tensors", UsageTensorsView.as_view()),
+    path("v1/organization/usage/completions", UsageCompletionsView.as_view()),
     path("v1/organization/costs", CostsView.as_view()),
     # path: catalogue names may hold a slash ("org/model"), as Hugging Face ids do.
     path("v1/models/<path:model_id>", ModelDetailView.as_view()),

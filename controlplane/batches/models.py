@@ -90,7 +90,11 @@ class Batch(models.Model):
     total_lines = models.PositiveBigIntegerField(default=0)
     completed_lines = models.PositiveBigIntegerField(default=0)
     failed_lines = models.PositiveBigIntegerField(default=0)
+    # Tokens the model counted for the completed lines: input (prompt_tokens, of which cached_tokens came from the
+    # engine's prefix cache) and, for generation, output (completion_tokens). The Batch object's ``usage``.
     prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0, db_default=0)
+    cached_tokens = models.PositiveBigIntegerField(default=0, db_default=0)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     in_progress_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(db_index=True)
@@ -169,6 +173,10 @@ class Shard(models.Model):
     completed_lines = models.PositiveIntegerField(default=0)
     failed_lines = models.PositiveIntegerField(default=0)
     prompt_tokens = models.PositiveBigIntegerField(default=0)
+    # Generation (kinds/base.TokenCounts): completion tokens, cached prompt tokens and choices of its completed lines.
+    completion_tokens = models.PositiveBigIntegerField(default=0, db_default=0)
+    cached_tokens = models.PositiveBigIntegerField(default=0, db_default=0)
+    completion_choices = models.PositiveIntegerField(default=0, db_default=0)
     triton_server = models.CharField(max_length=200, blank=True, default="")
     last_error = models.TextField(blank=True, default="")
     started_at = models.DateTimeField(null=True, blank=True)

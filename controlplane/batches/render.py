@@ -30,8 +30,16 @@ def batch_render(batch: Batch, *, queue: dict[str, Any] | None = None, cost: Amo
     # Shards may already run while the file is validated (batches/intake/early_dispatch.py): none of it shows
     # before the file proves valid.
     validating = batch.status == BatchStatus.VALIDATING
-    completed, failed, tokens = (
-        (0, 0, 0) if validating else (batch.completed_lines, batch.failed_lines, batch.prompt_tokens)
+    completed, failed, tokens, output, cached = (
+        (0, 0, 0, 0, 0)
+        if validating
+        else (
+            batch.completed_lines,
+            batch.failed_lines,
+            batch.prompt_tokens,
+            batch.completion_tokens,
+            batch.cached_tokens,
+        )
     )
     return {
         "id": batch.id,
@@ -58,11 +66,12 @@ def batch_render(batch: Batch, *, queue: dict[str, Any] | None = None, cost: Amo
             "completed": completed,
             "failed": failed,
         },
+        # OpenAI's usage of the completed lines: input (prompt or embeddings input) and generated tokens.
         "usage": {
             "input_tokens": tokens,
-            "output_tokens": 0,
-            "total_tokens": tokens,
-            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": output,
+            "total_tokens": tokens + output,
+            "input_tokens_details": {"cached_tokens": cached},
             "output_tokens_details": {"reasoning_tokens": 0},
         },
         "metadata": batch.metadata,

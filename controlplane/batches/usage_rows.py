@@ -5,6 +5,7 @@ shards that committed while their batch still validated, when the file proved va
 from __future__ import annotations
 
 from controlplane.batches.models import Shard, ShardStatus
+from controlplane.kinds.base import TokenCounts
 from controlplane.kinds.registry import kind_for
 from controlplane.usage.services import ShardUsage, usage_record_shard
 
@@ -16,7 +17,9 @@ def shard_usage_from_row(shard: Shard, *, discarded: bool = False) -> ShardUsage
         completed=shard.completed_lines,
         runnable=shard.request_count - shard.body_errors,
         estimated_work_units=shard.work_units,
-        measured_tokens=shard.prompt_tokens,
+        measured=TokenCounts(
+            shard.prompt_tokens, shard.completion_tokens, shard.cached_tokens, shard.completion_choices
+        ),
     )
     return ShardUsage(
         shard_id=shard.id,
@@ -30,6 +33,8 @@ def shard_usage_from_row(shard: Shard, *, discarded: bool = False) -> ShardUsage
         failed=shard.failed_lines,
         tokens=billed.tokens,
         rows=billed.rows,
+        output_tokens=billed.output_tokens,
+        cached_tokens=billed.cached_tokens,
         started_at=shard.started_at,
         finished_at=shard.finished_at,
         discarded=discarded,

@@ -62,6 +62,10 @@ class CatalogueModel(models.Model):
     # prefill on GPUs (one token per forward pass against a whole prompt's worth); 1.0 until measured per
     # model (bench/generation.py is where that measurement belongs).
     completion_weight = models.FloatField(default=1.0, db_default=1.0)
+    # The expected completion per choice, in tokens: the mean the engine measured over settled shards, smoothed at
+    # every settle like seconds_per_work_unit (scheduling/claims.py). A line's estimate assumes
+    # min(max_tokens, this); null (nothing measured yet) assumes max_tokens. Not pinned: a measurement.
+    expected_completion_tokens = models.FloatField(null=True, blank=True)
     # Sequences one instance decodes at once (vLLM's max_num_seqs; tinylm's MAX_NUM_SEQS): a shard keeps twice
     # this many lines in flight, as vLLM's run_batch does, so the engine never waits for the next line.
     max_num_seqs = models.PositiveIntegerField(null=True, blank=True)

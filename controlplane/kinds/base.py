@@ -93,10 +93,24 @@ class Call:
 
 
 class LineOutput(NamedTuple):
-    """A line that got its answer: the OpenAI-shaped response body and the tokens it measured (0 for rows)."""
+    """A line that got its answer: the OpenAI-shaped response body and the tokens it measured (0 for rows).
+    ``tokens`` are input tokens; a generation line also reports its completion, the prompt tokens the engine's
+    prefix cache served, and its choices (n), from which the model's expected completion is measured."""
 
     body: dict[str, Any]
     tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    choices: int = 0
+
+
+class TokenCounts(NamedTuple):
+    """What the model counted for a shard's completed lines (LineOutput's fields, summed)."""
+
+    input: int = 0
+    output: int = 0
+    cached: int = 0
+    choices: int = 0
 
 
 class LineFailure(NamedTuple):
@@ -116,8 +130,10 @@ LineOutcome = LineOutput | LineFailure
 
 
 class LedgerUnits(NamedTuple):
-    tokens: int
+    tokens: int  # input tokens
     rows: int
+    output_tokens: int = 0
+    cached_tokens: int = 0  # of the input tokens, those served from the engine's prefix cache
 
 
 class Backend(Protocol):
@@ -238,14 +254,15 @@ class EndpointKind(ABC):
 
     @abstractmethod
     def ledger_units(
-        self, *, completed: int, runnable: int, estimated_work_units: int, measured_tokens: int
+        self, *, completed: int, runnable: int, estimated_work_units: int, measured: TokenCounts
     ) -> LedgerUnits:
         """What a shard's ``completed`` lines are billed: ``runnable`` is its lines less the refused ones,
-        ``estimated_work_units`` theirs (from validation), ``measured_tokens`` what the model counted."""
+        ``estimated_work_units`` theirs (from validation), ``measured`` what the model counted."""
 
-    def measured_work_units(self, *, estimated: int, measured_tokens: int) -> int:
-        """A finished shard's work units as measured (fair share is corrected to it at commit)."""
-        return measured_tokens if self.counts_tokens and measured_tokens else estimated
+    def measured_work_units(self, *, estimated: int, measured: TokenCounts, model: CatalogueModel | None) -> int:
+        """A finished shard's work units as measured (fair share is corrected to it at commit); ``model``: the
+        entry the batch was validated against, when known."""
+        return measured.input if self.counts_tokens and measured.input else estimated
 
     # --- (e) storage ----------------------------------------------------------------------------------
 

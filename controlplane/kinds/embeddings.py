@@ -14,7 +14,16 @@ from typing import Any, ClassVar
 import numpy as np
 
 from controlplane.fleet.models import CatalogueModel, ModelKind
-from controlplane.kinds.base import OUTPUT_LINE_BYTES, BodyIssue, Call, LedgerUnits, LineOutput, Member, ParsedLine
+from controlplane.kinds.base import (
+    OUTPUT_LINE_BYTES,
+    BodyIssue,
+    Call,
+    LedgerUnits,
+    LineOutput,
+    Member,
+    ParsedLine,
+    TokenCounts,
+)
 from controlplane.kinds.calls import CallKind
 
 # OpenAI's own limit on inputs per embeddings request.
@@ -65,9 +74,9 @@ class EmbeddingsKind(CallKind):
         return lines * (OUTPUT_LINE_BYTES + (model.embedding_dimensions or 0) * FLOAT_JSON_BYTES)
 
     def ledger_units(
-        self, *, completed: int, runnable: int, estimated_work_units: int, measured_tokens: int
+        self, *, completed: int, runnable: int, estimated_work_units: int, measured: TokenCounts
     ) -> LedgerUnits:
-        return LedgerUnits(tokens=measured_tokens, rows=0)
+        return LedgerUnits(tokens=measured.input, rows=0)
 
 
 class _EmbeddingQuickLane:

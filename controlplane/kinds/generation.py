@@ -7,11 +7,12 @@ chat template applied here, with the model's own tokenizer), the engine's wire (
 (generation_run: one stream, lines in flight, each finished as it ends) and the rendering
 (generation_render). This module binds them to the endpoint-kind interface (kinds/base.py).
 
-Work units (fair share's charge, the scheduler's shard sizing) are estimated at validation as
-(prompt tokens) + w × n × max_tokens, w the model's completion_weight: every choice is assumed to run to its
-limit until the engine says otherwise. The measured correction at commit uses the tokens the engine counted
-(prompt + completion, unweighted: ``measured_work_units``' default); correcting the estimate by measured
-completion lengths per model is a follow-up.
+Work units (the enqueued-token quota, fair share's charge, the scheduler's shard sizing) are estimated at
+validation as (prompt tokens) + w × n × the expected completion, w the model's completion_weight (decode costs
+more per token than prefill) and the expected completion per choice the model's measured mean
+(``CatalogueModel.expected_completion_tokens``, folded in from every settled shard, scheduling/claims.py),
+capped at the line's max_tokens; max_tokens itself until the first shard of the model settled. At commit
+the tenant's charge is corrected to what the engine counted: (prompt - cached) + w × completion.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from controlplane.kinds.base import (
     LineOutput,
     ParsedLine,
     RunControl,
+    TokenCounts,
 )
 from controlplane.kinds.generation_bodies import (
     BodyError,
@@ -45,7 +47,7 @@ from controlplane.kinds.generation_bodies import (
 )
 from controlplane.kinds.generation_render import EngineResult, render_completion
 from controlplane.kinds.generation_run import run_generation
-from controlplane.kinds.generation_units import estimated_charge
+from controlplane.kinds.generation_units import estimated_charge, fair_share_charge
 
 __all__ = ["ChatCompletionsKind", "CompletionsKind", "GenerationLine", "model_tokenizer"]
 
@@ -125,7 +127,11 @@ class _GenerationKind(EndpointKind):
                 "(no constrained decoding); use 'text'.",
                 "body.response_format",
             )
-        units = estimated_charge(request, completion_weight=model.completion_weight)
+        units = estimated_charge(
+            request,
+            completion_weight=model.completion_weight,
+            expected_completion_tokens=model.expected_completion_tokens,
+        )
         return GenerationLine(request, max(1, round(units)))
 
     def work_units(self, request: GenerationLine) -> int:
@@ -153,13 +159,31 @@ class _GenerationKind(EndpointKind):
         assert isinstance(result, EngineResult)
         request = _request(parsed)
         body = render_completion(request, result, request_id=request_id, created=int(time.time()))
-        return LineOutput(body, result.prompt_tokens + result.completion_tokens)
+        return LineOutput(
+            body,
+            result.prompt_tokens,
+            completion_tokens=result.completion_tokens,
+            cached_tokens=result.cached_tokens,
+            choices=len(result.choices),
+        )
 
     def ledger_units(
-        self, *, completed: int, runnable: int, estimated_work_units: int, measured_tokens: int
+        self, *, completed: int, runnable: int, estimated_work_units: int, measured: TokenCounts
     ) -> LedgerUnits:
-        # Tokens the engine counted for the completed lines: prompt + completion (failed lines are not billed).
-        return LedgerUnits(tokens=measured_tokens, rows=0)
+        # What the engine counted for the completed lines (failed, refused and stopped lines are not billed).
+        return LedgerUnits(tokens=measured.input, rows=0, output_tokens=measured.output, cached_tokens=measured.cached)
+
+    def measured_work_units(self, *, estimated: int, measured: TokenCounts, model: CatalogueModel | None) -> int:
+        if not measured.input:
+            return estimated  # nothing completed (a stopped shard): the estimate stands
+        weight = model.completion_weight if model is not None else 1.0
+        charge = fair_share_charge(
+            prompt_tokens=measured.input,
+            cached_tokens=min(measured.cached, measured.input),
+            completion_tokens=measured.output,
+            completion_weight=weight,
+        )
+        return max(1, round(charge))
 
 
 def _request(parsed: ParsedLine) -> GenerationRequest:

@@ -6,7 +6,8 @@ lines in flight, each line reported the moment its final response arrives.
   More are submitted as lines finish, so a long generation never holds back the lines behind it.
 - Stop (cancel, expiry): nothing new is sent and the stream is closed with cancel, which Triton turns into
   ``is_cancelled()`` for every request still on it (the engine stops them within a step); the lines not
-  finished are left out, and finalization reports them as stopped. Finished lines are kept.
+  finished are left out, and finalization reports them as stopped. Finished lines are kept, answers already
+  received but not yet read included.
 - Errors, per line: a permanent Triton error (the engine refused the request) is a 400 line; an answer that
   cannot be this line's completion (EngineAnswerError) a 500 line. A transient one (the server went away,
   the stream broke, the model unloaded) raises: the shard is given back without spending an attempt
@@ -38,6 +39,9 @@ POLL_SECONDS = 0.2
 # Sequences an instance decodes at once when the catalogue does not say (vLLM's default max_num_seqs is 256;
 # a small default keeps an unknown engine's queue short).
 DEFAULT_MAX_NUM_SEQS = 16
+# Prompts that agree on their first this many tokens are sent together (two of tinylm's 16-token prefix-cache
+# blocks; vLLM's blocks are 16 tokens too).
+PREFIX_KEY_TOKENS = 32
 
 
 def inflight_limit(model: CatalogueModel) -> int:
@@ -54,15 +58,27 @@ def run_generation(
     request_of: Callable[[ParsedLine], Any],
 ) -> bool:
     """Run ``lines`` (refused ones are answered at once); returns whether a stop was requested."""
-    runnable: deque[int] = deque()
+    numbers: list[int] = []
     for number, parsed in lines.items():
         if parsed.issue is not None:
             control.finish(number, LineFailure.refused(parsed.issue))
         else:
-            runnable.append(number)
-    if not runnable:
+            numbers.append(number)
+    if not numbers:
         return control.check()
-    return _StreamRun(lines, model, backend, control, render, request_of).run(runnable)
+    return _StreamRun(lines, model, backend, control, render, request_of).run(
+        deque(_grouped_by_prefix(numbers, lambda number: request_of(lines[number]).prompt_token_ids))
+    )
+
+
+def _grouped_by_prefix(numbers: list[int], token_ids: Callable[[int], tuple[int, ...]]) -> list[int]:
+    """Lines whose prompts start alike (a system prompt, few-shot examples) one after another, so the engine's
+    prefix cache (LRU) still holds the prefix when the next arrives. Groups keep the order of their first line,
+    lines their order within a group: a shard without shared prefixes is sent in file order."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for number in numbers:
+        groups.setdefault(tuple(token_ids(number)[:PREFIX_KEY_TOKENS]), []).append(number)
+    return [number for group in groups.values() for number in group]
 
 
 class _StreamRun:
@@ -92,6 +108,7 @@ class _StreamRun:
             while waiting or self.running:
                 if self.control.check():
                     stopped = True
+                    self._drain()  # answers already here are finished lines: kept, not regenerated
                     break
                 while waiting and len(self.running) < limit:
                     number = waiting.popleft()
@@ -115,6 +132,13 @@ class _StreamRun:
             # Lines still out (a stop, a lease lost, an error) are cancelled in the engine, not left to run.
             stream.close(cancel=not clean)
         return stopped
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                self._receive(self.inbox.get_nowait())
+            except (queue.Empty, TransientTritonError):
+                return  # stopping anyway: a broken server only ends the reading
 
     def _receive(self, response: GenerationResponse) -> None:
         number = self.running.get(response.request_id)

@@ -14,7 +14,7 @@ from typing import IO, Any, ClassVar
 import numpy as np
 
 from controlplane.fleet.models import CatalogueModel, ModelKind
-from controlplane.kinds.base import Call, LedgerUnits, LineOutput, Member, ParsedLine
+from controlplane.kinds.base import Call, LedgerUnits, LineOutput, Member, ParsedLine, TokenCounts
 from controlplane.kinds.calls import CallKind
 from controlplane.kinds.tensor_columns import ColumnCollector, columns_load
 from controlplane.kinds.tensor_fast import ValidatedTensorLines
@@ -72,7 +72,7 @@ class TensorKind(CallKind):
         return LineOutput(tensor_body(parsed.model_name, rows, member))
 
     def ledger_units(
-        self, *, completed: int, runnable: int, estimated_work_units: int, measured_tokens: int
+        self, *, completed: int, runnable: int, estimated_work_units: int, measured: TokenCounts
     ) -> LedgerUnits:
         # Rows are what validation counted, scaled to the lines that completed (a stopped shard ran only
         # some of them; refused lines have no rows and are not in ``runnable``).

@@ -13,10 +13,12 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from controlplane.batches.intake.pinning import pinned_model
 from controlplane.batches.models import Batch, Shard, ShardStatus
 from controlplane.batches.run.shards import shard_claim_selected
 from controlplane.batches.transitions import event_record
 from controlplane.fleet.models import CatalogueModel
+from controlplane.kinds.base import TokenCounts
 from controlplane.kinds.registry import kind_for
 from controlplane.scheduling import policy, selectors
 from controlplane.scheduling.models import SchedulerClock, TenantShare
@@ -103,19 +105,27 @@ def shard_settle(*, shard_id: int, cycle_seconds: float | None = None) -> None:
         .values(
             "work_units",
             "prompt_tokens",
+            "completion_tokens",
+            "cached_tokens",
+            "completion_choices",
             "started_at",
             "finished_at",
             "batch__endpoint",
             "batch__tenant_id",
             "batch__tenant__weight",
             "batch__model",
+            "batch__model_snapshot",
         )
         .first()
     )
     if row is None or not row["work_units"]:
         return
+    counts = TokenCounts(
+        row["prompt_tokens"], row["completion_tokens"], row["cached_tokens"], row["completion_choices"]
+    )
+    snapshot = row["batch__model_snapshot"]
     measured = kind_for(row["batch__endpoint"]).measured_work_units(
-        estimated=row["work_units"], measured_tokens=row["prompt_tokens"]
+        estimated=row["work_units"], measured=counts, model=pinned_model(snapshot) if snapshot else None
     )
     now = timezone.now()
     if measured != row["work_units"]:
@@ -140,6 +150,8 @@ def shard_settle(*, shard_id: int, cycle_seconds: float | None = None) -> None:
         seconds = (row["finished_at"] - row["started_at"]).total_seconds()
     if seconds is not None:
         _speed_update(model_name=row["batch__model"], seconds_per_unit=seconds / measured)
+    if counts.choices:
+        _completion_update(model_name=row["batch__model"], tokens_per_choice=counts.output / counts.choices)
 
 
 def _speed_update(*, model_name: str, seconds_per_unit: float) -> None:
@@ -151,3 +163,15 @@ def _speed_update(*, model_name: str, seconds_per_unit: float) -> None:
         seconds_per_unit = min(max(seconds_per_unit, old / SPEED_STEP_LIMIT), old * SPEED_STEP_LIMIT)
         seconds_per_unit = SPEED_SMOOTHING * seconds_per_unit + (1 - SPEED_SMOOTHING) * old
     CatalogueModel.objects.filter(id=model.id).update(seconds_per_work_unit=seconds_per_unit)
+
+
+def _completion_update(*, model_name: str, tokens_per_choice: float) -> None:
+    """Fold a shard's mean completion per choice into the model's expected completion (generation estimates,
+    kinds/generation.py): smoothed like the speed, with no step limit (a count of tokens, not a timing: a
+    batch of short answers after long ones should be believed at once, up to the smoothing)."""
+    model = CatalogueModel.objects.filter(name=model_name).only("id", "expected_completion_tokens").first()
+    if model is None:
+        return
+    old = model.expected_completion_tokens
+    expected = tokens_per_choice if old is None else SPEED_SMOOTHING * tokens_per_choice + (1 - SPEED_SMOOTHING) * old
+    CatalogueModel.objects.filter(id=model.id).update(expected_completion_tokens=expected)

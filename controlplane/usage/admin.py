@@ -23,7 +23,10 @@ DAILY_VIEW_DAYS = 14
 
 @admin.register(Price)
 class PriceAdmin(AuditedAdmin, admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ("model", "effective_from", "per_million_tokens", "per_thousand_rows", "per_gpu_second", "currency")
+    list_display = (
+        *("model", "effective_from", "per_million_tokens", "per_million_cached_tokens", "per_million_output_tokens"),
+        *("per_thousand_rows", "per_gpu_second", "currency"),
+    )
     list_filter = ("model", "currency")
     date_hierarchy = "effective_from"
 
@@ -38,6 +41,8 @@ class UsageRecordAdmin(AuditedAdmin, admin.ModelAdmin):  # type: ignore[type-arg
         "completed_lines",
         "failed_lines",
         "tokens",
+        "cached_tokens",
+        "output_tokens",
         "rows",
         "compute_seconds",
         "compute_source",

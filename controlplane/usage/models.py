@@ -30,7 +30,17 @@ class Price(models.Model):
 
     model = models.ForeignKey("fleet.CatalogueModel", on_delete=models.CASCADE, related_name="prices")
     effective_from = models.DateTimeField(default=timezone.now, db_index=True)
-    per_million_tokens = models.DecimalField(max_digits=14, decimal_places=6, default=Decimal(0))
+    per_million_tokens = models.DecimalField(
+        max_digits=14, decimal_places=6, default=Decimal(0), help_text="Input tokens (prompt, embeddings input)."
+    )
+    # Generation: cached input and output tokens have prices of their own (OpenAI's three columns); empty
+    # charges them at the input price, which is what the ledger did before they existed.
+    per_million_cached_tokens = models.DecimalField(
+        max_digits=14, decimal_places=6, null=True, blank=True, help_text="Input tokens served from the prefix cache."
+    )
+    per_million_output_tokens = models.DecimalField(
+        max_digits=14, decimal_places=6, null=True, blank=True, help_text="Generated tokens."
+    )
     per_thousand_rows = models.DecimalField(max_digits=14, decimal_places=6, default=Decimal(0))
     per_gpu_second = models.DecimalField(max_digits=14, decimal_places=9, default=Decimal(0))
     currency = models.CharField(max_length=8, default=DEFAULT_CURRENCY)
@@ -68,7 +78,10 @@ class UsageRecord(models.Model):
     server = models.CharField(max_length=200, blank=True, default="", help_text="Triton server the shard ran on")
     completed_lines = models.PositiveIntegerField(default=0)
     failed_lines = models.PositiveIntegerField(default=0)
-    tokens = models.PositiveBigIntegerField(default=0, help_text="Input tokens (embeddings)")
+    tokens = models.PositiveBigIntegerField(default=0, help_text="Input tokens (embeddings, prompts)")
+    # Generation: of the input tokens, those the engine's prefix cache served; and the tokens generated.
+    cached_tokens = models.PositiveBigIntegerField(default=0, db_default=0)
+    output_tokens = models.PositiveBigIntegerField(default=0, db_default=0)
     rows = models.PositiveBigIntegerField(default=0, help_text="Tensor rows (tensor models)")
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(default=timezone.now, db_index=True)
@@ -78,6 +91,8 @@ class UsageRecord(models.Model):
     # The price in force at commit, copied: a later price change never rewrites what was charged.
     price = models.ForeignKey(Price, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     price_per_million_tokens = models.DecimalField(max_digits=14, decimal_places=6, default=Decimal(0))
+    price_per_million_cached_tokens = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    price_per_million_output_tokens = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
     price_per_thousand_rows = models.DecimalField(max_digits=14, decimal_places=6, default=Decimal(0))
     price_per_gpu_second = models.DecimalField(max_digits=14, decimal_places=9, default=Decimal(0))
     currency = models.CharField(max_length=8, default=DEFAULT_CURRENCY)

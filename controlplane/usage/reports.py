@@ -32,10 +32,21 @@ GROUP_FIELDS = {
     "user_id": "user_id",
 }
 COST_GROUP_FIELDS = {**GROUP_FIELDS, "line_item": "line_item"}
-# The kinds of usage report: the endpoint a ledger row came from and the counter the report sums.
-REPORT_KINDS = {
-    "embeddings": ("/v1/embeddings", "input_tokens", "tokens"),
-    "tensors": ("/v2/infer", "rows", "rows"),
+# The kinds of usage report: the endpoints its ledger rows came from and the counters it sums (result field →
+# ledger column; OpenAI's names, its audio counters always 0 here).
+REPORT_KINDS: dict[str, tuple[tuple[str, ...], dict[str, str | None]]] = {
+    "embeddings": (("/v1/embeddings",), {"input_tokens": "tokens"}),
+    "tensors": (("/v2/infer",), {"rows": "rows"}),
+    "completions": (
+        ("/v1/chat/completions", "/v1/completions"),
+        {
+            "input_tokens": "tokens",
+            "input_cached_tokens": "cached_tokens",
+            "output_tokens": "output_tokens",
+            "input_audio_tokens": None,
+            "output_audio_tokens": None,
+        },
+    ),
 }
 PAGE_PREFIX = "page_"
 
@@ -136,18 +147,26 @@ def _key_filter(public_ids: Iterable[str]) -> list[int]:
     return [int(p.removeprefix("key_")) for p in public_ids if p.startswith("key_") and p[4:].isdigit()]
 
 
-_ROW_FIELDS = ("finished_at", "model", "api_key_id", "batch_id", "tokens", "rows", "completed_lines", "cost")
-_COST_FIELDS = ("price_per_million_tokens", "price_per_thousand_rows", "compute_seconds")
+_ROW_FIELDS = (
+    *("finished_at", "model", "api_key_id", "batch_id", "tokens", "cached_tokens", "output_tokens", "rows"),
+    *("completed_lines", "cost"),
+)
+_COST_FIELDS = (
+    *("price_per_million_tokens", "price_per_million_cached_tokens", "price_per_million_output_tokens"),
+    *("price_per_thousand_rows", "compute_seconds"),
+)
 
 
-def _rows(tenant_id: int, query: ReportQuery, page_end: int, endpoint: str | None) -> Iterable[dict[str, Any]]:
+def _rows(
+    tenant_id: int, query: ReportQuery, page_end: int, endpoints: tuple[str, ...] | None
+) -> Iterable[dict[str, Any]]:
     rows = UsageRecord.objects.filter(
         tenant_id=tenant_id,
         finished_at__gte=datetime.datetime.fromtimestamp(query.page_start, tz=datetime.UTC),
         finished_at__lt=datetime.datetime.fromtimestamp(page_end, tz=datetime.UTC),
     )
-    if endpoint is not None:
-        rows = rows.filter(endpoint=endpoint)
+    if endpoints is not None:
+        rows = rows.filter(endpoint__in=endpoints)
     if query.models:
         rows = rows.filter(model__in=query.models)
     if query.api_key_ids:
@@ -167,17 +186,30 @@ def _group_key(row: dict[str, Any], fields: tuple[str, ...]) -> tuple[Any, ...]:
 
 
 def _line_items(row: dict[str, Any]) -> list[tuple[str, Decimal]]:
-    """A row's cost by line item: tokens, rows and compute, the compute item taking the rounding remainder so
-    the items sum exactly to the row's cost."""
+    """A row's cost by line item: input tokens (cached ones at their price), output tokens, rows and compute,
+    the compute item taking the rounding remainder so the items sum exactly to the row's cost."""
     zero = Decimal(0)
-    tokens = shard_cost(
-        terms=PriceTerms(row["price_per_million_tokens"], zero, zero), tokens=row["tokens"], rows=0, compute_seconds=0
+    terms = PriceTerms(
+        row["price_per_million_tokens"],
+        zero,
+        zero,
+        per_million_cached_tokens=row["price_per_million_cached_tokens"],
+        per_million_output_tokens=row["price_per_million_output_tokens"],
     )
+    tokens = shard_cost(
+        terms=terms, tokens=row["tokens"], cached_tokens=row["cached_tokens"], rows=0, compute_seconds=0
+    )
+    output = shard_cost(terms=terms, tokens=0, output_tokens=row["output_tokens"], rows=0, compute_seconds=0)
     rows = shard_cost(
         terms=PriceTerms(zero, row["price_per_thousand_rows"], zero), tokens=0, rows=row["rows"], compute_seconds=0
     )
     model = row["model"]
-    return [(f"{model}, tokens", tokens), (f"{model}, rows", rows), (f"{model}, compute", row["cost"] - tokens - rows)]
+    return [
+        (f"{model}, tokens", tokens),
+        (f"{model}, output tokens", output),
+        (f"{model}, rows", rows),
+        (f"{model}, compute", row["cost"] - tokens - output - rows),
+    ]
 
 
 def _page(query: ReportQuery, results: dict[int, list[dict[str, Any]]], page_end: int) -> dict[str, Any]:
@@ -210,31 +242,37 @@ def _page_end(query: ReportQuery) -> int:
 
 
 def usage_report(*, tenant_id: int, query: ReportQuery, kind: str) -> dict[str, Any]:
-    """``GET /v1/organization/usage/{kind}``: per bucket and group, the counter summed (input tokens for
-    embeddings, rows for tensors), the requests (lines that completed) and the attributed compute seconds."""
-    endpoint, counter, column = REPORT_KINDS[kind]
+    """``GET /v1/organization/usage/{kind}``: per bucket and group, the kind's counters summed (input tokens for
+    embeddings; rows for tensors; input, cached input and output tokens for completions), the requests (lines
+    that completed) and the attributed compute seconds."""
+    endpoints, counters = REPORT_KINDS[kind]
     width = BUCKET_SECONDS[query.bucket_width]
     page_end = _page_end(query)
-    sums: dict[tuple[int, tuple[Any, ...]], list[Any]] = defaultdict(lambda: [0, 0, 0.0])
-    for row in _rows(tenant_id, query, page_end, endpoint):
+    columns = [column for column in counters.values() if column is not None]
+    sums: dict[tuple[int, tuple[Any, ...]], dict[str, Any]] = defaultdict(
+        lambda: dict.fromkeys((*columns, "completed_lines"), 0) | {"compute_seconds": 0.0}
+    )
+    for row in _rows(tenant_id, query, page_end, endpoints):
         bucket = query.page_start + (int(row["finished_at"].timestamp()) - query.page_start) // width * width
         totals = sums[(bucket, _group_key(row, query.group_by))]
-        totals[0] += row[column]
-        totals[1] += row["completed_lines"]
-        totals[2] += row["compute_seconds"]
+        for column in (*columns, "completed_lines", "compute_seconds"):
+            totals[column] += row[column]
     results: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for (bucket, key), (amount, requests, seconds) in sorted(sums.items(), key=lambda item: str(item[0])):
+    for (bucket, key), totals in sorted(sums.items(), key=lambda item: str(item[0])):
         result: dict[str, Any] = {
             "object": f"organization.usage.{kind}.result",
-            counter: amount,
-            "num_model_requests": requests,
-            "compute_seconds": round(seconds, 6),
+            **{field: totals[column] if column else 0 for field, column in counters.items()},
+            "num_model_requests": totals["completed_lines"],
+            "compute_seconds": round(totals["compute_seconds"], 6),
             "project_id": None,
             "user_id": None,
             "api_key_id": None,
             "model": None,
             "batch_id": None,
         }
+        if kind == "completions":
+            # OpenAI's field says, when grouped by batch, whether the usage came from the Batch API: here it all does.
+            result["batch"] = True if "batch_id" in query.group_by else None
         result.update(zip(query.group_by, key, strict=True))
         results[bucket].append(result)
     return _page(query, results, page_end)

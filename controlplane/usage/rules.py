@@ -17,13 +17,35 @@ class PriceTerms:
     per_million_tokens: Decimal
     per_thousand_rows: Decimal
     per_gpu_second: Decimal
+    # None: charged at per_million_tokens (a price list that predates them, or one that does not split).
+    per_million_cached_tokens: Decimal | None = None
+    per_million_output_tokens: Decimal | None = None
 
 
-def shard_cost(*, terms: PriceTerms, tokens: int, rows: int, compute_seconds: float) -> Decimal:
-    """tokens × price per 1M tokens / 10⁶ + rows × price per 1k rows / 10³ + compute seconds × price per
+def token_cost(*, terms: PriceTerms, tokens: int, cached_tokens: int = 0, output_tokens: int = 0) -> Decimal:
+    """Unrounded: uncached input at the input price, cached input and output at theirs (per 1M tokens)."""
+    if not 0 <= cached_tokens <= tokens or output_tokens < 0:
+        raise ValueError("token counts must be non-negative, cached within the input")
+    cached_price = (
+        terms.per_million_tokens if terms.per_million_cached_tokens is None else terms.per_million_cached_tokens
+    )
+    output_price = (
+        terms.per_million_tokens if terms.per_million_output_tokens is None else terms.per_million_output_tokens
+    )
+    return (
+        Decimal(tokens - cached_tokens) * terms.per_million_tokens
+        + Decimal(cached_tokens) * cached_price
+        + Decimal(output_tokens) * output_price
+    ) / Decimal(1_000_000)
+
+
+def shard_cost(
+    *, terms: PriceTerms, tokens: int, rows: int, compute_seconds: float, cached_tokens: int = 0, output_tokens: int = 0
+) -> Decimal:
+    """Tokens at their prices (token_cost) + rows × price per 1k rows / 10³ + compute seconds × price per
     GPU-second, rounded half up to the ledger's 9 decimal places."""
     amount = (
-        Decimal(tokens) * terms.per_million_tokens / Decimal(1_000_000)
+        token_cost(terms=terms, tokens=tokens, cached_tokens=cached_tokens, output_tokens=output_tokens)
         + Decimal(rows) * terms.per_thousand_rows / Decimal(1_000)
         # repr of a float is its shortest exact decimal: no binary noise reaches the amount.
         + Decimal(repr(float(compute_seconds))) * terms.per_gpu_second

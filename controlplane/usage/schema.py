@@ -47,10 +47,19 @@ class TensorsResultSerializer(_UsageResultSerializer):
     rows = serializers.IntegerField(help_text="Tensor rows (the first dimension of each input).")
 
 
+class CompletionsResultSerializer(_UsageResultSerializer):
+    input_tokens = serializers.IntegerField(help_text="Prompt tokens, cached ones included.")
+    input_cached_tokens = serializers.IntegerField(help_text="Prompt tokens served from the engine's prefix cache.")
+    output_tokens = serializers.IntegerField()
+    input_audio_tokens = serializers.IntegerField(help_text="Always 0.")
+    output_audio_tokens = serializers.IntegerField(help_text="Always 0.")
+    batch = serializers.BooleanField(allow_null=True, help_text="With group_by=batch: true (every line is a batch's).")
+
+
 class CostsResultSerializer(_ResultSerializer):
     amount = CostAmountSerializer()
     line_item = serializers.CharField(
-        allow_null=True, help_text="With group_by=line_item: `<model>, tokens|rows|compute`."
+        allow_null=True, help_text="With group_by=line_item: `<model>, tokens|output tokens|rows|compute`."
     )
 
 
@@ -143,6 +152,7 @@ def _usage(kind: str, result: type[serializers.Serializer[Any]], name: str) -> A
 
 usage_embeddings = _usage("embeddings", EmbeddingsResultSerializer, "Embeddings")
 usage_tensors = _usage("tensors", TensorsResultSerializer, "Tensors")
+usage_completions = _usage("completions", CompletionsResultSerializer, "Completions")
 costs = extend_schema_view(
     get=extend_schema(
         operation_id="usageCosts",

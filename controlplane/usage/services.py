@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from django.db import transaction
@@ -19,6 +20,20 @@ def record_terms(record: UsageRecord) -> PriceTerms:
         per_million_tokens=record.price_per_million_tokens,
         per_thousand_rows=record.price_per_thousand_rows,
         per_gpu_second=record.price_per_gpu_second,
+        per_million_cached_tokens=record.price_per_million_cached_tokens,
+        per_million_output_tokens=record.price_per_million_output_tokens,
+    )
+
+
+def record_cost(record: UsageRecord) -> Decimal:
+    """A ledger row's cost at the prices it carries."""
+    return shard_cost(
+        terms=record_terms(record),
+        tokens=record.tokens,
+        rows=record.rows,
+        compute_seconds=record.compute_seconds,
+        cached_tokens=record.cached_tokens,
+        output_tokens=record.output_tokens,
     )
 
 
@@ -31,8 +46,8 @@ def batch_origin_record(*, batch_id: str, api_key_id: int | None) -> None:
 @dataclass(frozen=True)
 class ShardUsage:
     """What a committed shard did, as the batches app knows it (the ledger imports nothing from batches).
-    ``tokens`` and ``rows`` are what its finished lines are billed, as its endpoint kind counts them
-    (kinds/base.EndpointKind.ledger_units)."""
+    ``tokens`` (input, ``cached_tokens`` of them from the prefix cache), ``output_tokens`` and ``rows`` are what
+    its finished lines are billed, as its endpoint kind counts them (kinds/base.EndpointKind.ledger_units)."""
 
     shard_id: int
     batch_id: str
@@ -49,6 +64,8 @@ class ShardUsage:
     finished_at: datetime
     # Ran for a batch that then failed validation or was cancelled: charged, its output thrown away.
     discarded: bool = False
+    output_tokens: int = 0
+    cached_tokens: int = 0
 
 
 def usage_record_shard(*, usage: ShardUsage) -> UsageRecord:
@@ -75,6 +92,8 @@ def usage_record_shard(*, usage: ShardUsage) -> UsageRecord:
         completed_lines=u.completed,
         failed_lines=u.failed,
         tokens=u.tokens,
+        cached_tokens=u.cached_tokens,
+        output_tokens=u.output_tokens,
         rows=u.rows,
         started_at=u.started_at,
         finished_at=u.finished_at,
@@ -86,12 +105,12 @@ def usage_record_shard(*, usage: ShardUsage) -> UsageRecord:
     if price is not None:
         record.price = price
         record.price_per_million_tokens = price.per_million_tokens
+        record.price_per_million_cached_tokens = price.per_million_cached_tokens
+        record.price_per_million_output_tokens = price.per_million_output_tokens
         record.price_per_thousand_rows = price.per_thousand_rows
         record.price_per_gpu_second = price.per_gpu_second
         record.currency = price.currency
-    record.cost = shard_cost(
-        terms=record_terms(record), tokens=record.tokens, rows=record.rows, compute_seconds=record.compute_seconds
-    )
+    record.cost = record_cost(record)
     record.save()
     return record
 
@@ -103,10 +122,5 @@ def usage_records_attribute(*, shares: dict[int, float]) -> None:
         for record in UsageRecord.objects.select_for_update().filter(id__in=list(shares)):
             record.compute_seconds = shares[record.id]
             record.compute_source = ComputeSource.STATISTICS
-            record.cost = shard_cost(
-                terms=record_terms(record),
-                tokens=record.tokens,
-                rows=record.rows,
-                compute_seconds=record.compute_seconds,
-            )
+            record.cost = record_cost(record)
             record.save(update_fields=["compute_seconds", "compute_source", "cost"])

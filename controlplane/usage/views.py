@@ -1,4 +1,4 @@
-"""``/v1/organization/usage/{embeddings,tensors}`` and ``/v1/organization/costs``: the asking tenant's
+"""``/v1/organization/usage/{embeddings,tensors,completions}`` and ``/v1/organization/costs``: the asking tenant's
 ledger in OpenAI's organization usage shapes, as JSON or as CSV (``Accept: text/csv`` or ``?format=csv``)."""
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ CSV_COLUMNS = (
     "batch_id",
     "line_item",
     "input_tokens",
+    "input_cached_tokens",
+    "output_tokens",
     "rows",
     "num_model_requests",
     "compute_seconds",
@@ -87,6 +89,13 @@ class UsageTensorsView(_ReportView):
     def get(self, request: Request) -> Response:
         query = input_validate(schema.UsageQuerySerializer, request.query_params)
         return Response(usage_report(tenant_id=request_tenant(request).id, **query, kind="tensors"))
+
+
+@schema.usage_completions
+class UsageCompletionsView(_ReportView):
+    def get(self, request: Request) -> Response:
+        query = input_validate(schema.UsageQuerySerializer, request.query_params)
+        return Response(usage_report(tenant_id=request_tenant(request).id, **query, kind="completions"))
 
 
 @schema.costs

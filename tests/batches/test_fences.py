@@ -21,6 +21,7 @@ from controlplane.batches.run.shards import PartSummary, shard_commit, shard_rel
 from controlplane.core import dispatch
 from controlplane.files.models import File
 from controlplane.fleet.models import CatalogueModel
+from controlplane.kinds.base import TokenCounts
 from controlplane.scheduling.claims import shard_claim_next
 from controlplane.usage.models import UsageRecord
 from tests.fakes import FakeBackend
@@ -77,13 +78,13 @@ def test_a_stale_attempt_cannot_release_the_shard(taken_over, content_failure):
 
 def test_a_stale_attempt_cannot_commit_its_part(taken_over):
     stale, current = taken_over
-    stale_part = PartSummary(part_name="parts/stale", completed=2, failed=0, prompt_tokens=0, stopped=False)
+    stale_part = PartSummary(part_name="parts/stale", completed=2, failed=0, tokens=TokenCounts(), stopped=False)
     assert shard_commit(shard_id=stale.id, attempt=stale.attempt, summary=stale_part) is False
     row = _row(current)
     assert (row.status, row.part_name, row.completed_lines) == (ShardStatus.RUNNING, "", 0)
     assert Batch.objects.get(id=row.batch_id).completed_lines == 0
     assert not UsageRecord.objects.filter(batch_id=row.batch_id).exists()
-    current_part = PartSummary(part_name="parts/current", completed=2, failed=0, prompt_tokens=0, stopped=False)
+    current_part = PartSummary(part_name="parts/current", completed=2, failed=0, tokens=TokenCounts(), stopped=False)
     assert shard_commit(shard_id=current.id, attempt=current.attempt, summary=current_part) is True
     assert (_row(current).status, _row(current).part_name) == (ShardStatus.SUCCEEDED, "parts/current")
     assert UsageRecord.objects.filter(batch_id=row.batch_id).count() == 1

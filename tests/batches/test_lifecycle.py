@@ -12,6 +12,7 @@ from controlplane.batches.results.finalize import batch_try_finalize
 from controlplane.core import dispatch
 from controlplane.files.models import File
 from controlplane.files.storage import blob_open
+from controlplane.kinds.base import TokenCounts
 from tests.batches.helpers import embedding_line, jsonl, tensor_line, upload
 from tests.fakes import FakeBackend, fake_embedding
 from tests.running import run_batch, run_next, run_shard
@@ -122,7 +123,7 @@ def test_stale_attempt_cannot_commit(tenant, eager):
     shards_rescue()
     second = shard_claim_next(model=model, owner="w2")
     assert second is not None and (second.id, second.attempt) == (shard.id, 2)
-    summary = PartSummary(part_name="parts/x", completed=1, failed=0, prompt_tokens=1, stopped=False)
+    summary = PartSummary(part_name="parts/x", completed=1, failed=0, tokens=TokenCounts(input=1), stopped=False)
     assert shard_commit(shard_id=shard.id, attempt=1, summary=summary) is False
     assert shard_commit(shard_id=shard.id, attempt=2, summary=summary) is True
     assert shard_commit(shard_id=shard.id, attempt=2, summary=summary) is False  # exactly once

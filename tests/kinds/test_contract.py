@@ -20,7 +20,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controlplane.fleet.models import CatalogueModel
-from controlplane.kinds.base import BodyIssue, EndpointKind, LineFailure, LineOutcome, LineOutput, ParsedLine
+from controlplane.kinds.base import (
+    BodyIssue,
+    EndpointKind,
+    LineFailure,
+    LineOutcome,
+    LineOutput,
+    ParsedLine,
+    TokenCounts,
+)
 from controlplane.kinds.calls import CallKind
 from controlplane.kinds.registry import KINDS, kind_for
 from tests.kinds.fake_engine import FakeEngine
@@ -309,8 +317,10 @@ def test_running_a_shard_reports_every_line_once_in_calls_within_max_batch_size(
 )
 def test_ledger_and_measured_units_are_never_negative(url, completed, refused, estimated, measured):
     kind = kind_for(url)
+    counts = TokenCounts(input=measured, output=measured // 3, cached=measured // 2, choices=completed)
     billed = kind.ledger_units(
-        completed=completed, runnable=completed + refused, estimated_work_units=estimated, measured_tokens=measured
+        completed=completed, runnable=completed + refused, estimated_work_units=estimated, measured=counts
     )
-    assert billed.tokens >= 0 and billed.rows >= 0
-    assert kind.measured_work_units(estimated=estimated, measured_tokens=measured) >= 0
+    assert billed.tokens >= 0 and billed.rows >= 0 and billed.output_tokens >= 0
+    assert 0 <= billed.cached_tokens <= billed.tokens
+    assert kind.measured_work_units(estimated=estimated, measured=counts, model=None) >= 0

@@ -138,7 +138,8 @@ def test_a_chat_batch_follows_the_grammar_and_openais_schema(tenant, tinylm, tri
 
     # Usage billed is what the engine counted for the completed lines.
     shards = Shard.objects.filter(batch=batch)
-    assert sum(s.prompt_tokens for s in shards) == sum(c.usage.total_tokens for c in completions.values())
+    assert sum(s.prompt_tokens for s in shards) == sum(c.usage.prompt_tokens for c in completions.values())
+    assert sum(s.completion_tokens for s in shards) == sum(c.usage.completion_tokens for c in completions.values())
 
 
 def test_a_completions_batch(tenant, tinylm, triton_server, settings, monkeypatch):
@@ -175,3 +176,74 @@ def test_a_managed_fleet_streams_to_the_placement(tenant, tinylm, triton_server,
     for a in range(1, 6):
         assert output[f"f{a}"]["response"]["body"]["choices"][0]["message"]["content"] == count(a, a + 2)
     assert set(Shard.objects.filter(batch=batch).values_list("triton_server", flat=True)) == {"local"}
+
+
+def test_token_accounting_follows_what_the_engine_counted(tenant, tinylm, triton_server, settings, monkeypatch):
+    """Estimate at validation (prompt + w · n · expected completion), correction at settle to what ran
+    ((prompt - cached) + w · completion), the model's expected completion measured from settled shards, and the
+    counts on the shards, the Batch object's usage, the ledger and the completions usage report."""
+    CatalogueModel.objects.filter(name="tinylm").update(completion_weight=2.0, expected_completion_tokens=None)
+    # A shared system prompt: later lines of a shard reuse its cached blocks.
+    system = {"role": "system", "content": " ".join(["filler"] * 40)}
+    lines = [
+        chat_line(f"c{a}", f"count from {a} to {a + 4}", temperature=0, max_tokens=30, n=1 + a % 2) for a in range(1, 9)
+    ]
+    for line in lines:
+        line["body"]["messages"].insert(0, system)
+    batch, output, errors = run_batch(tenant, lines, CHAT, triton_server, tinylm, settings, monkeypatch)
+    assert batch.status == BatchStatus.COMPLETED and errors == {}
+    usages = [ChatCompletion.model_validate(r["response"]["body"]).usage for r in output.values()]
+    prompt = sum(u.prompt_tokens for u in usages)
+    completion = sum(u.completion_tokens for u in usages)
+    cached = sum(u.prompt_tokens_details.cached_tokens for u in usages)
+    choices = sum(1 + a % 2 for a in range(1, 9))
+
+    # The estimate assumed every choice runs to max_tokens (nothing measured yet).
+    assert batch.work_units == prompt + 2.0 * choices * 30
+    # The tenant's share is corrected to what ran.
+    from controlplane.scheduling.models import TenantShare
+
+    served = TenantShare.objects.get(tenant=tenant).served_work_units
+    per_shard = [
+        (s.prompt_tokens - s.cached_tokens) + 2.0 * s.completion_tokens for s in Shard.objects.filter(batch=batch)
+    ]
+    assert served == pytest.approx(sum(round(x) for x in per_shard))
+    assert served == pytest.approx((prompt - cached) + 2.0 * completion, abs=len(per_shard))
+
+    # The shards and the Batch object carry the counts; the ledger bills them.
+    from controlplane.batches.render import batch_render
+    from controlplane.usage.models import UsageRecord
+
+    rendered = batch_render(batch)
+    validate(rendered, "Batch", null_for_unset=True)
+    assert rendered["model"] == "tinylm"
+    assert rendered["usage"] == {
+        "input_tokens": prompt,
+        "output_tokens": completion,
+        "total_tokens": prompt + completion,
+        "input_tokens_details": {"cached_tokens": cached},
+        "output_tokens_details": {"reasoning_tokens": 0},
+    }
+    records = UsageRecord.objects.filter(batch_id=batch.id)
+    assert sum(r.tokens for r in records) == prompt and sum(r.output_tokens for r in records) == completion
+    assert sum(r.cached_tokens for r in records) == cached
+
+    # The expected completion is the mean per choice of each settled shard, smoothed in the order they settled.
+    means = [s.completion_tokens / s.completion_choices for s in Shard.objects.filter(batch=batch).order_by("index")]
+    smoothed = means[0]
+    for mean in means[1:]:
+        smoothed = 0.3 * mean + 0.7 * smoothed
+    expected = CatalogueModel.objects.get(name="tinylm").expected_completion_tokens
+    assert expected == pytest.approx(smoothed) and 1 <= expected <= 30
+    # A later batch is estimated with it (capped by each line's max_tokens).
+    later, _, _ = run_batch(
+        tenant,
+        [chat_line("x", "count from 1 to 3", max_tokens=30), chat_line("y", "count from 1 to 3", max_tokens=4)],
+        CHAT,
+        triton_server,
+        tinylm,
+        settings,
+        monkeypatch,
+    )
+    later_prompt = Batch.objects.get(id=later.id).prompt_tokens
+    assert later.work_units == later_prompt + 2.0 * (min(30, round(expected)) + min(4, round(expected)))

@@ -87,6 +87,20 @@ CHAT_CASES = [
     ("max_tokens negative", {"max_tokens": -3}, "max_tokens", "integer_below_min_value"),
     ("max_completion_tokens zero", {"max_completion_tokens": 0}, "max_completion_tokens", "integer_below_min_value"),
     ("max_tokens over context", {"max_tokens": CONTEXT}, "max_tokens", "context_length_exceeded"),
+    # Huge values are a context error, never an overflow: past int64 and far past any context.
+    ("max_tokens huge", {"max_tokens": 10**18}, "max_tokens", "context_length_exceeded"),
+    ("max_tokens past int64", {"max_tokens": 2**64}, "max_tokens", "context_length_exceeded"),
+    ("max_tokens a huge float", {"max_tokens": 1e30}, "max_tokens", "invalid_type"),
+    ("messages a string", {"messages": "count from 1 to 3"}, "messages", "invalid_type"),
+    ("message an array", _msgs(["user", "hi"]), "messages[0]", "invalid_type"),
+    ("message without content", _msgs({"role": "user"}), "messages[0].content", "missing_required_parameter"),
+    (
+        "text part without text",
+        _msgs(_user([{"type": "text", "text": "hi"}, {"type": "text"}])),
+        "messages[0].content[1].text",
+        "missing_required_parameter",
+    ),
+    ("name not a string", _msgs(_user("hi", name=5)), "messages[0].name", "invalid_type"),
     (
         "max_completion_tokens over context",
         {"max_completion_tokens": 10**12},

@@ -133,7 +133,8 @@ def test_every_line_is_answered_once_in_openais_shapes():
         assert completion.choices[0].message.content == " ".join(str(v) for v in range(a, a + 5))
         assert completion.choices[0].finish_reason == "stop"
         usage = completion.usage
-        assert usage.completion_tokens == 6 and outcome.tokens == usage.total_tokens == usage.prompt_tokens + 6
+        assert usage.completion_tokens == 6 == outcome.completion_tokens and outcome.tokens == usage.prompt_tokens
+        assert (outcome.cached_tokens, outcome.choices) == (usage.prompt_tokens_details.cached_tokens, 1)
 
 
 def test_sampling_fields_reach_the_engine_in_vllms_names():
@@ -257,3 +258,24 @@ def test_an_answer_that_is_not_a_completion_is_a_server_error_line(monkeypatch):
     failure = control.finished[1]
     assert isinstance(failure, LineFailure) and failure.status_code == 500 and "abort" in failure.message
     json.dumps(failure._asdict())  # storable as an error-file line
+
+
+def test_lines_sharing_a_prompt_prefix_are_sent_together():
+    # System prompts longer than the grouping key (generation_run.PREFIX_KEY_TOKENS), told apart by their start.
+    system_a = {"role": "system", "content": "you " + "are a helpful assistant " * 10}
+    system_b = {"role": "system", "content": "please " + "answer the question carefully " * 10}
+    bodies = []
+    for a in range(6):
+        body = chat(f"count from {a} to {a + 2}")
+        body["messages"].insert(0, system_a if a % 2 else system_b)
+        bodies.append(body)
+    _, control, engine = run(CHAT, bodies)
+    assert sorted(control.finished) == list(range(1, 7))  # every line answered, whatever the sending order
+    prompts = [request.prompt for request in engine.submitted]
+    firsts = [prompt.split("<|user|>")[0] for prompt in prompts]
+    # Each system prompt's lines form one run of consecutive submissions, the first line's group first.
+    assert len([i for i in range(1, len(firsts)) if firsts[i] != firsts[i - 1]]) == 1
+    assert "please" in firsts[0]
+    # Without shared prefixes the file order stands.
+    _, _, plain = run(CHAT, [chat(f"count from {a} to {a + 2}") for a in range(5)])
+    assert [request.prompt.split()[3] for request in plain.submitted] == ["0", "1", "2", "3", "4"]

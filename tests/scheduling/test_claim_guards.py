@@ -14,6 +14,7 @@ from controlplane.batches.models import Shard, ShardStatus
 from controlplane.batches.run.shards import PartSummary, shard_claim_selected, shard_commit
 from controlplane.core import dispatch
 from controlplane.fleet.models import CatalogueModel
+from controlplane.kinds.base import TokenCounts
 from controlplane.scheduling.claims import shard_claim_next
 from tests.row_locks import beside_held_rows
 from tests.scheduling.helpers import new_tenant, runnable_batch
@@ -66,7 +67,7 @@ def test_the_claim_update_takes_only_a_pending_shard(quiet):
     row = Shard.objects.get(id=running.id)
     assert (row.status, row.attempt, row.lease_owner) == (ShardStatus.RUNNING, 1, "w1")
 
-    summary = PartSummary(part_name="parts/done", completed=2, failed=0, prompt_tokens=0, stopped=False)
+    summary = PartSummary(part_name="parts/done", completed=2, failed=0, tokens=TokenCounts(), stopped=False)
     assert shard_commit(shard_id=running.id, attempt=1, summary=summary)
     assert shard_claim_selected(shard_id=running.id, owner="w3", now=timezone.now()) is None
     row = Shard.objects.get(id=running.id)

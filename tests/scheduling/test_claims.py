@@ -13,6 +13,7 @@ from django.utils import timezone
 from controlplane.batches.models import Batch, Shard, ShardStatus
 from controlplane.core import dispatch
 from controlplane.fleet.models import CatalogueModel
+from controlplane.kinds.base import TokenCounts
 from controlplane.scheduling.claims import shard_claim_next
 from controlplane.scheduling.models import TenantShare
 from controlplane.tenants.models import Tenant
@@ -217,7 +218,9 @@ def test_the_speed_estimate_counts_what_a_shard_cost_its_slot(quiet):
 
     def settled(cycle_seconds):
         shard = shard_claim_next(model=_identity(), owner="t")
-        assert shard_commit(shard_id=shard.id, attempt=shard.attempt, summary=PartSummary("p", 2, 0, 0, False))
+        assert shard_commit(
+            shard_id=shard.id, attempt=shard.attempt, summary=PartSummary("p", 2, 0, TokenCounts(), False)
+        )
         shard_settle(shard_id=shard.id, cycle_seconds=cycle_seconds)
         return _identity().seconds_per_work_unit
 

@@ -131,7 +131,9 @@ def shards_discard(*, batch_id: str, charge: bool = False) -> int:
     parts = [name for pair in shards.values_list("part_name", "columns_name") for name in pair if name]
     deleted, _ = shards.delete()
     if deleted:
-        Batch.objects.filter(id=batch_id).update(completed_lines=0, failed_lines=0, prompt_tokens=0)
+        Batch.objects.filter(id=batch_id).update(
+            completed_lines=0, failed_lines=0, prompt_tokens=0, completion_tokens=0, cached_tokens=0
+        )
     for name in parts:
         transaction.on_commit(partial(_delete_quietly, name))
     return deleted

@@ -33,7 +33,7 @@ from controlplane.core.database import when_database_answers
 from controlplane.files.models import File
 from controlplane.files.storage import blob_delete, blob_read_range, blob_save_spooled, blob_spool
 from controlplane.fleet.models import CatalogueModel
-from controlplane.kinds.base import Backend, Call, EndpointKind, LineFailure, LineOutcome, ParsedLine
+from controlplane.kinds.base import Backend, Call, EndpointKind, LineFailure, LineOutcome, ParsedLine, TokenCounts
 from controlplane.kinds.registry import kind_for
 from controlplane.triton.client import PermanentTritonError, TransientTritonError
 
@@ -215,7 +215,8 @@ class _PartEntries:
     ) -> None:
         self.shard, self.lines, self.keeper, self.line_errors = shard, lines, keeper, line_errors
         self.entries: dict[int, bytes] = {}
-        self.completed = self.failed = self.tokens = 0
+        self.completed = self.failed = 0
+        self.tokens = TokenCounts()
         self._last_check = time.monotonic()
         self._stopping = False
 
@@ -248,7 +249,13 @@ class _PartEntries:
             self.line_errors.add(line=number, code=outcome.code, message=outcome.message)
         else:
             self.entries[number] = encode_entry(number, "out", output_record(batch_id, number, custom_id, outcome.body))
-            self.tokens += outcome.tokens
+            t = self.tokens
+            self.tokens = TokenCounts(
+                t.input + outcome.tokens,
+                t.output + outcome.completion_tokens,
+                t.cached + outcome.cached_tokens,
+                t.choices + outcome.choices,
+            )
             self.completed += 1
 
 
@@ -259,5 +266,5 @@ def _write_part(shard: Shard, runner: _PartEntries, entries: list[bytes], stoppe
         spool.writelines(entries)
         blob_save_spooled(name, spool)
     return PartSummary(
-        part_name=name, completed=runner.completed, failed=runner.failed, prompt_tokens=runner.tokens, stopped=stopped
+        part_name=name, completed=runner.completed, failed=runner.failed, tokens=runner.tokens, stopped=stopped
     )

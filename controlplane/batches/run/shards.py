@@ -28,6 +28,7 @@ from controlplane.batches.transitions import event_record
 from controlplane.batches.usage_rows import shard_usage_from_row
 from controlplane.core import dispatch
 from controlplane.core.errors import Conflict, NotFound
+from controlplane.kinds.base import TokenCounts
 from controlplane.usage.services import usage_record_shard
 
 logger = logging.getLogger(__name__)
@@ -105,7 +106,7 @@ class PartSummary:
     part_name: str
     completed: int
     failed: int
-    prompt_tokens: int
+    tokens: TokenCounts  # what the model counted for the completed lines
     stopped: bool  # True when cancel/expiry interrupted the shard: the part holds only some lines
 
 
@@ -131,7 +132,10 @@ def shard_commit(*, shard_id: int, attempt: int, summary: PartSummary) -> bool:
             part_name=summary.part_name,
             completed_lines=summary.completed,
             failed_lines=summary.failed,
-            prompt_tokens=summary.prompt_tokens,
+            prompt_tokens=summary.tokens.input,
+            completion_tokens=summary.tokens.output,
+            cached_tokens=summary.tokens.cached,
+            completion_choices=summary.tokens.choices,
             finished_at=timezone.now(),
             lease_expires_at=None,
         )
@@ -143,7 +147,9 @@ def shard_commit(*, shard_id: int, attempt: int, summary: PartSummary) -> bool:
         Batch.objects.filter(id=shard.batch_id).update(
             completed_lines=F("completed_lines") + summary.completed,
             failed_lines=F("failed_lines") + summary.failed,
-            prompt_tokens=F("prompt_tokens") + summary.prompt_tokens,
+            prompt_tokens=F("prompt_tokens") + summary.tokens.input,
+            completion_tokens=F("completion_tokens") + summary.tokens.output,
+            cached_tokens=F("cached_tokens") + summary.tokens.cached,
         )
         event_record(
             batch_id=shard.batch_id,
@@ -157,7 +163,7 @@ def shard_commit(*, shard_id: int, attempt: int, summary: PartSummary) -> bool:
 # What the ledger row and the commit read of the shard and its batch (not the batch's other columns).
 _USAGE_FIELDS = (
     *("id", "batch_id", "index", "work_units", "request_count", "started_at", "finished_at", "triton_server"),
-    *("completed_lines", "failed_lines", "prompt_tokens"),
+    *("completed_lines", "failed_lines", "prompt_tokens", "completion_tokens", "cached_tokens", "completion_choices"),
     *("batch__tenant_id", "batch__endpoint", "batch__model", "batch__model_snapshot"),
 )
 
