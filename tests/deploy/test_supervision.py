@@ -42,6 +42,11 @@ def stack(triton_server, tmp_path_factory) -> Iterator[Stack]:
         yield running
 
 
+# How long a restart may take before the test calls the supervisor stuck: far above the 1-2 s backoffs, so a
+# busy machine slows the test down instead of failing it.
+RESTART_GIVE_UP_S = 60.0
+
+
 def _crash(stack: Stack, name: str) -> int:
     """SIGKILL the child's process group behind the runner's back, as the OOM killer would."""
     pid = stack.procs[name].pid
@@ -88,17 +93,23 @@ def test_crashed_worker_and_beat_are_restarted_with_backoff_and_work_completes(s
     client = OpenAI(base_url=f"{stack.base_url}/v1", api_key=key, max_retries=0, timeout=60)
 
     worker_pid, beat_pid = _crash(stack, "worker"), _crash(stack, "beat")
-    # First crash in a row: restarted after 1 s (plus the supervisor's 0.2 s poll); 3x margin.
-    assert _wait_restarted(stack, "worker", worker_pid, timeout_s=4.0) < 4.0
-    _wait_restarted(stack, "beat", beat_pid, timeout_s=4.0)
+    # First crash in a row: restarted after the 1 s backoff. The supervisor's own record says which delay it
+    # chose; the clock only bounds it from below (a loaded machine makes restarts later, never sooner), and the
+    # generous wait is for a stuck supervisor, not a speed limit.
+    first_wait = _wait_restarted(stack, "worker", worker_pid, timeout_s=RESTART_GIVE_UP_S)
+    beat_wait = _wait_restarted(stack, "beat", beat_pid, timeout_s=RESTART_GIVE_UP_S)
     first = {r.name: r for r in stack.restarts}
     assert first["worker"].returncode == -signal.SIGKILL and first["worker"].delay_s == 1.0
     assert first["beat"].delay_s == 1.0
+    assert first_wait >= 0.9, first_wait  # beat's wait starts after the worker's: it may be back already
 
     # A second crash soon after doubles the delay.
     worker_pid = _crash(stack, "worker")
-    waited = _wait_restarted(stack, "worker", worker_pid, timeout_s=8.0)
-    assert stack.restarts[-1].name == "worker" and stack.restarts[-1].delay_s == 2.0 and waited >= 1.9
+    second_wait = _wait_restarted(stack, "worker", worker_pid, timeout_s=RESTART_GIVE_UP_S)
+    assert stack.restarts[-1].name == "worker" and stack.restarts[-1].delay_s == 2.0 and second_wait >= 1.9
+    print(
+        f"restarts: worker {first_wait:.2f} s (backoff 1 s), beat {beat_wait:.2f} s, worker again {second_wait:.2f} s (2 s)"
+    )
 
     # The restarted worker serves a batch end to end.
     lines = tensor_lines(64, prefix="sup")
