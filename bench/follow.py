@@ -4,7 +4,8 @@ and /errors every second) while the batch runs, against the same batch with nobo
 Corpus: identity requests on `/v2/infer` (bench/hotpath.py's, one [1, 4] FP32 row per line: the model costs
 nothing, so the control plane's own work, which a follower competes with, is what is timed). One stack (the
 local runner, as `make serve` runs it); the runs alternate, without then with a follower, `--repeat` times, so
-a drift of this host's speed falls on both. A batch's time is its own: created_at → completed_at.
+a drift of this host's speed falls on both. A batch's time is its own: created_at → completed_at. Early
+dispatch is off (BATCH_EARLY_DISPATCH=0), so every run of the file gets the same shards.
 
 With a follower, its file must equal the final output file as a set of lines, with no line twice.
 
@@ -67,6 +68,9 @@ def main() -> int:
     parser.add_argument("--lines", type=int, default=200_000)
     parser.add_argument("--repeat", type=int, default=2, help="pairs of runs (alone, followed)")
     args = parser.parse_args()
+    # One shard plan for every run: early dispatch closes shards at validation's pace, which a loaded host changes
+    # from run to run (measured 2026-12-02: 12 shards in one run, 308 in the next, of the same file).
+    os.environ.setdefault("BATCH_EARLY_DISPATCH", "0")
     content = corpus(args.lines)
     bench = Bench(Path(tempfile.mkdtemp(prefix="bench-follow-")))
     alone: list[float] = []
