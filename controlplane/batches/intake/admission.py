@@ -6,11 +6,12 @@ concurrent creates cannot both slip under a quota. It only reads; the caller wri
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from django.utils import timezone
 
 from controlplane.batches import selectors
 from controlplane.core.errors import QuotaExceeded, ValidationFailed
-from controlplane.files.models import File
 from controlplane.tenants.models import PRIORITY_RANK, Priority, Tenant, priority_parse
 from controlplane.usage.spendcap import spend_cap_enforce
 
@@ -23,7 +24,14 @@ ADMISSION_RETRY_AFTER_SECONDS = 60
 _NO_SDK_RETRY = {"x-should-retry": "false"}
 
 
-def batch_admit(*, tenant: Tenant, input_file: File, priority: str | None) -> str:
+class CountedInput(Protocol):
+    """What admission reads of an input file (files' row, from files.selectors)."""
+
+    @property
+    def line_count(self) -> int | None: ...
+
+
+def batch_admit(*, tenant: Tenant, input_file: CountedInput, priority: str | None) -> str:
     """Return the priority class the new batch gets, or raise ValidationFailed (400) for a priority the
     tenant may not use, QuotaExceeded (429) when the tenant is at its monthly spend cap, at its
     concurrent-batch limit, or the file's lines would take its enqueued lines over the limit.

@@ -11,7 +11,7 @@ time, on one core, with the other idle. Nothing of it shows before the whole fil
   ``in_progress``, so a tenant is never charged for a batch that then fails;
 - if the file turns out invalid, or the batch is cancelled or expires while validating, its shards are
   deleted with the terminal state (``shards_discard``): a running shard's commit and lease renewals then
-  match no row, so it publishes nothing, and its part is deleted (or collected by storage_gc);
+  match no row, so it publishes nothing, and its part is deleted (or collected by files/storage_gc.py);
 - each validation attempt takes a number (Batch.validation_attempt): a redelivered or rescued attempt
   discards the shards of the one it supersedes, and the superseded one can add and settle nothing.
 
@@ -130,5 +130,5 @@ def shards_discard(*, batch_id: str) -> int:
 
 
 def _delete_quietly(name: str) -> None:
-    with contextlib.suppress(OSError):  # storage_gc collects a part that no shard names
+    with contextlib.suppress(OSError):  # files/storage_gc.py collects a part that no shard names
         blob_delete(name)
