@@ -7,11 +7,12 @@ class BatchesConfig(AppConfig):
 
     def ready(self) -> None:
         # Fleet sits below the batch pipeline and reads shard facts only through this port (fleet/work.py).
-        from controlplane.batches.selectors import file_input_of_active_batch
+        from controlplane.batches.file_use import BatchFileUse
         from controlplane.batches.work_facts import ShardWork
-        from controlplane.files.in_use import file_in_use_register
+        from controlplane.files.in_use import file_user_register
         from controlplane.fleet.work import work_source_register
 
         work_source_register(ShardWork())
-        # Files sit below too: they ask whether a batch still reads a file before deleting it (files/in_use.py).
-        file_in_use_register(file_input_of_active_batch)
+        # Files sit below too: before deleting, expiring or collecting, they ask which files and blobs the
+        # pipeline still needs (files/in_use.py).
+        file_user_register(BatchFileUse())

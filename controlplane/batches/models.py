@@ -53,6 +53,14 @@ class Batch(models.Model):
     endpoint = models.CharField(max_length=64, choices=Endpoint.choices)
     # A plain id, not a foreign key: the tenant may delete the input file once the batch is done.
     input_file_id = models.CharField(max_length=40, db_index=True)
+    # What the batch needs of its input file, kept at create as model_snapshot keeps the model: validation,
+    # execution and finalization read the input's blob by this name and never ask files (selectors.batch_input_name).
+    # A re-run's is the name its input will be stored under (files/services.file_reserve). Blank only on rows
+    # the last release wrote (db_default, for its INSERTs during a rolling upgrade).
+    input_storage_name = models.CharField(max_length=500, blank=True, default="", db_default="")
+    # The input's non-blank lines counted at upload (File.line_count), for the enqueued-lines quota while the
+    # batch validates (selectors.batch_enqueued_lines). Null when unknown: an older upload, or a re-run's input.
+    input_line_count = models.PositiveBigIntegerField(null=True, blank=True)
     completion_window = models.CharField(max_length=16)
     status = models.CharField(max_length=16, choices=BatchStatus.choices, default=BatchStatus.VALIDATING)
     stop_reason = models.CharField(max_length=16, choices=StopReason.choices, null=True, blank=True)

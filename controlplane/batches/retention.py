@@ -1,9 +1,10 @@
-"""Data lifecycle sweeps that need to know about batches (beat, batches/tasks.py).
+"""The batch pipeline's data lifecycle sweeps (beat, batches/tasks.py). Files' own sweeps (expiry, orphan
+blobs) are files/retention.py and files/storage_gc.py, which ask the pipeline what it still needs
+(batches/file_use.py).
 
-- ``files_expire``: files past their ``expires_at`` are deleted (row, then blob), except an input file a
-  non-terminal batch still reads, which goes on the first run after that batch ends.
 - ``history_prune``: the events and shard rows of batches that ended more than BATCH_RETENTION_DAYS ago;
   the Batch row itself, with its counts and file ids, stays.
+- ``parts_collect``: the part and columns blobs of batches that ended more than STORAGE_GC_GRACE_SECONDS ago.
 
 Both are bounded per run and delete in small chunks, each its own short transaction, so a backlog (the
 first run on a year of history) never holds locks for long nor builds one huge transaction.
@@ -19,19 +20,17 @@ from functools import reduce
 from django.conf import settings
 from django.db.models import Model, Q, QuerySet
 
-from controlplane.batches.models import ACTIVE_STATUSES, Batch, BatchEvent, BatchStatus, Shard
-from controlplane.core.errors import Conflict
-from controlplane.files.models import File
-from controlplane.files.services import file_delete
+from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard
+from controlplane.files.storage import blob_delete
 
 logger = logging.getLogger(__name__)
 
-# Expired files deleted per run (a row and a blob each); the rest wait for the next run.
-FILES_PER_RUN = 500
 # Rows per DELETE statement: small enough to be a short transaction, large enough to be few statements.
 DELETE_CHUNK = 1000
 # Rows of each kind one prune run deletes at most, so a run ends in seconds; the next run goes on.
 PRUNE_ROWS_PER_RUN = 100_000
+# Part blobs one run deletes at most; the rest go on the next run.
+PARTS_PER_RUN = 5000
 
 # The stamp each terminal status sets when the batch ends.
 _ENDED_AT = {
@@ -47,24 +46,6 @@ def ended_before(cutoff: datetime) -> Q:
     return reduce(operator.or_, (Q(status=status, **{f"{stamp}__lt": cutoff}) for status, stamp in _ENDED_AT.items()))
 
 
-def files_expire(*, now: datetime, limit: int = FILES_PER_RUN) -> list[str]:
-    """Delete files whose ``expires_at`` has passed, soonest expiry first; returns their ids. Input files
-    of non-terminal batches are skipped (file_delete refuses them too, should one start meanwhile). A
-    crash between a row and its blob leaves an orphan blob, which the storage collector removes."""
-    in_use = Batch.objects.filter(status__in=ACTIVE_STATUSES).values("input_file_id")
-    expired = File.objects.filter(expires_at__lte=now).exclude(id__in=in_use).order_by("expires_at")
-    deleted = []
-    for file in expired[:limit]:
-        try:
-            file_delete(file=file)
-        except Conflict:
-            continue  # a batch started reading it since the query: it expires after that batch
-        deleted.append(file.id)
-    if deleted:
-        logger.info("deleted %d expired files", len(deleted))
-    return deleted
-
-
 def history_prune(*, now: datetime, limit: int = PRUNE_ROWS_PER_RUN) -> dict[str, int]:
     """Delete BatchEvent and Shard rows of batches that ended more than BATCH_RETENTION_DAYS before
     ``now``; returns how many of each. Part blobs a deleted shard still named are left to the storage
@@ -77,6 +58,26 @@ def history_prune(*, now: datetime, limit: int = PRUNE_ROWS_PER_RUN) -> dict[str
     if any(pruned.values()):
         logger.info("pruned history of ended batches: %s", pruned)
     return pruned
+
+
+def parts_collect(*, now: datetime, limit: int = PARTS_PER_RUN) -> int:
+    """Delete the part and columns blobs of batches that ended more than STORAGE_GC_GRACE_SECONDS ago
+    (finalization has copied their lines into the output and error files); returns how many. The shard row
+    forgets its blob first, then the blob goes: a crash in between leaves an orphan blob, which the orphan
+    collector (files/storage_gc.py) removes later."""
+    cutoff = now - timedelta(seconds=settings.STORAGE_GC_GRACE_SECONDS)
+    ended = Shard.objects.filter(batch__in=Batch.objects.filter(ended_before(cutoff)))
+    collected = 0
+    for field in ("part_name", "columns_name"):
+        named = ended.exclude(**{field: ""}).values_list("id", field)[: limit - collected]
+        for shard_id, name in list(named):
+            # Conditional: only the run that clears the name deletes the blob.
+            if Shard.objects.filter(id=shard_id, **{field: name}).update(**{field: ""}) == 1:
+                blob_delete(name)
+                collected += 1
+    if collected:
+        logger.info("deleted %d part blobs of ended batches", collected)
+    return collected
 
 
 def _delete_in_chunks(rows: QuerySet[BatchEvent] | QuerySet[Shard], *, limit: int) -> int:

@@ -23,6 +23,7 @@ from controlplane.batches.intake.validation_deadline import DeadlineStream, Vali
 from controlplane.batches.intake.windows import parse_completion_window
 from controlplane.batches.models import Batch, BatchStatus, Shard, StopReason
 from controlplane.batches.run.shards import shards_skip_pending
+from controlplane.batches.selectors import batch_input_name
 from controlplane.batches.transitions import (
     batch_end_validating,
     batch_fail,
@@ -34,9 +35,8 @@ from controlplane.core import dispatch, tracing
 from controlplane.core.errors import Conflict, ValidationFailed
 from controlplane.core.jsontext import bad_text
 from controlplane.files.lifecycle import expires_after_parse
-from controlplane.files.models import File
 from controlplane.files.quota import storage_reserve
-from controlplane.files.selectors import file_get
+from controlplane.files.selectors import file_batch_input_get, file_storage_name
 from controlplane.files.storage import blob_delete, blob_open, blob_save
 from controlplane.kinds.registry import KINDS, endpoint_urls, kind_for
 from controlplane.tenants.models import Tenant
@@ -79,7 +79,8 @@ def batch_create(
 ) -> Batch:
     """A batch in ``validating``, its ``created`` event, its origin (the API key that asked, for the usage
     ledger's grouping by key) and its validation message, all in one transaction: a batch never exists
-    without its origin row."""
+    without its origin row. The batch keeps what it needs of its input (its blob's name, its line count), so
+    the pipeline never reads the file's row again."""
     if not isinstance(endpoint, str) or endpoint not in KINDS:
         raise ValidationFailed(f"endpoint must be one of {endpoint_urls()}, got {endpoint!r}.", param="endpoint")
     window = parse_completion_window(completion_window)
@@ -87,12 +88,7 @@ def batch_create(
     results_expire_after = expires_after_parse(output_expires_after, param="output_expires_after")
     if not isinstance(input_file_id, str):
         raise ValidationFailed("input_file_id must be a file id string.", param="input_file_id")
-    input_file = file_get(tenant=tenant, file_id=input_file_id)
-    if input_file.purpose != File.Purpose.BATCH:
-        raise ValidationFailed(
-            f"File {input_file.id} has purpose {input_file.purpose!r}; upload the input with purpose 'batch'.",
-            param="input_file_id",
-        )
+    input_file = file_batch_input_get(tenant=tenant, file_id=input_file_id)
     # The batch's trace starts here (under the request's span when the web is instrumented): core/tracing.py.
     with tracing.span("batch.create", attributes={"tenant.id": tenant.id, "batch.endpoint": endpoint}) as span:
         with transaction.atomic():
@@ -103,6 +99,8 @@ def batch_create(
                 tenant=locked,
                 endpoint=endpoint,
                 input_file_id=input_file.id,
+                input_storage_name=input_file.storage_name,
+                input_line_count=input_file.line_count,
                 completion_window=completion_window,
                 metadata=metadata,
                 priority=chosen_priority,
@@ -170,8 +168,8 @@ def validation_error_entry(batch_id: str, what_happened: str) -> dict[str, Any]:
 
 
 def _batch_validate_input(batch: Batch, attempt: int) -> None:
-    input_file = File.objects.filter(id=batch.input_file_id, tenant_id=batch.tenant_id).first()
-    if input_file is None:
+    # file_delete refuses a live batch's input; this catches a delete that raced the batch's create.
+    if file_storage_name(tenant_id=batch.tenant_id, file_id=batch.input_file_id) is None:
         batch_validation_fail(
             batch,
             [
@@ -190,7 +188,7 @@ def _batch_validate_input(batch: Batch, attempt: int) -> None:
         kind=kind_for(batch.endpoint), batch_id=batch.id, attempt=attempt, save=blob_save, delete=blob_delete
     )
     stop_at = attempt_stop_at(batch_id=batch.id, created_at=batch.created_at)
-    with blob_open(input_file.storage_name) as stream:
+    with blob_open(batch_input_name(batch)) as stream:
         result = validate_input(
             DeadlineStream(stream, stop_at=stop_at),  # type: ignore[arg-type]  # readline is all it reads
             endpoint=batch.endpoint,

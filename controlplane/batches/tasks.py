@@ -9,10 +9,11 @@ from __future__ import annotations
 from celery import shared_task
 from django.utils import timezone
 
-from controlplane.batches import retention, services, storage_gc, validation_rescue
+from controlplane.batches import retention, services, validation_rescue
 from controlplane.batches.results import finalize, rerun_input
 from controlplane.batches.run import shards
 from controlplane.core.logs import log_context_bind
+from controlplane.files.storage_gc import orphans_collect
 from controlplane.webhooks.housekeeping import webhooks_housekeep
 
 
@@ -47,12 +48,8 @@ def batches_expire_task() -> int:
     return len(services.batches_expire())
 
 
-# Data lifecycle (batches/retention.py, batches/storage_gc.py): each run is bounded; the next goes on.
-@shared_task(name="batches.files_expire")
-def files_expire_task() -> int:
-    return len(retention.files_expire(now=timezone.now()))
-
-
+# Data lifecycle (batches/retention.py; files' expiry and orphan collection are files/retention.py,
+# files/storage_gc.py, the expiry task files/tasks.py): each run is bounded; the next goes on.
 @shared_task(name="batches.history_prune")
 def history_prune_task() -> dict[str, int]:
     now = timezone.now()
@@ -63,4 +60,5 @@ def history_prune_task() -> dict[str, int]:
 @shared_task(name="batches.storage_collect")
 def storage_collect_task() -> int:
     now = timezone.now()
-    return storage_gc.parts_collect(now=now) + len(storage_gc.orphans_collect(now=now))
+    # Parts of ended batches first: a part whose shard row a prune removed is an orphan the second sweep finds.
+    return retention.parts_collect(now=now) + len(orphans_collect(now=now))

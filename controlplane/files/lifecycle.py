@@ -2,7 +2,7 @@
 
 Both are ``{"anchor": "created_at", "seconds": N}``: the file expires N seconds after its own creation.
 Expired files disappear from the tenant's view at once (files/selectors.py) and are deleted by beat
-(batches/retention.files_expire), except an input file that a live batch still reads."""
+(files/retention.files_expire), except an input file that a live batch still reads."""
 
 from __future__ import annotations
 

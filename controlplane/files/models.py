@@ -26,7 +26,7 @@ class File(models.Model):
     line_count = models.PositiveBigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     # OpenAI's expires_after / a batch's output_expires_after (anchor: created_at). Past it the file is
-    # gone for the tenant and beat deletes it (batches/retention.files_expire); null keeps it until deleted.
+    # gone for the tenant and beat deletes it (files/retention.files_expire); null keeps it until deleted.
     expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
 
     class Meta:

@@ -3,14 +3,14 @@ from __future__ import annotations
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from controlplane.core.errors import NotFound
+from controlplane.core.errors import NotFound, ValidationFailed
 from controlplane.files.models import File
 from controlplane.tenants.models import Tenant
 
 
 def _unexpired(qs: QuerySet[File]) -> QuerySet[File]:
     """Past ``expires_at`` a file is gone for the tenant, as on OpenAI, even before beat deletes it (or
-    while a live batch still reads it: batches/retention.files_expire deletes it when that batch ends)."""
+    while a live batch still reads it: files/retention.files_expire deletes it when that batch ends)."""
     return qs.filter(Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now()))
 
 
@@ -27,3 +27,20 @@ def file_list(*, tenant: Tenant, purpose: str | None = None) -> QuerySet[File]:
     if purpose:
         qs = qs.filter(purpose=purpose)
     return qs
+
+
+def file_batch_input_get(*, tenant: Tenant, file_id: str) -> File:
+    """The tenant's file for a batch to read: it exists, has not expired, and was uploaded as a batch input."""
+    file = file_get(tenant=tenant, file_id=file_id)
+    if file.purpose != File.Purpose.BATCH:
+        raise ValidationFailed(
+            f"File {file.id} has purpose {file.purpose!r}; upload the input with purpose 'batch'.",
+            param="input_file_id",
+        )
+    return file
+
+
+def file_storage_name(*, tenant_id: int, file_id: str) -> str | None:
+    """The blob of the tenant's file, or None when its row is gone (deleted, or expired and collected). An
+    expired file that beat has not deleted yet still answers: a batch that read it keeps reading it."""
+    return File.objects.filter(tenant_id=tenant_id, id=file_id).values_list("storage_name", flat=True).first()

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import secrets
+from dataclasses import dataclass
 from typing import IO, cast
 
 from django.db import transaction
@@ -14,8 +16,23 @@ from controlplane.files.storage import blob_delete, blob_save
 from controlplane.tenants.models import Tenant
 
 
-def _storage_name(tenant: Tenant, file_id: str) -> str:
-    return f"files/{tenant.id}/{file_id}"
+def _storage_name(tenant_id: int, file_id: str) -> str:
+    return f"files/{tenant_id}/{file_id}"
+
+
+@dataclass(frozen=True)
+class ReservedFile:
+    """A file's id handed out before its content exists, and the storage name ``file_create`` gives it."""
+
+    id: str
+    storage_name: str
+
+
+def file_reserve(*, tenant_id: int) -> ReservedFile:
+    """Name a file that a later ``file_create(file_id=...)`` stores (a re-run batch's input, built by its
+    validation task): the batch keeps both from its create on, as it keeps an uploaded input's."""
+    file_id = new_file_id()
+    return ReservedFile(id=file_id, storage_name=_storage_name(tenant_id, file_id))
 
 
 def file_create(
@@ -40,7 +57,7 @@ def file_create(
     file_id = file_id or new_file_id()
     counting = LineCountingReader(content, size=size)
     # cast: storage only calls read/seek/tell on it, which the wrapper provides.
-    name = blob_save(_storage_name(tenant, file_id), cast(IO[bytes], counting))
+    name = blob_save(_storage_name(tenant.id, file_id), cast(IO[bytes], counting))
     try:
         with transaction.atomic():
             storage_quota_enforce(tenant_id=tenant.id, incoming=size)
@@ -60,8 +77,32 @@ def file_create(
         raise
 
 
+def result_blob_name(*, tenant_id: int, stem: str) -> str:
+    """A fresh storage name for a result file (the storage collector's ``results/`` prefix); its content is
+    written there first, then ``file_result_create`` records the row."""
+    return f"results/{tenant_id}/{stem}_{secrets.token_hex(4)}.jsonl"
+
+
+def file_result_create(
+    *, tenant_id: int, filename: str, storage_name: str, size: int, expires_after: int | None
+) -> File:
+    """The row of a result file (a batch's output or error file) whose blob is already stored under
+    ``storage_name``. Call inside the transaction that publishes it: rolled back, no row names the blob and
+    the caller deletes it (or the storage collector does). Never refused by the storage quota
+    (files/quota.py): a finished batch always gets its files."""
+    file = File.objects.create(
+        tenant_id=tenant_id,
+        filename=filename[:255],
+        purpose=File.Purpose.BATCH_OUTPUT,
+        bytes=size,
+        storage_name=storage_name,
+    )
+    file_expiry_set(file=file, seconds=expires_after)
+    return file
+
+
 def file_delete(*, file: File) -> None:
-    reason = file_in_use(file)
+    reason = file_in_use(file_id=file.id, tenant_id=file.tenant_id)
     if reason is not None:
         raise Conflict(reason, param="file_id")
     with transaction.atomic():

@@ -48,7 +48,7 @@ def blob_spool(name: str) -> Iterator[IO[bytes]]:
     """A scratch file for content that ``blob_save_spooled`` will store under ``name``. On local storage it
     is written beside that blob (``name`` + ".<hex>.spool", under the same prefix), so storing it is a link rather
     than a second copy of what may be a gigabyte, and a crash leaves it where the orphan collector finds it
-    (batches/storage_gc.py). On S3 it is a local temporary file that the upload reads."""
+    (files/storage_gc.py). On S3 it is a local temporary file that the upload reads."""
     storage = blob_storage()
     # A name of its own (never shared with another writer of the same blob name), created exclusively.
     local = isinstance(storage, FileSystemStorage)

@@ -22,10 +22,13 @@ def _file(tenant, lines: int) -> File:
 
 
 def _batch(tenant, file: File, status: str = BatchStatus.VALIDATING, total_lines: int = 0) -> Batch:
+    """A batch row as batch_create writes it, with what it keeps of its input."""
     return Batch.objects.create(
         tenant=tenant,
         endpoint="/v1/embeddings",
         input_file_id=file.id,
+        input_storage_name=file.storage_name,
+        input_line_count=file.line_count,
         completion_window="24h",
         expires_at=timezone.now() + timedelta(hours=24),
         status=status,

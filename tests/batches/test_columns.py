@@ -18,11 +18,12 @@ from controlplane.batches.intake.quickcheck import FastLane
 from controlplane.batches.intake.requests import ModelResolver
 from controlplane.batches.intake.validation import BatchColumns
 from controlplane.batches.models import Batch, BatchStatus, Shard
+from controlplane.batches.retention import parts_collect
 from controlplane.batches.run import execution
-from controlplane.batches.storage_gc import orphans_collect, parts_collect
 from controlplane.core import dispatch
 from controlplane.files.models import File
 from controlplane.files.storage import blob_open, blob_save, blob_storage
+from controlplane.files.storage_gc import orphans_collect
 from controlplane.kinds import tensor_columns as columns_module
 from controlplane.kinds.base import LineIssue
 from controlplane.kinds.registry import kind_for

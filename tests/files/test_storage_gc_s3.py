@@ -1,4 +1,4 @@
-"""The storage collector (batches/storage_gc.py) on the S3 server (tests/files/conftest.py): listing,
+"""The orphan collector (files/storage_gc.py) on the S3 server (tests/files/conftest.py): listing,
 modified times and deletes through django-storages' S3 backend, which has no directories."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from controlplane.batches import storage_gc
+from controlplane.files import storage_gc
 from controlplane.files.services import file_create
 from controlplane.files.storage import blob_save
 

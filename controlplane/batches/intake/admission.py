@@ -9,7 +9,7 @@ cannot both slip under a limit only one fits. They only read; the caller writes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from django.conf import settings
 from django.db.models import Q, Sum
@@ -19,7 +19,6 @@ from controlplane.batches import selectors
 from controlplane.batches.intake.pinning import pinned_model
 from controlplane.batches.models import ACTIVE_STATUSES, Batch
 from controlplane.core.errors import QuotaExceeded, ValidationFailed
-from controlplane.files.models import File
 from controlplane.files.quota import storage_reserve_refusal
 from controlplane.kinds.registry import kind_for, token_endpoint_urls
 from controlplane.tenants.models import PRIORITY_RANK, Priority, Tenant, priority_parse
@@ -34,7 +33,14 @@ ADMISSION_RETRY_AFTER_SECONDS = 60
 _NO_SDK_RETRY = {"x-should-retry": "false"}
 
 
-def batch_admit(*, tenant: Tenant, input_file: File, priority: str | None) -> str:
+class CountedInput(Protocol):
+    """What admission reads of an input file (files' row, from files.selectors)."""
+
+    @property
+    def line_count(self) -> int | None: ...
+
+
+def batch_admit(*, tenant: Tenant, input_file: CountedInput, priority: str | None) -> str:
     """Return the priority class the new batch gets, or raise ValidationFailed (400) for a priority the
     tenant may not use, QuotaExceeded (429) when the tenant is at its monthly spend cap, at its
     concurrent-batch limit, or the file's lines would take its enqueued lines over the limit.

@@ -11,7 +11,7 @@ time, on one core, with the other idle. Nothing of it shows before the whole fil
   ``in_progress``, so a tenant is never charged for a batch that then fails;
 - if the file turns out invalid, or the batch is cancelled or expires while validating, its shards are
   deleted with the terminal state (``shards_discard``): a running shard's commit and lease renewals then
-  match no row, so it publishes nothing, and its part is deleted (or collected by storage_gc). When the file
+  match no row, so it publishes nothing, and its part is deleted (or collected by batches/retention.py's parts_collect). When the file
   was invalid or the tenant cancelled, the shards that had finished are charged first: ledger rows marked
   ``discarded`` (the GPU time was spent; the spend cap counts them). An expiry or a superseded attempt is the
   service's doing and charges nothing;
@@ -140,5 +140,5 @@ def shards_discard(*, batch_id: str, charge: bool = False) -> int:
 
 
 def _delete_quietly(name: str) -> None:
-    with contextlib.suppress(OSError):  # storage_gc collects a part that no shard names
+    with contextlib.suppress(OSError):  # files/storage_gc.py collects a part that no shard names
         blob_delete(name)

@@ -207,7 +207,7 @@ def _report_duplicates(result: ValidationResult, duplicates: list[tuple[int, int
 class BatchColumns:
     """What validation calls once it knows the batch's model (``columns_for``): the kind's collector for a
     model whose shards can have columns, else None. ``discard`` deletes what it wrote, when the batch did not
-    start (the columns then name no shard; storage_gc would collect them after its grace period)."""
+    start (the columns then name no shard; files/storage_gc.py would collect them after its grace period)."""
 
     def __init__(self, *, kind: EndpointKind, batch_id: str, attempt: int, save: Any, delete: Any) -> None:
         self.kind, self.batch_id, self.attempt, self._save, self._delete = kind, batch_id, attempt, save, delete

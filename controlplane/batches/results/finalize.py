@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import IO
 
@@ -21,10 +21,10 @@ from controlplane.batches.intake.lines import iter_lines
 from controlplane.batches.models import SHARD_OPEN_STATUSES, Batch, BatchStatus, Shard, ShardStatus, StopReason
 from controlplane.batches.run.parts import decode_entry, dumps
 from controlplane.batches.run.records import error_record
+from controlplane.batches.selectors import batch_input_name
 from controlplane.batches.transitions import FINALIZABLE, batch_finalizing, batch_finish, event_record
 from controlplane.core import tracing
-from controlplane.files.lifecycle import file_expiry_set
-from controlplane.files.models import File
+from controlplane.files.services import file_result_create, result_blob_name
 from controlplane.files.storage import blob_delete, blob_open, blob_read_range, blob_save_spooled, blob_spool
 
 logger = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ def _with_missing_lines(
             StopReason(batch.stop_reason) if batch.stop_reason and shard.status != ShardStatus.DEAD else None
         ]
     pending = next(entries, None)
-    with blob_read_range(_input_name(batch), shard.start_byte, shard.end_byte) as stream:
+    with blob_read_range(batch_input_name(batch), shard.start_byte, shard.end_byte) as stream:
         for line in iter_lines(
             stream,
             max_line_bytes=settings.BATCH_MAX_LINE_BYTES,
@@ -154,10 +154,6 @@ def shard_entries(batch: Batch, shard: Shard, lost_parts: list[int]) -> Iterator
             yield from _with_missing_lines(batch, shard, _part_entries(part))
 
 
-def _input_name(batch: Batch) -> str:
-    return File.objects.only("storage_name").get(id=batch.input_file_id).storage_name
-
-
 def batch_finalize(*, batch_id: str) -> None:
     batch = Batch.objects.get(id=batch_id)
     if batch.status != BatchStatus.FINALIZING:
@@ -175,7 +171,7 @@ def _batch_finalize(batch: Batch) -> tuple[int, int]:
     batch_id = batch.id
     completed = failed = 0
     lost_parts: list[int] = []
-    names = {kind: f"results/{batch.tenant_id}/{batch.id}_{kind}_{secrets.token_hex(4)}.jsonl" for kind in KINDS}
+    names = {kind: result_blob_name(tenant_id=batch.tenant_id, stem=f"{batch.id}_{kind}") for kind in KINDS}
     with blob_spool(names["output"]) as out, blob_spool(names["error"]) as err:
         for shard in Shard.objects.filter(batch_id=batch_id).order_by("index"):
             # Streamed line by line from storage into the result spools: memory stays flat in the size of
@@ -187,15 +183,24 @@ def _batch_finalize(batch: Batch) -> tuple[int, int]:
                 else:
                     err.write(payload)
                     failed += 1
-        files = [
+        stored = [
             _store_result(batch, out, "output", completed, names["output"]),
             _store_result(batch, err, "error", failed, names["error"]),
         ]
     with transaction.atomic():
-        for file in files:
-            if file is not None:
-                file.save(force_insert=True)
-                file_expiry_set(file=file, seconds=batch.output_expires_after)
+        # The rows go with the batch's end, in its transaction: a finalizer that lost publishes none.
+        file_ids = [
+            None
+            if result is None
+            else file_result_create(
+                tenant_id=batch.tenant_id,
+                filename=result.filename,
+                storage_name=result.storage_name,
+                size=result.size,
+                expires_after=batch.output_expires_after,
+            ).id
+            for result in stored
+        ]
         for shard_index in lost_parts:
             event_record(
                 batch_id=batch_id,
@@ -208,30 +213,33 @@ def _batch_finalize(batch: Batch) -> tuple[int, int]:
             stop_reason=batch.stop_reason,
             completed=completed,
             failed=failed,
-            output_file_id=files[0].id if files[0] else None,
-            error_file_id=files[1].id if files[1] else None,
+            output_file_id=file_ids[0],
+            error_file_id=file_ids[1],
             now=timezone.now(),
         )
         if won is None:
             # Another finalizer finished first; ours must not leave rows behind (its events included).
             transaction.set_rollback(True)
     if won is None:
-        for file in files:
-            if file is not None:
-                blob_delete(file.storage_name)
+        for result in stored:
+            if result is not None:
+                blob_delete(result.storage_name)
     return completed, failed
 
 
-def _store_result(batch: Batch, content: IO[bytes], kind: str, lines: int, name: str) -> File | None:
-    """Save one result blob (written to its spool) under ``name`` and return its (unsaved) File row."""
+@dataclass(frozen=True)
+class _StoredResult:
+    """A result blob in storage, before files records its row."""
+
+    filename: str
+    storage_name: str
+    size: int
+
+
+def _store_result(batch: Batch, content: IO[bytes], kind: str, lines: int, name: str) -> _StoredResult | None:
+    """Save one result blob (written to its spool) under ``name``; None when it would hold no line."""
     if lines == 0:
         return None
     size = content.tell()
     blob_save_spooled(name, content)
-    return File(
-        tenant_id=batch.tenant_id,
-        filename=f"{batch.id}_{kind}.jsonl",
-        purpose=File.Purpose.BATCH_OUTPUT,
-        bytes=size,
-        storage_name=name,
-    )
+    return _StoredResult(filename=f"{batch.id}_{kind}.jsonl", storage_name=name, size=size)

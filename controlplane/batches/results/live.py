@@ -25,7 +25,7 @@ from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
 from controlplane.batches.render import public_status
 from controlplane.batches.results.finalize import shard_entries
 from controlplane.core.errors import Conflict, ValidationFailed
-from controlplane.files.models import File
+from controlplane.files.selectors import file_storage_name
 from controlplane.files.storage import READ_CHUNK_BYTES, blob_open
 
 # The streams, by URL name, and the part entries each carries (parts.py).
@@ -78,14 +78,14 @@ def _ended_slice(batch: Batch, stream: str, after: int) -> ResultsSlice:
     done = public_status(batch)
     if not file_id or after == total:
         return ResultsSlice(chunks=(), next_cursor=total, complete=True, status=done)
-    file = File.objects.filter(id=file_id, tenant_id=batch.tenant_id).only("storage_name").first()
-    if file is None:
+    storage_name = file_storage_name(tenant_id=batch.tenant_id, file_id=file_id)
+    if storage_name is None:
         raise Conflict(
             f"The batch's {stream} file {file_id} was deleted or has expired: its lines can no longer be streamed.",
             param="batch_id",
             code="results_file_deleted",
         )
-    return ResultsSlice(chunks=_file_chunks(file.storage_name, after), next_cursor=total, complete=True, status=done)
+    return ResultsSlice(chunks=_file_chunks(storage_name, after), next_cursor=total, complete=True, status=done)
 
 
 def _file_chunks(storage_name: str, skip_lines: int) -> Iterator[bytes]:

@@ -24,7 +24,8 @@ from controlplane.batches.models import Batch, BatchStatus
 from controlplane.batches.transitions import event_record
 from controlplane.core import dispatch, tracing
 from controlplane.core.errors import Conflict, ValidationFailed
-from controlplane.files.models import File, new_file_id
+from controlplane.files.selectors import file_storage_name
+from controlplane.files.services import file_reserve
 from controlplane.tenants.models import PRIORITY_RANK, Priority, Tenant
 from controlplane.usage.services import batch_origin_record
 
@@ -59,13 +60,13 @@ def _rerunnable_check(batch: Batch) -> None:
         )
     if not batch.error_file_id or not batch.failed_lines:
         raise Conflict(f"Batch {batch.id} has no failed lines to re-run.", param="batch_id")
-    if not File.objects.filter(id=batch.error_file_id).exists():
+    if file_storage_name(tenant_id=batch.tenant_id, file_id=batch.error_file_id) is None:
         raise Conflict(
             f"The error file {batch.error_file_id} of batch {batch.id} was deleted (or expired); the failed "
             "lines can no longer be found.",
             param="batch_id",
         )
-    if not File.objects.filter(id=batch.input_file_id, tenant_id=batch.tenant_id).exists():
+    if file_storage_name(tenant_id=batch.tenant_id, file_id=batch.input_file_id) is None:
         raise Conflict(
             f"The input file {batch.input_file_id} of batch {batch.id} was deleted; its failed lines cannot be re-run.",
             param="batch_id",
@@ -97,10 +98,14 @@ def batch_rerun_failed(
         priority = batch_admit_lines(
             tenant=tenant, incoming_lines=batch.failed_lines, priority=_priority_allowed(batch, tenant)
         )
+        # The file appears under this id and name once the validation task built it; its line count is not
+        # known before (admission counted the source's failed lines).
+        new_input = file_reserve(tenant_id=tenant.id)
         rerun = Batch.objects.create(
             tenant=tenant,
             endpoint=batch.endpoint,
-            input_file_id=new_file_id(),  # the file appears under this id once the validation task built it
+            input_file_id=new_input.id,
+            input_storage_name=new_input.storage_name,
             completion_window=window_text,
             metadata=batch.metadata,
             priority=priority,

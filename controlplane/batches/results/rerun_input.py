@@ -24,10 +24,11 @@ from django.db import InterfaceError, OperationalError
 from controlplane.batches.intake.lines import iter_lines, load_json_line
 from controlplane.batches.intake.validation_deadline import DeadlineStream, ValidationDeadlinePassed, attempt_stop_at
 from controlplane.batches.models import Batch, BatchStatus
+from controlplane.batches.selectors import batch_input_name
 from controlplane.batches.services import batch_validation_fail, validation_error_entry
 from controlplane.batches.transitions import event_record
 from controlplane.core.errors import DomainError
-from controlplane.files.models import File
+from controlplane.files.selectors import file_storage_name
 from controlplane.files.services import file_create
 from controlplane.files.storage import blob_open
 from controlplane.kinds.base import LineIssue
@@ -121,19 +122,21 @@ def copy_lines(source: IO[bytes], custom_ids: DiskIdSet, sink: IO[bytes]) -> int
 
 def _input_build(batch: Batch) -> int:
     source = Batch.objects.get(id=batch.rerun_of)
-    error_file = File.objects.filter(id=source.error_file_id).first() if source.error_file_id else None
-    input_file = File.objects.filter(id=source.input_file_id, tenant_id=source.tenant_id).first()
-    if error_file is None or input_file is None:
-        gone = "error" if error_file is None else "input"
+    error_name = file_storage_name(tenant_id=source.tenant_id, file_id=source.error_file_id or "")
+    # The source's input is read by the name the source kept, but only while its file is there: a tenant that
+    # deleted it asked for its lines to be gone.
+    input_kept = file_storage_name(tenant_id=source.tenant_id, file_id=source.input_file_id) is not None
+    if error_name is None or not input_kept:
+        gone = "error" if error_name is None else "input"
         raise _NothingToRerun(f"The {gone} file of batch {source.id} was deleted before its failed lines were read.")
     stop_at = attempt_stop_at(batch_id=batch.id, created_at=batch.created_at)
     codes = batch.rerun_error_codes
     with (
-        blob_open(error_file.storage_name) as errors,
+        blob_open(error_name) as errors,
         failed_ids_on_disk(DeadlineStream(errors, stop_at=stop_at), codes=codes) as ids,  # type: ignore[arg-type]
         tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES) as spool,
     ):
-        with blob_open(input_file.storage_name) as stream:
+        with blob_open(batch_input_name(source)) as stream:
             copied = copy_lines(DeadlineStream(stream, stop_at=stop_at), ids, spool)  # type: ignore[arg-type]
         if not copied:
             which = f" with codes {codes}" if codes else ""
@@ -144,11 +147,15 @@ def _input_build(batch: Batch) -> int:
             tenant=batch.tenant,
             content=spool,
             filename=f"{source.id}_rerun.jsonl",
-            purpose=File.Purpose.BATCH,
+            purpose="batch",
             size=size,
             file_id=batch.input_file_id,
         )
     return copied
+
+
+def _input_stored(batch: Batch) -> bool:
+    return file_storage_name(tenant_id=batch.tenant_id, file_id=batch.input_file_id) is not None
 
 
 def rerun_input_ready(*, batch_id: str) -> bool:
@@ -158,7 +165,7 @@ def rerun_input_ready(*, batch_id: str) -> bool:
     batch = Batch.objects.select_related("tenant").filter(id=batch_id).first()
     if batch is None or not batch.rerun_of or batch.status != BatchStatus.VALIDATING:
         return True  # validation decides (and returns at once for a batch that moved on)
-    if File.objects.filter(id=batch.input_file_id).exists():
+    if _input_stored(batch):
         return True
     try:
         copied = _input_build(batch)
@@ -172,7 +179,7 @@ def rerun_input_ready(*, batch_id: str) -> bool:
         batch_validation_fail(batch, [entry])
         return False
     except Exception as exc:
-        if File.objects.filter(id=batch.input_file_id).exists():
+        if _input_stored(batch):
             return True  # another attempt stored it first (ours clashed with its blob or row)
         logger.exception("batch=%s re-run input build failed unexpectedly", batch.id)
         what = f"Building the input from the failed lines of {batch.rerun_of} stopped ({type(exc).__name__})"

@@ -28,9 +28,9 @@ from controlplane.batches.run.parts import encode_entry
 from controlplane.batches.run.records import failed_response_record, output_record
 from controlplane.batches.run.records import request_id as line_request_id
 from controlplane.batches.run.shards import PartSummary, batch_stop_requested, shard_commit, shard_release, shard_renew
+from controlplane.batches.selectors import batch_input_name
 from controlplane.core import metrics, tracing
 from controlplane.core.database import when_database_answers
-from controlplane.files.models import File
 from controlplane.files.storage import blob_delete, blob_read_range, blob_save_spooled, blob_spool
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import Backend, Call, EndpointKind, LineFailure, LineOutcome, ParsedLine, TokenCounts
@@ -182,7 +182,7 @@ def _give_back(shard: Shard, exc: Exception) -> str:
 
 def _read_shard(shard: Shard, kind: EndpointKind) -> dict[int, ParsedLine]:
     batch = shard.batch
-    name = File.objects.only("storage_name").get(id=batch.input_file_id).storage_name
+    name = batch_input_name(batch)
     pinned = pinned_model(batch.model_snapshot) if batch.model_snapshot else None
     resolver = ModelResolver(pinned)
     # Validation accepted every line already, against the same pinned entry: a kind's fast parser skips the
