@@ -8,6 +8,7 @@ to the bytes the cursor counts, so a line written after the last save is fetched
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -226,6 +227,12 @@ def follow(
                     return None
             display.update(batch, sinks, note)
             if all(sink.complete for sink in sinks):
+                if batch is None or batch.status not in TERMINAL_STATUSES:
+                    # The streams completed after the retrieve above (the batch ended in between): its state then
+                    # is stale, and the exit code must say how it really ended.
+                    with contextlib.suppress(*RECOVERABLE):
+                        batch = client.batches.retrieve(batch_id)
+                display.update(batch, sinks, note)
                 return batch
             if batch is not None and batch.status in TERMINAL_STATUSES and not note:
                 continue  # the files exist now: read the rest at once

@@ -52,7 +52,7 @@ TRITON_CALLS_IN_FLIGHT = Gauge(
     multiprocess_mode="livesum",  # the sum over live processes: a dead worker's calls are not in flight
 )
 CONSOLIDATION_MOVES = Counter(
-    "fleet_consolidation_moves_total",
+    "placement_consolidation_moves_total",
     "Instances moved make-before-break to make room for a model that fit nowhere, by moved model and outcome "
     "(ok: the new instance was ready and the old one unloaded; failed: the new one did not load, the old stays).",
     ["model", "outcome"],

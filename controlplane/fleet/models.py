@@ -177,7 +177,7 @@ class PlacementEvent(models.Model):
     actor = models.CharField(max_length=100, default="reconciler")
     ok = models.BooleanField(default=True)
     # A consolidation move (action consolidate / move_in / move_out): the model it makes room for.
-    move_for = models.CharField(max_length=200, blank=True, default="")
+    move_for = models.CharField(max_length=200, blank=True, default="", db_default="")  # db_default: rolling upgrade
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:

@@ -99,8 +99,11 @@ class UsageRecord(models.Model):
     cost = models.DecimalField(max_digits=24, decimal_places=AMOUNT_PLACES, default=Decimal(0))
     # A shard that ran early, while its batch validated, for a batch that then failed validation or was
     # cancelled (batches/intake/early_dispatch.py): its lines were computed, then thrown away, but charged.
+    # db_default: the last release's INSERTs during a rolling upgrade (deploy/upgrade/contract.json) name no value.
     discarded = models.BooleanField(
-        default=False, help_text="Ran before its batch failed validation or was cancelled: no output, charged"
+        default=False,
+        db_default=False,
+        help_text="Ran before its batch failed validation or was cancelled: no output, charged",
     )
 
     class Meta:

@@ -17,6 +17,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="placementevent",
             name="move_for",
-            field=models.CharField(blank=True, default="", max_length=200),
+            field=models.CharField(blank=True, db_default="", default="", max_length=200),
         ),
     ]

@@ -13,7 +13,9 @@ class Migration(migrations.Migration):
             model_name="usagerecord",
             name="discarded",
             field=models.BooleanField(
-                default=False, help_text="Ran before its batch failed validation or was cancelled: no output, charged"
+                default=False,
+                db_default=False,
+                help_text="Ran before its batch failed validation or was cancelled: no output, charged",
             ),
         ),
     ]
