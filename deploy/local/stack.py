@@ -236,7 +236,6 @@ class Stack:
             grpc_port=grpc_port,
             metrics_port=metrics_port,
             log_path=self.log_dir / "triton.log",
-            # LOCAL_TRITON_TRACING=1 with OTEL_EXPORTER_OTLP_ENDPOINT: Triton continues the batches' traces.
             extra_args=("--exit-timeout-secs=5", *trace_args_from_env(self.child_env())),
             die_with_parent=True,
         )
@@ -398,5 +397,4 @@ class Stack:
         self.stop()
 
 
-def find_free_port() -> int:
-    return free_port()
+find_free_port = free_port  # the name tests and benches import; one port finder (triton_server.py)
