@@ -16,6 +16,8 @@ Rules (planner.py's docstring has the sizing ones this extends):
   ready to keep serving), and a model moved less than ``move_cooldown_s`` ago (hysteresis: no ping-pong).
 * Cost = the moved instances' load times; the cheapest set per GPU is taken greedily (cheapest load time
   per byte freed) or a single instance that covers the shortfall alone, whichever costs less.
+  A gang's k GPUs are cleared jointly: each k-set of the server's clearable GPUs is tried (cheapest
+  alone-costs first, at most ``MAX_GANG_SETS``) and the cheapest joint one wins.
 * Payback, the planner's rule extended to moves: gain(1) - L > (1 + h) * sum(move load times), where
   gain(1) = min(T, P / r) is what the waiting model's first instance serves in the next interval and L its
   own load time. h (the hysteresis) keeps moves away from marginal backlogs.
@@ -27,6 +29,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import combinations
 from typing import Protocol
 
 from controlplane.fleet.payback import payback_gain_s
@@ -35,6 +38,12 @@ from controlplane.fleet.planner_types import ModelDemand, ModelProfile, Placemen
 
 Key = tuple[str, str, tuple[int, ...]]
 GpuId = tuple[str, int]
+# k-GPU sets tried jointly per server: C(8, 4) = 70 covers an 8-GPU server's gangs of up to 4 in full; a plan
+# runs every interval, so the search stays bounded for larger servers and gangs.
+MAX_GANG_SETS = 128
+# Joint clearings tried per k-set (each GPU's options times the next's): small fleets are searched in full,
+# a large server's search stays bounded.
+MAX_CLEARINGS = 256
 
 
 class PlannerState(Protocol):
@@ -146,9 +155,14 @@ def _units(trial: _Trial, gid: GpuId, waiting: str) -> list[Key]:
     return out
 
 
-def _clear(trial: _Trial, gid: GpuId, need: int, waiting: str, budget: int) -> bool:
-    """Move instances off gid until ``need`` bytes are free there, within ``budget`` more moves."""
+def _clearings(trial: _Trial, gid: GpuId, need: int, waiting: str, budget: int) -> list[_Trial]:
+    """The ways to free ``need`` bytes on gid within ``budget`` more moves, each a copy of ``trial``: every
+    single instance that covers the shortfall alone (cheapest load first), then the greedy set (cheapest
+    load time per byte freed). Several, because the cheapest may take a destination that another GPU of
+    the same gang needs."""
     prof = trial.st.prof
+    if trial.free(gid) >= need:
+        return [trial.copy()]
 
     def cost(k: Key) -> tuple:
         mem = prof[k[0]].memory_per_instance_bytes
@@ -156,13 +170,12 @@ def _clear(trial: _Trial, gid: GpuId, need: int, waiting: str, budget: int) -> b
 
     short = need - trial.free(gid)
     units = _units(trial, gid, waiting)
-    # One instance that covers the whole shortfall alone, if it is cheaper than the greedy set.
     singles = sorted(
-        (k for k in units if prof[k[0]].memory_per_instance_bytes >= short),
+        {k for k in units if prof[k[0]].memory_per_instance_bytes >= short},
         key=lambda k: (prof[k[0]].load_time_s, prof[k[0]].memory_per_instance_bytes, k),
     )
-    greedy = sorted(units, key=cost)
-    for order in ([singles[0]] if singles else [], greedy):
+    out = []
+    for order in [*([k] for k in singles), sorted(units, key=cost)]:
         attempt = trial.copy()
         for key in order:
             if attempt.free(gid) >= need or len(attempt.moves) - len(trial.moves) >= budget:
@@ -173,17 +186,31 @@ def _clear(trial: _Trial, gid: GpuId, need: int, waiting: str, budget: int) -> b
             if dest is not None:
                 attempt.move(key, dest)
         if attempt.free(gid) >= need:
-            trial.adopt(attempt)
-            return True
-    return False
+            out.append(attempt)
+    return out
 
 
 def _clear_all(st: PlannerState, sid: str, gpus: tuple[int, ...], need: int, waiting: str, budget: int):
-    trial = _Trial(st, tuple((sid, i) for i in gpus))
-    for i in gpus:
-        if not _clear(trial, (sid, i), need, waiting, budget - len(trial.moves)):
-            return None
-    return trial
+    """The cheapest joint clearing of ``gpus`` (a depth-first search over each GPU's clearings, at most
+    ``MAX_CLEARINGS`` tried), or None."""
+    best: list = []
+    tried = 0
+
+    def search(trial: _Trial, rest: tuple[int, ...]) -> None:
+        nonlocal tried
+        if not rest:
+            score = (sum(m.load_time_s for m in trial.moves), len(trial.moves))
+            if not best or score < best[0]:
+                best[:] = [score, trial]
+            return
+        for option in _clearings(trial, (sid, rest[0]), need, waiting, budget - len(trial.moves)):
+            tried += 1
+            if tried > MAX_CLEARINGS:
+                return
+            search(option, rest[1:])
+
+    search(_Trial(st, tuple((sid, i) for i in gpus)), gpus)
+    return best[1] if best else None
 
 
 def find(st: PlannerState, waiting: str, budget_s: float, max_moves: int) -> Consolidation | None:
@@ -204,16 +231,20 @@ def find(st: PlannerState, waiting: str, budget_s: float, max_moves: int) -> Con
                 per_gpu.append((sum(m.load_time_s for m in trial.moves), len(trial.moves), i))
         if len(per_gpu) < k:
             continue
-        chosen = tuple(sorted(i for *_, i in sorted(per_gpu)[:k]))
-        trial = _clear_all(st, sid, chosen, need, waiting, max_moves)
-        if trial is None:
-            continue
-        cost = sum(m.load_time_s for m in trial.moves)
-        if not cost < budget_s:
-            continue
-        score = (cost, len(trial.moves), sid, chosen)
-        if best is None or score < best[0]:
-            best = (score, Consolidation(waiting, sid, chosen, tuple(trial.moves)))
+        # GPUs that can be cleared one at a time may not be clearable together (their moves want the same
+        # destination, or each other's GPU), so every k-set is tried jointly, cheapest alone-costs first.
+        sets = sorted(combinations(sorted(per_gpu), k), key=lambda c: (sum(g[0] for g in c), sum(g[1] for g in c)))
+        for combo in sets[:MAX_GANG_SETS]:
+            chosen = tuple(sorted(i for *_, i in combo))
+            trial = _clear_all(st, sid, chosen, need, waiting, max_moves)
+            if trial is None:
+                continue
+            cost = sum(m.load_time_s for m in trial.moves)
+            if not cost < budget_s:
+                continue
+            score = (cost, len(trial.moves), sid, chosen)
+            if best is None or score < best[0]:
+                best = (score, Consolidation(waiting, sid, chosen, tuple(trial.moves)))
     return None if best is None else best[1]
 
 

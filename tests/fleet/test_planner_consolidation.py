@@ -82,3 +82,48 @@ def test_a_model_loading_or_moved_recently_is_not_moved():
     out = run([*pinned, busy("big", 50_000, 10)], [Server("a")], GPUS, [*profiles, big], current)
     assert {c.model[1] for c in out.changes if c.move_for} <= {"2", "3"}
     assert out.made_room_for == ("big",)
+
+
+def _small(name, gb, load_s):
+    return ModelProfile(name, gb, load_s, 1, 0, 4)
+
+
+def test_the_cheapest_single_move_without_a_destination_does_not_hide_a_dearer_one_that_has_one():
+    # Found by the placeable-after-consolidation property: gpu1 is 8 short of 41. small1 (21, loads in 2 s)
+    # covers it alone but fits nowhere (gpu0 has 19 free); small0 (19, 5 s) covers it and fits on gpu0.
+    profiles = [_small("small0", 19, 5), _small("small1", 21, 2), _small("small2", 7, 0), _small("small3", 14, 0)]
+    current = [Placement(m, "a", (i,), 1) for m in ("small0", "small1", "small2") for i in (0, 1)]
+    current.append(Placement("small3", "a", (0,), 1))
+    demands = [ModelDemand(p.model, 0, 0, NOW, 1) for p in profiles]
+    big = ModelProfile("big", 41, 0, 1, 0, 1)
+    gpus = [Gpu("a", i, 80) for i in range(2)]
+    out = run([*demands, busy("big", 500_000, 100)], [Server("a")], gpus, [*profiles, big], current, max_moves=2)
+    assert out.made_room_for == ("big",)
+    assert moves_of(out) == [(ChangeKind.SCALE_UP, "small0", (0,)), (ChangeKind.UNLOAD, "small0", (1,))]
+
+
+def test_a_gang_tries_the_gpu_pairs_that_clear_together_not_only_the_cheapest_two_alone():
+    # Found by the same property (CI, 2026-12-02). A gang of 2 needing 66 on each GPU, 3 moves allowed. Alone,
+    # gpu3 (one 0 s move) and gpu1 (three 0 s moves) are the cheapest to clear, but together they need four;
+    # gpu0 + gpu3 (one 2 s move and one 0 s move) clear together and are taken.
+    profiles = [_small(f"small{j}", 10, 0) for j in range(3)]
+    profiles += [_small("small3", 5, 0), _small("small4", 10, 0), _small("small5", 10, 2)]
+    current = [Placement(f"small{j}", "a", (1,), 1) for j in range(3)]
+    current += [Placement("small3", "a", (i,), 1) for i in (0, 1, 2)]
+    current += [Placement("small4", "a", (3,), 1), Placement("small5", "a", (0,), 1), Placement("small5", "a", (2,), 1)]
+    demands = [
+        ModelDemand(p.model, 0, 0, NOW, 1, last_moved_at=NOW - 60 if p.model == "small3" else None) for p in profiles
+    ]
+    gpus = [Gpu("a", i, 80, 5 if i == 3 else 0) for i in range(4)]
+    gang = ModelProfile("big", 66, 0, 2, 0, 1)
+    out = run(
+        [*demands, busy("big", 500_000, 100)],
+        [Server("a")],
+        gpus,
+        [*profiles, gang],
+        current,
+        max_moves=3,
+        hysteresis=0,
+    )
+    assert out.made_room_for == ("big",)
+    assert [p for p in out.placements if p.model == "big"] == [Placement("big", "a", (0, 3), 1)]
