@@ -195,12 +195,15 @@ class Engine:
                 self._finish(request, abort=True)
         if not self._running and not self._waiting:
             return False
+        admitted: list[Request] = []
         try:
-            self._prefill(self._admit())
+            admitted = self._admit()
+            self._prefill(admitted)
             if self._running:
                 self._decode()
         except Exception as exc:  # noqa: BLE001 - a failed forward pass fails the requests in it, not the loop
-            for request in list(self._running):
+            # Admitted but not yet started (a prefill group after the one that failed) are in neither list.
+            for request in dict.fromkeys([*self._running, *admitted]):
                 request.error = f"{type(exc).__name__}: {exc}"
                 self._finish(request, abort=False)
         return True
