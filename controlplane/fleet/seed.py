@@ -83,6 +83,7 @@ SEED = [
         "context_length": 256,  # the trained model's n_positions
         "tokenizer_dir": "triton_models/tinylm/1/hf",  # written by `make install` (build_engines/sources/tinylm.py)
         "max_num_seqs": 64,  # config.pbtxt MAX_NUM_SEQS
+        "structured_outputs": True,  # the engine's cb_grammar.py (llguidance)
         "completion_weight": 1.0,
         # torch and the python backend stub (~400 MB RSS, as MiniLM's) plus the 16 MB KV pool.
         "memory_per_instance_bytes": 512 * 1024**2,
