@@ -110,7 +110,7 @@ def test_structured_outputs_batch(e2e):
     batch = e2e.wait_status(client, batch.id, {"completed", "failed"})
     assert batch.status == "completed", batch.errors
     output, errors = assert_exactly_once(client, batch, lines)
-    assert [e["custom_id"] for e in errors] == ["bad-schema"]
+    assert [e["custom_id"] for e in errors] == ["bad-schema"], errors
     error = errors[0]["response"]
     assert error["status_code"] == 400 and error["body"]["error"]["param"] == "body.response_format.json_schema.schema"
     completions = {r["custom_id"]: ChatCompletion.model_validate(r["response"]["body"]) for r in output}
