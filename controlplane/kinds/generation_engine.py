@@ -47,7 +47,7 @@ def engine_request(request_id: str, request: GenerationRequest, *, model: Catalo
         sampling["stop"] = list(request.stop)
     guided = structured_outputs(request.response_format)
     if guided is not None:  # parse_body let it through only for a model whose engine constrains decoding
-        sampling["structured_outputs"] = guided
+        sampling["guided_decoding"] = guided
     outputs: tuple[str, ...] = _BASE_OUTPUTS
     if request.logprobs:
         sampling["logprobs"] = request.top_logprobs  # vLLM: top-k per token, plus the sampled one; 0 = only it

@@ -1,5 +1,6 @@
-"""response_format → the engine's constrained decoding: checked at validation, sent as vLLM's
-``structured_outputs`` sampling parameter (what Triton's vLLM backend and tinylm's cb_grammar.py parse).
+"""response_format → the engine's constrained decoding: checked at validation, sent as the ``guided_decoding``
+sampling parameter, JSON text: every release of Triton's vLLM backend parses that key (the newer ones map it
+to vLLM's ``structured_outputs``, which older ones do not know), and so does tinylm's cb_grammar.py.
 
 A schema that is valid Draft 2020-12 (generation_fields checks that) may still use a construct the decoding
 library cannot compile (``not``, look-around in a ``pattern``, an unsatisfiable ``required``): that is a 400 line
@@ -22,7 +23,7 @@ SCHEMA_PARAM = "response_format.json_schema.schema"
 
 
 def structured_outputs(response_format: ResponseFormat) -> str | None:
-    """The ``structured_outputs`` value for the engine (JSON text, as the vLLM backend expects), or None."""
+    """The ``guided_decoding`` value for the engine (JSON text, as the vLLM backend expects), or None."""
     if response_format.type == "json_object":
         return json.dumps({"json_object": True})
     if response_format.type == "json_schema":

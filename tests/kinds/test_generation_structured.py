@@ -29,14 +29,14 @@ def refusal(body, **model_changes) -> BodyIssue:
     return refused.value
 
 
-def test_structured_formats_reach_the_engine_as_vllms_structured_outputs():
+def test_structured_formats_reach_the_engine_as_vllms_guided_decoding():
     bodies = [
         chat("count from 1 to 3 as JSON", response_format={"type": "json_object"}),
         chat("count from 1 to 3", response_format=schema_format(SCHEMA)),
         chat("count from 1 to 3", response_format={"type": "text"}),
     ]
     _, control, engine = run(CHAT, bodies)
-    sent = [request.sampling_parameters.get("structured_outputs") for request in engine.submitted]
+    sent = [request.sampling_parameters.get("guided_decoding") for request in engine.submitted]
     assert json.loads(sent[0]) == {"json_object": True}
     assert json.loads(sent[1]) == {"json": SCHEMA}
     assert list(json.loads(sent[1])["json"]["properties"]) == ["name", "numbers"]  # the author's order

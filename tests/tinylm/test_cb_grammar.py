@@ -113,5 +113,8 @@ def test_structured_outputs_field_is_checked():
     for wrong in ({"regex": "a+"}, {"json": 3}, "not json", {"json_object": False}):
         with pytest.raises(ValueError, match="structured_outputs"):
             SamplingParams.from_dict({"structured_outputs": wrong})
-    parsed = SamplingParams.from_json(json.dumps({"structured_outputs": json.dumps({"json": SCHEMA})}))
-    assert parsed.structured_outputs is not None and json.loads(parsed.structured_outputs.schema_text) == SCHEMA
+    for key in ("guided_decoding", "structured_outputs"):  # vLLM's older and newer names
+        parsed = SamplingParams.from_json(json.dumps({key: json.dumps({"json": SCHEMA, "backend": "auto"})}))
+        assert parsed.structured_outputs is not None and json.loads(parsed.structured_outputs.schema_text) == SCHEMA
+    with pytest.raises(ValueError, match=r"sampling_parameters\.guided_decoding"):
+        SamplingParams.from_dict({"guided_decoding": {"grammar": "root ::= x"}})

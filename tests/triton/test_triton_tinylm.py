@@ -69,11 +69,11 @@ def test_grammar_over_the_wire(tinylm, triton_server):
 
 
 def test_structured_outputs_over_the_wire(tinylm, triton_server):
-    """vLLM's structured_outputs in sampling_parameters (JSON text, as the vLLM backend parses it) reaches the
+    """vLLM's guided_decoding in sampling_parameters (JSON text, as the vLLM backend parses it) reaches the
     engine; a schema it cannot compile is that request's error, not its neighbour's."""
     schema = {"type": "object", "properties": {"numbers": {"type": "array", "items": {"type": "integer"}}}}
-    guided = {"structured_outputs": json.dumps({"json": schema})}
-    bad = {"structured_outputs": json.dumps({"json": {"not": {"type": "string"}}})}
+    guided = {"guided_decoding": json.dumps({"json": schema})}
+    bad = {"guided_decoding": json.dumps({"json": {"not": {"type": "string"}}})}
     got = run(
         triton_server,
         [

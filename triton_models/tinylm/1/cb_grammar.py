@@ -5,8 +5,9 @@ the project has, a schema compiled in milliseconds and a mask in ~15 us a token,
 clear errors for what it cannot compile; xgrammar was as fast but pulls ~1 GB (triton) into the CPU image,
 outlines-core took seconds to compile "any JSON object", lm-format-enforcer does not import under transformers 5.
 
-The request says what to follow in vLLM's `structured_outputs` shape (what Triton's vLLM backend parses from
-`sampling_parameters`): `{"json": <schema>}` or `{"json_object": true}`. One matcher per choice: `mask` removes
+The request says what to follow in `sampling_parameters.guided_decoding` (or `structured_outputs`, its newer
+name), as Triton's vLLM backend parses them: `{"json": <schema>}` or `{"json_object": true}`, the dict or its
+JSON text; `backend` is the engine's choice and ignored. One matcher per choice: `mask` removes
 every token the grammar forbids (EOS only once the document is complete), `advance` moves past the token taken;
 `complete` says the document is closed and nothing may follow, when the engine ends the choice with "stop".
 Each distinct grammar is compiled once per engine (cached by its text) and copied per choice.
@@ -40,30 +41,32 @@ class StructuredOutput:
     schema_text: str
 
     @classmethod
-    def parse(cls, raw: Any) -> StructuredOutput | None:
-        """vLLM's `structured_outputs` value (a dict, or that dict as JSON text); ValueError names the field."""
+    def parse(cls, raw: Any, field: str = "structured_outputs") -> StructuredOutput | None:
+        """vLLM's guided-decoding value (a dict, or that dict as JSON text); ValueError names the field."""
+        name = f"sampling_parameters.{field}"
         if raw in (None, "", {}):
             return None
         if isinstance(raw, (str, bytes)):
             try:
                 raw = json.loads(raw)
             except ValueError as exc:
-                raise ValueError(f"sampling_parameters.structured_outputs is not valid JSON: {exc}") from exc
+                raise ValueError(f"{name} is not valid JSON: {exc}") from exc
         if not isinstance(raw, dict):
-            raise ValueError("sampling_parameters.structured_outputs must be a JSON object")
-        unknown = sorted(k for k, v in raw.items() if k not in ("json", "json_object") and v not in (None, False))
+            raise ValueError(f"{name} must be a JSON object")
+        known = ("json", "json_object", "backend")
+        unknown = sorted(k for k, v in raw.items() if k not in known and v not in (None, False))
         if unknown:
-            raise ValueError(f"sampling_parameters.structured_outputs: unsupported field(s) {', '.join(unknown)}")
+            raise ValueError(f"{name}: unsupported field(s) {', '.join(unknown)}")
         schema = raw.get("json")
         if schema is not None:
             if isinstance(schema, str):
                 schema = json.loads(schema)
             if not isinstance(schema, dict):
-                raise ValueError("sampling_parameters.structured_outputs.json must be a JSON schema object")
+                raise ValueError(f"{name}.json must be a JSON schema object")
             return cls(json.dumps(schema))
         if raw.get("json_object") is True:
             return cls(json.dumps(JSON_OBJECT_SCHEMA))
-        raise ValueError("sampling_parameters.structured_outputs needs `json` (a schema) or `json_object: true`")
+        raise ValueError(f"{name} needs `json` (a schema) or `json_object: true`")
 
 
 class GrammarCompiler:

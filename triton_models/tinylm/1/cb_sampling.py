@@ -54,6 +54,9 @@ class SamplingParams:
         for key, default in _IGNORED_AT_DEFAULT.items():
             if key in raw and raw.pop(key) not in (default, None):
                 raise ValueError(f"sampling_parameters.{key} is not supported by this engine")
+        # vLLM's two names for it: guided_decoding (every vLLM backend release) and structured_outputs (newer).
+        guided_field = "guided_decoding" if raw.get("guided_decoding") not in (None, "", {}) else "structured_outputs"
+        guided = StructuredOutput.parse(raw.pop("guided_decoding", None) or raw.get("structured_outputs"), guided_field)
         unknown = sorted(set(raw) - set(cls.__dataclass_fields__))
         if unknown:
             raise ValueError(f"sampling_parameters: unknown field(s) {', '.join(unknown)}")
@@ -73,7 +76,7 @@ class SamplingParams:
             frequency_penalty=_number(raw, "frequency_penalty", float, 0.0),
             logprobs=_number(raw, "logprobs", int, None),
             ignore_eos=bool(raw.get("ignore_eos", False)),
-            structured_outputs=StructuredOutput.parse(raw.get("structured_outputs")),
+            structured_outputs=guided,
         )
         params.validate()
         return params
