@@ -111,7 +111,8 @@ class GrammarMatcher:
         wrapped in torch.compile, whose import and first call cost 7 s on this host (measured), inside the step
         loop that every running sequence waits on."""
         allowed = torch.frombuffer(bytearray(self._matcher.compute_logit_bias()), dtype=torch.uint8)
-        logits.masked_fill_(allowed[: logits.shape[-1]] == 0, float("-inf"))
+        forbidden = (allowed[: logits.shape[-1]] == 0).to(logits.device, non_blocking=True)  # logits may be on a GPU
+        logits.masked_fill_(forbidden, float("-inf"))
 
     def advance(self, token_id: int) -> None:
         if not self._matcher.consume_token(token_id):
