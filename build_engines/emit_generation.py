@@ -31,6 +31,7 @@ from build_engines.manifest import MANIFEST, now, sha256_file, tool_versions
 VERSION = "1"
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 ENGINE_SUBDIR = "engine"  # <name>_trtllm/1/engine: what trtllm-build writes, copied in by emit
+XGRAMMAR_TOKENIZER_INFO = "xgrammar_tokenizer_info.json"  # the name generate_xgrammar_tokenizer_info.py writes
 
 
 def emit_generation(
@@ -70,7 +71,12 @@ def emit_generation(
 
 
 def vllm_model_json(spec: GenerationSpec, facts: Any) -> dict[str, Any]:
-    """vLLM's engine arguments: only keys accepted by every vendored vLLM snapshot (backend_keys)."""
+    """vLLM's engine arguments: only keys accepted by every vendored vLLM snapshot (backend_keys).
+
+    No guided-decoding key: vLLM enables it by default in both snapshots (v0.7: guided_decoding_backend
+    "xgrammar"; v0.11: structured_outputs_config backend "auto") and the request selects it
+    (sampling_parameters.guided_decoding). Naming the backend would need guided_decoding_backend, refused as
+    deprecated in the newer snapshot, or structured_outputs_config, absent from the older one."""
     return {
         "model": spec.served_hf_path(),
         "tensor_parallel_size": spec.tensor_parallel_size,
@@ -126,9 +132,10 @@ def _trtllm_config(spec: GenerationSpec) -> Any:
     config.dynamic_batching.preferred_batch_size.append(spec.max_num_seqs)
     # KIND_CPU with the GPUs named by gpu_device_ids (orchestrator mode): the documented multi-GPU form.
     config.instance_group.add(count=1, kind=pb.ModelInstanceGroup.KIND_CPU)
+    engine_dir = f"{spec.served_repository}/{spec.triton_name}/{VERSION}/{ENGINE_SUBDIR}"
     parameters = {
         "gpt_model_type": "inflight_fused_batching",  # the documented batching_strategy
-        "gpt_model_path": f"{spec.served_repository}/{spec.triton_name}/{VERSION}/{ENGINE_SUBDIR}",  # engine_dir
+        "gpt_model_path": engine_dir,  # the documented engine_dir
         # A started request is never paused: the control plane's dispatch already reserves prompt + max_tokens
         # of KV per line, the same budget this policy guarantees.
         "batch_scheduler_policy": "guaranteed_no_evict",
@@ -138,6 +145,11 @@ def _trtllm_config(spec: GenerationSpec) -> Any:
         "exclude_input_in_output": "true",
         "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
         "executor_worker_path": "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker",
+        # Guided decoding (response_format json_object / json_schema): xgrammar is the one documented backend;
+        # the C++ backend reads the tokenizer's vocabulary from the JSON that trtllm_build_commands writes
+        # beside the engine (tensorrtllm_backend docs/guided_decoding.md, "C++ Backend").
+        "guided_decoding_backend": "xgrammar",
+        "xgrammar_tokenizer_info_path": f"{engine_dir}/{XGRAMMAR_TOKENIZER_INFO}",
     }
     for key, value in parameters.items():
         config.parameters[key].string_value = value
@@ -154,9 +166,10 @@ def _check(spec: GenerationSpec, config: Any, extra: dict[str, Any]) -> list[str
 
 
 def trtllm_build_commands(spec: GenerationSpec, hf_dir: Path, out_dir: Path, facts: Any) -> list[list[str]]:
-    """The documented two steps (tensorrtllm_backend docs/llama_multi_instance.md): convert the Hugging Face
+    """The documented steps (tensorrtllm_backend docs/llama_multi_instance.md): convert the Hugging Face
     checkpoint with the model family's convert_checkpoint.py (tensor parallelism is fixed here, --tp_size),
-    then trtllm-build. Paged context FMHA is what KV-cache reuse runs on."""
+    then trtllm-build. Paged context FMHA is what KV-cache reuse runs on. Then (docs/guided_decoding.md) the
+    tokenizer's xgrammar info, which guided decoding in the C++ backend reads."""
     dtype = serving_dtype(spec, facts)
     checkpoint = out_dir / "trtllm-checkpoint"
     convert = os.environ.get(
@@ -168,10 +181,15 @@ def trtllm_build_commands(spec: GenerationSpec, hf_dir: Path, out_dir: Path, fac
     build += ["--max_seq_len", str(spec.max_model_len)]
     if spec.enable_prefix_caching:
         build += ["--use_paged_context_fmha", "enable"]
+    # Third, the tokenizer's vocabulary for xgrammar (guided decoding in the C++ backend), beside the engine.
+    tokenizer_info = os.environ.get(
+        "TRTLLM_XGRAMMAR_TOKENIZER_INFO", "<TensorRT-LLM>/examples/generate_xgrammar_tokenizer_info.py"
+    )
     return [
         ["python3", convert, "--model_dir", str(hf_dir), "--output_dir", str(checkpoint), "--dtype", dtype,
          "--tp_size", str(spec.tensor_parallel_size)],
         build,
+        ["python3", tokenizer_info, "--model_dir", str(hf_dir), "--output_dir", str(out_dir / ENGINE_SUBDIR)],
     ]  # fmt: skip
 
 
@@ -245,6 +263,9 @@ def generation_manifest(
         "max_num_seqs": spec.max_num_seqs,
         # vLLM's run_batch keeps 2 x max_num_seqs in flight so the engine never waits for the next request.
         "inflight_sequences_per_instance": 2 * spec.max_num_seqs,
+        # Both engines decode under a JSON grammar (vLLM by default; TensorRT-LLM with the xgrammar parameters
+        # emitted): the catalogue entry's structured_outputs, so response_format json lines are accepted.
+        "structured_outputs": True,
         "dtype": serving_dtype(spec, facts),
         "hf_dir": spec.served_hf_path(),
         "tokenizer_dir": spec.served_hf_path(),  # the service tokenizes and applies the chat template from it

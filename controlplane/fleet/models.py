@@ -69,6 +69,10 @@ class CatalogueModel(models.Model):
     # Sequences one instance decodes at once (vLLM's max_num_seqs; tinylm's MAX_NUM_SEQS): a shard keeps twice
     # this many lines in flight, as vLLM's run_batch does, so the engine never waits for the next line.
     max_num_seqs = models.PositiveIntegerField(null=True, blank=True)
+    # Whether the model's engine does constrained decoding (vLLM's `structured_outputs` sampling parameter:
+    # tinylm's cb_grammar.py, vLLM's guided decoding): only then are response_format json_object / json_schema
+    # lines accepted; a model without it refuses them with a 400 line.
+    structured_outputs = models.BooleanField(default=False, db_default=False)
     # OpenAI's Model object has ``created``; rows older than this field get the migration's time.
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 

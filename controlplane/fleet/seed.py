@@ -83,6 +83,7 @@ SEED = [
         "context_length": 256,  # the trained model's n_positions
         "tokenizer_dir": "triton_models/tinylm/1/hf",  # written by `make install` (build_engines/sources/tinylm.py)
         "max_num_seqs": 64,  # config.pbtxt MAX_NUM_SEQS
+        "structured_outputs": True,  # the engine's cb_grammar.py (llguidance)
         # Measured: a completion token costs the engine ~20x a prompt token (bench/token_costs.py, 2026-12-02:
         # 16 µs per prompt token, 377 µs per completion token at 64 sequences; docs/PERFORMANCE.md).
         "completion_weight": 20.0,

@@ -47,6 +47,7 @@ from controlplane.kinds.generation_bodies import (
 )
 from controlplane.kinds.generation_render import EngineResult, render_completion
 from controlplane.kinds.generation_run import run_generation
+from controlplane.kinds.generation_schema import check_schema_compiles
 from controlplane.kinds.generation_units import estimated_charge, fair_share_charge
 
 __all__ = ["ChatCompletionsKind", "CompletionsKind", "GenerationLine", "model_tokenizer"]
@@ -119,14 +120,19 @@ class _GenerationKind(EndpointKind):
         except BodyError as error:
             raise BodyIssue(error.code, error.message, _body_param(error.param)) from None
         if request.response_format.type != "text":
-            # Accepted by the parser (it is OpenAI's), but no engine here constrains decoding yet: refused
-            # rather than answered with text that ignores the format.
-            raise BodyIssue(
-                "unsupported_value",
-                f"response_format {request.response_format.type!r} is not supported for model {model.name!r} "
-                "(no constrained decoding); use 'text'.",
-                "body.response_format",
-            )
+            if not model.structured_outputs:
+                # Accepted by the parser (it is OpenAI's), but this model's engine does not constrain decoding:
+                # refused rather than answered with text that ignores the format.
+                raise BodyIssue(
+                    "unsupported_value",
+                    f"response_format {request.response_format.type!r} is not supported for model {model.name!r} "
+                    "(no constrained decoding); use 'text'.",
+                    "body.response_format",
+                )
+            try:
+                check_schema_compiles(request.response_format)
+            except BodyError as error:
+                raise BodyIssue(error.code, error.message, _body_param(error.param)) from None
         units = estimated_charge(
             request,
             completion_weight=model.completion_weight,

@@ -42,6 +42,7 @@ from controlplane.kinds.generation_fields import (
     wrong_type,
 )
 from controlplane.kinds.generation_messages import chat_conversation
+from controlplane.kinds.generation_schema import check_json_object_prompt
 
 __all__ = [
     "BodyError",
@@ -169,6 +170,8 @@ def parse_chat_body(body: Any, *, tokenizer: ChatTokenizer, context_length: int)
     if not isinstance(prompt_text, str):
         raise TypeError(f"apply_chat_template(tokenize=False) returned {type(prompt_text).__name__}, not text")
     token_ids = tuple(tokenizer.encode(prompt_text, add_special_tokens=False))
+    response_format = read_response_format(fields)
+    check_json_object_prompt(response_format, [message["content"] for message in conversation])
     max_tokens, max_param = _chat_max_tokens(fields)
     logprobs = read_bool(fields, "logprobs")
     top_logprobs = read_integer(fields, "top_logprobs", low=0, high=MAX_TOP_LOGPROBS)
@@ -182,7 +185,7 @@ def parse_chat_body(body: Any, *, tokenizer: ChatTokenizer, context_length: int)
         max_tokens=_fit_context(len(token_ids), max_tokens, max_param, "messages", context_length, default=None),
         logprobs=logprobs,
         top_logprobs=top_logprobs or 0,
-        response_format=read_response_format(fields),
+        response_format=response_format,
         metadata=read_metadata(fields),
         **_sampling(fields),
     )

@@ -17,6 +17,7 @@ from typing import Any
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.generation_bodies import GenerationRequest
 from controlplane.kinds.generation_render import EngineChoice, EngineResult, TokenLogprob, TopLogprob
+from controlplane.kinds.generation_schema import structured_outputs
 from controlplane.triton.streaming import GenerationRequest as StreamRequest
 from controlplane.triton.streaming import GenerationResponse
 
@@ -44,6 +45,9 @@ def engine_request(request_id: str, request: GenerationRequest, *, model: Catalo
         sampling["seed"] = request.seed
     if request.stop:
         sampling["stop"] = list(request.stop)
+    guided = structured_outputs(request.response_format)
+    if guided is not None:  # parse_body let it through only for a model whose engine constrains decoding
+        sampling["guided_decoding"] = guided
     outputs: tuple[str, ...] = _BASE_OUTPUTS
     if request.logprobs:
         sampling["logprobs"] = request.top_logprobs  # vLLM: top-k per token, plus the sampled one; 0 = only it

@@ -229,8 +229,8 @@ def read_metadata(body: Mapping[str, Any]) -> tuple[tuple[str, str], ...] | None
 class ResponseFormat:
     type: Literal["text", "json_object", "json_schema"] = "text"
     name: str | None = None
-    # The JSON Schema as canonical JSON text (sorted keys): immutable, and the form the engines'
-    # guided-decoding parameters take.
+    # The JSON Schema as JSON text (immutable, and the form the engines' guided-decoding parameters take), its
+    # keys in the author's order: the engine generates properties in that order, as OpenAI does.
     schema: str | None = None
     strict: bool = False
 
@@ -285,7 +285,7 @@ def read_response_format(body: Mapping[str, Any]) -> ResponseFormat:
     strict = spec.get("strict")
     if strict is not None and not isinstance(strict, bool):
         raise wrong_type("response_format.json_schema.strict", "a boolean", strict)
-    return ResponseFormat(type="json_schema", name=name, schema=json.dumps(schema, sort_keys=True), strict=bool(strict))
+    return ResponseFormat(type="json_schema", name=name, schema=json.dumps(schema), strict=bool(strict))
 
 
 def _required_object(container: Mapping[str, Any], key: str, param: str) -> dict[str, Any]:

@@ -39,6 +39,7 @@ def test_validation_stores_the_entry_it_checked_against(tenant, eager):
         "tokenizer_dir": "",
         "completion_weight": 1.0,
         "max_num_seqs": None,
+        "structured_outputs": False,
     }
 
 

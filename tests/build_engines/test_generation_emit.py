@@ -88,6 +88,7 @@ def test_manifest_has_what_the_catalogue_registers(tmp_path):
     assert manifest["memory_per_gpu_bytes"] == int(0.5 * 80 * GIB)  # what vLLM preallocates per GPU
     assert manifest["tokenizer_dir"] == "/models/lm/1/hf" and manifest["pool"] == "llm"
     assert manifest["inflight_sequences_per_instance"] == 16
+    assert manifest["structured_outputs"] is True  # vLLM decodes under a grammar by default (vllm_model_json)
     # 2 layers x K,V x 2 KV heads per GPU (4 over TP 2) x head_dim 16 x 2 bytes (auto: float16)
     assert manifest["estimate"]["kv_bytes_per_token_per_gpu"] == 2 * 2 * 2 * 16 * 2
     assert manifest["estimate"]["weights_bytes_per_gpu"] == 4000 * 2 // 4 // 2
@@ -132,6 +133,10 @@ def test_unknown_and_refused_engine_arguments_fail(tmp_path):
     assert "'model'" in model_json_problems({"max_num_seqs": 4})[0]
     # A key only the newer snapshot has is refused: the image's vLLM may predate it.
     assert model_json_problems({"model": "m", "enable_dbo": True})
+    # Guided decoding is on by default in both snapshots; naming its backend is refused either way
+    # (deprecated in the newer, absent from the older), so the emitted model.json names none.
+    assert "deprecated" in model_json_problems({"model": "m", "guided_decoding_backend": "xgrammar"})[0]
+    assert model_json_problems({"model": "m", "structured_outputs_config": {"backend": "auto"}})
     # And in an emitted repository, validate-configs catches a hand edit.
     _, folder, _ = emit(tmp_path)
     path = folder / "1" / "model.json"
@@ -173,7 +178,13 @@ def test_trtllm_model_is_valid_and_configured_for_inflight_batching(tmp_path):
     assert parameters["gpt_model_path"] == "/models/lm_trtllm/1/engine"
     scalars = [t for t in config.input if list(t.dims) == [1]]
     assert scalars and all(t.HasField("reshape") for t in scalars)
-    convert, build = manifest["build"]["commands"]
+    # Guided decoding (response_format json), as tensorrtllm_backend's docs/guided_decoding.md configures it.
+    assert parameters["guided_decoding_backend"] == "xgrammar"
+    assert parameters["xgrammar_tokenizer_info_path"] == "/models/lm_trtllm/1/engine/xgrammar_tokenizer_info.json"
+    assert manifest["structured_outputs"] is True
+    convert, build, tokenizer_info = manifest["build"]["commands"]
+    assert tokenizer_info[1].endswith("generate_xgrammar_tokenizer_info.py")
+    assert tokenizer_info[tokenizer_info.index("--output_dir") + 1].endswith("/engine")
     assert convert[convert.index("--tp_size") + 1] == "2" and build[0] == "trtllm-build"
     assert build[build.index("--max_seq_len") + 1] == "128" and "--use_paged_context_fmha" in build
     weights = 4000 * 2 // 4 // 2
@@ -188,6 +199,7 @@ def test_trtllm_model_is_valid_and_configured_for_inflight_batching(tmp_path):
         ('key: "max_beam_width"', 'key: "beam_width"', "'beam_width' is not in TensorRT-LLM's"),
         ('string_value: "0.5"', 'string_value: "1.5"', "'kv_cache_free_gpu_mem_fraction' must be a number"),
         ('key: "gpt_model_path"', 'key: "engine_dir"', "'engine_dir' is not in TensorRT-LLM's"),
+        ('string_value: "xgrammar"', 'string_value: "outlines"', "'guided_decoding_backend' must be one of"),
     ],
 )
 def test_trtllm_parameters_outside_the_template_fail(tmp_path, old, new, expected):

@@ -22,6 +22,7 @@ from controlplane.files.models import File
 from controlplane.files.storage import blob_open
 from controlplane.fleet.backend import TritonBackend
 from controlplane.fleet.models import CatalogueModel
+from controlplane.kinds.generation import model_tokenizer
 from controlplane.scheduling.runner import shard_run_next
 from controlplane.triton.client import TritonClient
 from tests.batches.helpers import jsonl, upload
@@ -129,7 +130,7 @@ def test_a_chat_batch_follows_the_grammar_and_openais_schema(tenant, tinylm, tri
     seeded = [[c.message.content for c in completions[k].choices] for k in ("seed-a", "seed-b")]
     assert seeded[0] == seeded[1]
     logprobs = completions["logprobs"].choices[0].logprobs.content
-    assert [entry.token for entry in logprobs[:3]] == ["4", "5", "6"]
+    assert [entry.token for entry in logprobs[:3]] == ["4", " 5", " 6"]  # each token's text: they add up
     assert len(logprobs) == completions["logprobs"].usage.completion_tokens
     assert all(len(entry.top_logprobs) == 2 and entry.logprob <= 0 for entry in logprobs)
     assert logprobs[0].top_logprobs[0].token == "4"  # greedy: the sampled token is the best one
@@ -157,7 +158,9 @@ def test_a_completions_batch(tenant, tinylm, triton_server, settings, monkeypatc
     a, b = (Completion.model_validate(bodies[key]) for key in ("a", "b"))
     assert (a.choices[0].text, a.choices[0].finish_reason) == (count(6, 11), "stop")
     assert (b.choices[0].text, b.choices[0].finish_reason) == (count(6, 21), "length")
-    assert b.usage.completion_tokens == 16 and b.usage.prompt_tokens == 6  # a word-level tokenizer: a token a word
+    tokenizer = model_tokenizer(CatalogueModel.objects.get(name="tinylm"))
+    prompt_tokens = len(tokenizer("count from 6 to 30 :", add_special_tokens=True)["input_ids"])
+    assert b.usage.completion_tokens == 16 and b.usage.prompt_tokens == prompt_tokens
 
 
 def test_a_managed_fleet_streams_to_the_placement(tenant, tinylm, triton_server, settings, monkeypatch):
@@ -184,7 +187,7 @@ def test_token_accounting_follows_what_the_engine_counted(tenant, tinylm, triton
     counts on the shards, the Batch object's usage, the ledger and the completions usage report."""
     CatalogueModel.objects.filter(name="tinylm").update(completion_weight=2.0, expected_completion_tokens=None)
     # A shared system prompt: later lines of a shard reuse its cached blocks.
-    system = {"role": "system", "content": " ".join(["filler"] * 40)}
+    system = {"role": "system", "content": " ".join(["please"] * 40)}  # a word of tinylm's, one token each
     lines = [
         chat_line(f"c{a}", f"count from {a} to {a + 4}", temperature=0, max_tokens=30, n=1 + a % 2) for a in range(1, 9)
     ]

@@ -81,7 +81,7 @@ def test_a_bad_body_is_a_body_issue_naming_the_field_under_body():
         (chat("count from 1 to 3", max_tokens=1000), "body.max_tokens", "context_length_exceeded"),
         ({"model": "tinylm", "messages": []}, "body.messages", "empty_array"),
         (chat("count from 1 to 3", stream=True), "body.stream", "unsupported_value"),
-        (chat("x", response_format={"type": "json_object"}), "body.response_format", "unsupported_value"),
+        (chat("x", response_format={"type": "json_object"}), "body.messages", "invalid_value"),  # no word JSON
     ]
     for body, param, code in cases:
         with pytest.raises(BodyIssue) as refused:

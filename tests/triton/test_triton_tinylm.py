@@ -3,8 +3,10 @@ vLLM-backend interface over the wire, continuous batching seen from outside, can
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +15,7 @@ from controlplane.triton.errors import PermanentTritonError
 from controlplane.triton.streaming import GenerationRequest, GenerationResponse, GenerationStream
 from tests.triton_fixture import LocalTriton
 
+HF_DIR = Path(__file__).resolve().parents[2] / "triton_models" / "tinylm" / "1" / "hf"
 ALL_OUTPUTS = ("finish_reason", "num_input_tokens", "num_output_tokens", "num_cached_tokens", "logprobs")
 
 
@@ -24,6 +27,13 @@ def tinylm(triton_client: TritonClient) -> Iterator[TritonClient]:
 
 def count(a: int, b: int) -> str:
     return " ".join(str(n) for n in range(a, b + 1))
+
+
+def prompt_tokens(text: str) -> int:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(HF_DIR)
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def greedy(**fields):
@@ -51,10 +61,31 @@ def test_grammar_over_the_wire(tinylm, triton_server):
     (a,) = got["a"]
     assert a.final and a.error is None
     assert a.texts == [count(3, 9)] and a.finish_reasons == ["stop"]
-    assert a.num_input_tokens == 6 and a.num_output_tokens == [8] and a.num_cached_tokens == 0
+    assert a.num_input_tokens == prompt_tokens("count from 3 to 9 :")
+    assert a.num_output_tokens == [8] and a.num_cached_tokens == 0  # 7 numbers and the EOS
     assert a.logprobs == [None]  # asked for the output, not for logprobs: vLLM answers null
     (b,) = got["b"]
     assert b.texts == [count(10, 14)] and b.finish_reasons == ["length"] and b.num_output_tokens == [5]
+
+
+def test_structured_outputs_over_the_wire(tinylm, triton_server):
+    """vLLM's guided_decoding in sampling_parameters (JSON text, as the vLLM backend parses it) reaches the
+    engine; a schema it cannot compile is that request's error, not its neighbour's."""
+    schema = {"type": "object", "properties": {"numbers": {"type": "array", "items": {"type": "integer"}}}}
+    guided = {"guided_decoding": json.dumps({"json": schema})}
+    bad = {"guided_decoding": json.dumps({"json": {"not": {"type": "string"}}})}
+    got = run(
+        triton_server,
+        [
+            GenerationRequest("s", "count from 3 to 9 :", greedy(**guided), outputs=ALL_OUTPUTS),
+            GenerationRequest("bad", "count from 3 to 9 :", greedy(**bad), outputs=ALL_OUTPUTS),
+        ],
+    )
+    (s,) = got["s"]
+    assert s.error is None and s.finish_reasons == ["stop"]
+    assert isinstance(json.loads(s.texts[0]), dict)  # unconstrained, this prompt's answer is "3 4 5 6 7 8 9"
+    (bad_response,) = got["bad"]
+    assert bad_response.error is not None and "cannot be compiled" in str(bad_response.error)
 
 
 def test_streamed_deltas_add_up_and_n_choices_with_a_seed_repeat(tinylm, triton_server):

@@ -27,6 +27,8 @@ PINNED_FIELDS = (
     "tokenizer_dir",
     "completion_weight",
     "max_num_seqs",
+    # Whether response_format json_object / json_schema lines are accepted (the engine constrains decoding).
+    "structured_outputs",
 )
 
 

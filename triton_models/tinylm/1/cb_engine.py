@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 from cb_forward import KVPool
+from cb_grammar import GrammarCompiler, GrammarMatcher
 from cb_prefix import PrefixCache
 from cb_sampling import SamplingParams, TokenPick, choice_generator, pick_tokens
 
@@ -50,6 +51,7 @@ class Choice:
     length: int = 0  # tokens whose KV is in the segment
     generator: torch.Generator | None = field(default=None, repr=False)
     counts: torch.Tensor | None = field(default=None, repr=False)
+    grammar: GrammarMatcher | None = field(default=None, repr=False)  # when the output must follow JSON
 
 
 @dataclass(eq=False)
@@ -106,6 +108,7 @@ class Engine:
         self.max_prefill_tokens_per_step = max_prefill_tokens_per_step
         self.pool = KVPool(self.model, self._cache_kwarg, kv_budget_tokens)
         self.prefix_cache = PrefixCache(self.pool, block_size) if prefix_caching else None
+        self._grammars: GrammarCompiler | None = None  # built at the first structured request
         self.reserved_tokens = 0  # by running sequences; the prefix cache holds the rest of pool.used_tokens
         self.peak_reserved_tokens = 0  # pool slots in use, highest seen: tests hold it to the budget
         self._waiting: collections.deque[Request] = collections.deque()
@@ -142,6 +145,11 @@ class Engine:
             raise ValueError(f"n x (prompt + max_tokens) = {need} tokens can never fit the KV budget")
         request = Request(request_id, ids, params, on_update, is_cancelled, stream, reserved_tokens=need)
         request.choices = [Choice(index=i, generator=choice_generator(params.seed, i)) for i in range(params.n)]
+        if params.structured_outputs is not None:
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(self.tokenizer, int(self.model.config.vocab_size))
+            for choice in request.choices:  # compiled once per distinct schema, a matcher per choice
+                choice.grammar = self._grammars.matcher(params.structured_outputs)
         with self._lock:
             self._inbox.append(request)
         self._wake.set()
@@ -187,12 +195,15 @@ class Engine:
                 self._finish(request, abort=True)
         if not self._running and not self._waiting:
             return False
+        admitted: list[Request] = []
         try:
-            self._prefill(self._admit())
+            admitted = self._admit()
+            self._prefill(admitted)
             if self._running:
                 self._decode()
         except Exception as exc:  # noqa: BLE001 - a failed forward pass fails the requests in it, not the loop
-            for request in list(self._running):
+            # Admitted but not yet started (a prefill group after the one that failed) are in neither list.
+            for request in dict.fromkeys([*self._running, *admitted]):
                 request.error = f"{type(exc).__name__}: {exc}"
                 self._finish(request, abort=False)
         return True
@@ -278,7 +289,11 @@ class Engine:
 
     def _accept(self, rows: list[tuple[Request, Choice]], logits: torch.Tensor) -> None:
         picks = pick_tokens(
-            logits, [r.params for r, _ in rows], [c.generator for _, c in rows], [c.counts for _, c in rows]
+            logits,
+            [r.params for r, _ in rows],
+            [c.generator for _, c in rows],
+            [c.counts for _, c in rows],
+            [c.grammar for _, c in rows],
         )
         touched: dict[str, Request] = {}
         for (request, choice), pick in zip(rows, picks, strict=True):
@@ -298,12 +313,16 @@ class Engine:
         choice.cumulative_logprob += pick.logprob
         if params.logprobs is not None:
             choice.picks.append(pick)
-        is_eos = pick.token_id in self.eos_token_ids and not params.ignore_eos
+        took_eos = pick.token_id in self.eos_token_ids and not params.ignore_eos
+        if choice.grammar is not None and not took_eos:
+            choice.grammar.advance(pick.token_id)
+        # The document is closed: end here with "stop", as at EOS (the mask would allow only EOS next).
+        is_eos = took_eos or (choice.grammar is not None and choice.grammar.complete)
         at_limit = len(choice.token_ids) >= params.max_tokens
         if is_eos or at_limit or params.stop or request.stream:
             # Decoding costs O(length): done only when someone reads the text before the end, or at the end.
             choice.text = self.tokenizer.decode(
-                choice.token_ids[:-1] if is_eos else choice.token_ids, skip_special_tokens=True
+                choice.token_ids[:-1] if took_eos else choice.token_ids, skip_special_tokens=True
             )
         cut = min((i for i in (choice.text.find(s) for s in params.stop) if i >= 0), default=-1)
         if cut >= 0:

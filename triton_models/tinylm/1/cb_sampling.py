@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from cb_grammar import StructuredOutput
 
 # vLLM keys this engine does not implement but that are harmless to receive at their defaults; anything else
 # unknown is an error, as vLLM's SamplingParams(**json) raises on an unknown keyword.
@@ -32,6 +33,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logprobs: int | None = None  # vLLM: top-k logprobs per generated token (plus the sampled one); 0 = only it
     ignore_eos: bool = False
+    structured_outputs: StructuredOutput | None = None  # vLLM's field: JSON (a schema or any object) to follow
 
     @classmethod
     def from_json(cls, text: str | bytes | None) -> SamplingParams:
@@ -52,6 +54,9 @@ class SamplingParams:
         for key, default in _IGNORED_AT_DEFAULT.items():
             if key in raw and raw.pop(key) not in (default, None):
                 raise ValueError(f"sampling_parameters.{key} is not supported by this engine")
+        # vLLM's two names for it: guided_decoding (every vLLM backend release) and structured_outputs (newer).
+        guided_field = "guided_decoding" if raw.get("guided_decoding") not in (None, "", {}) else "structured_outputs"
+        guided = StructuredOutput.parse(raw.pop("guided_decoding", None) or raw.get("structured_outputs"), guided_field)
         unknown = sorted(set(raw) - set(cls.__dataclass_fields__))
         if unknown:
             raise ValueError(f"sampling_parameters: unknown field(s) {', '.join(unknown)}")
@@ -71,6 +76,7 @@ class SamplingParams:
             frequency_penalty=_number(raw, "frequency_penalty", float, 0.0),
             logprobs=_number(raw, "logprobs", int, None),
             ignore_eos=bool(raw.get("ignore_eos", False)),
+            structured_outputs=guided,
         )
         params.validate()
         return params
@@ -123,9 +129,11 @@ def pick_tokens(
     params: list[SamplingParams],
     generators: list[torch.Generator],
     counts: list[torch.Tensor | None],
+    grammars: list[Any] | None = None,
 ) -> list[TokenPick]:
     """One next token per row of `logits` [rows, vocab], each row with its own parameters, RNG and counts of the
-    tokens it generated so far (for the penalties; None for rows without penalties)."""
+    tokens it generated so far (for the penalties; None for rows without penalties), and its grammar matcher
+    (cb_grammar.GrammarMatcher; None for free text) whose mask applies before greedy or sampled picking."""
     logits = logits.float()
     raw_logprobs = torch.log_softmax(logits, dim=-1)  # reported logprobs: the model's, before any processing
     adjusted = logits.clone()
@@ -134,6 +142,9 @@ def pick_tokens(
             # OpenAI's formula: mu[j] - c[j] * alpha_frequency - (c[j] > 0) * alpha_presence
             c = counts[row]
             adjusted[row] -= c * p.frequency_penalty + (c > 0).float() * p.presence_penalty
+    for row, grammar in enumerate(grammars or ()):
+        if grammar is not None:
+            grammar.mask(adjusted[row])  # forbidden tokens at -inf: greedy never takes them, sampling gives them 0
     greedy = adjusted.argmax(dim=-1).tolist()
     picks = []
     for row, p in enumerate(params):

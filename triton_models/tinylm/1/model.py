@@ -112,7 +112,8 @@ class _Stream:
                     str(token_id): {
                         "logprob": logprob,
                         "rank": rank,
-                        "decoded_token": self.engine.tokenizer.convert_ids_to_tokens(token_id),
+                        # The token's text, as vLLM's detokenizer gives it (" 5"), not the vocabulary entry ("Ġ5").
+                        "decoded_token": self.engine.tokenizer.decode([token_id]),
                     }
                     for token_id, (logprob, rank) in pick.top.items()
                 }
