@@ -87,3 +87,14 @@ def releases(chaos: Chaos, batch_id: str, since: float) -> int:
         batch_id,
         since,
     )[0][0]
+
+
+def first_claim_after(chaos: Chaos, batch_id: str, since: float) -> float | None:
+    """Seconds from `since` to the batch's first shard claim after it (the resume figure less the shard's run)."""
+    rows = chaos.sql(
+        "SELECT extract(epoch FROM min(created_at))::float8 FROM batches_batchevent WHERE batch_id=%s "
+        "AND kind='shard_claimed' AND created_at >= to_timestamp(%s)",
+        batch_id,
+        since,
+    )
+    return None if rows[0][0] is None else round(rows[0][0] - since, 2)

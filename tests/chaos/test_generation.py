@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from tests.chaos.generation import CHAT, chat_lines, check_generation, releases, shards_running
+from tests.chaos.generation import CHAT, chat_lines, check_generation, first_claim_after, releases, shards_running
 from tests.chaos.harness import (
     FULL,
     GEN_MODEL,
@@ -67,6 +67,7 @@ def test_triton_killed_mid_generation(chaos, recorder):
         shards_running_at_kill=running_at_kill,
         attempts_cut_short=cut_short,
         reload_after_triton_ready_s=round(model_ready_at - triton_ready_at, 2),
+        first_claim_after_model_ready_s=first_claim_after(chaos, batch.id, model_ready_at),
     )
     output, _ = chaos.tally(figures, batch.id, lines)
     check_generation(chaos, figures, batch.id, lines, output)
