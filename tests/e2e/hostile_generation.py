@@ -22,7 +22,7 @@ def _user(content: Any) -> dict[str, Any]:
     return {"role": "user", "content": content}
 
 
-# name -> (changes to the valid body, param, code)
+# name -> (changes to the valid body, param within the body, code)
 GENERATION_CASES: dict[str, tuple[dict[str, Any], str, str]] = {
     "empty-messages": ({"messages": []}, "messages", "empty_array"),
     "no-messages": ({"messages": DROP}, "messages", "missing_required_parameter"),
