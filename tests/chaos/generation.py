@@ -79,6 +79,10 @@ def shards_running(chaos: Chaos, batch_id: str) -> list[tuple[int, int]]:
     return chaos.sql("SELECT id, attempt FROM batches_shard WHERE batch_id=%s AND status='running'", batch_id)
 
 
+def pending_shards(chaos: Chaos, batch_id: str) -> int:
+    return chaos.sql("SELECT count(*) FROM batches_shard WHERE batch_id=%s AND status='pending'", batch_id)[0][0]
+
+
 def releases(chaos: Chaos, batch_id: str, since: float) -> int:
     """Shards of the batch given back (released or rescued) after `since`: the attempts a fault cut short."""
     return chaos.sql(

@@ -50,8 +50,9 @@ class Profile:
     broker_down_s: float
     # Lines per batch: enough that a batch still has work when a fault ends (shards of 50 lines here).
     lines: int
-    # Lines per generation batch (tinylm, up to 40 tokens each): several shards, each decoding for a while.
-    gen_lines: int = 120
+    # Lines per generation batch (tinylm, up to 40 tokens each): six shards or more, so work is left after a
+    # fault that lands on one (a warm shard decodes for about a second).
+    gen_lines: int = 240
 
 
 SHORT = Profile("short", worker_kills=3, triton_down_s=10, triton_pause_s=10, broker_down_s=5, lines=3000)

@@ -19,7 +19,15 @@ import time
 
 import pytest
 
-from tests.chaos.generation import CHAT, chat_lines, check_generation, first_claim_after, releases, shards_running
+from tests.chaos.generation import (
+    CHAT,
+    chat_lines,
+    check_generation,
+    first_claim_after,
+    pending_shards,
+    releases,
+    shards_running,
+)
 from tests.chaos.harness import (
     FULL,
     GEN_MODEL,
@@ -47,9 +55,14 @@ FIRST_COMMIT_TIMEOUT_S = 300
 
 
 def _mid_stream(chaos, batch_id: str) -> None:
-    """Wait for a committed shard (the batch really runs) and then one running, mid-decode."""
+    """Wait for a committed shard (the batch really runs), then for one running, mid-decode, while another
+    still waits: the batch has work left after the fault (a warm batch of these lines runs in seconds)."""
     chaos.wait_progress(batch_id, shards=1, timeout_s=FIRST_COMMIT_TIMEOUT_S)
-    chaos.wait_for("a generation shard running", lambda: shards_running(chaos, batch_id), 60, poll_s=0.02)
+
+    def running_with_work_left() -> bool:
+        return bool(shards_running(chaos, batch_id)) and pending_shards(chaos, batch_id) > 0
+
+    chaos.wait_for("a generation shard running, another pending", running_with_work_left, 60, poll_s=0.02)
     time.sleep(DECODING_S)
 
 
