@@ -71,9 +71,9 @@ def test_triton_killed_mid_generation(chaos, recorder):
     lines = chat_lines("gkill")
     batch = chaos.submit(lines, endpoint=CHAT, tenant="a")
     _mid_stream(chaos, batch.id)
-    running_at_kill = len(shards_running(chaos, batch.id))  # before: their streams break, and they go back, at once
     chaos.stack.kill("triton")
     killed_at = time.time()
+    running_at_kill = len(shards_running(chaos, batch.id))
     time.sleep(TRITON_DOWN_S)
     chaos.stack.restart_triton()
     triton_ready_at = time.time()
