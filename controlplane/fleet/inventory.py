@@ -11,9 +11,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.fleet.gpu_metrics import parse_gpu_metrics
-from controlplane.fleet.models import Gpu, PlacementEvent, ServerState, TritonServer
+from controlplane.fleet.models import Gpu, Placement, PlacementEvent, PlacementStatus, ServerState, TritonServer
 from controlplane.fleet.selectors import placed_bytes_per_gpu
-from controlplane.triton.client import TritonClient, metrics_text
+from controlplane.triton.client import TritonClient, TritonError, metrics_text
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +128,29 @@ def fleet_heartbeat() -> dict[str, str]:
             TritonServer.objects.filter(id=server.id).update(state=state, consecutive_failures=failures)
         states[server.name] = state
     return states
+
+
+def fleet_lost_models() -> list[str]:
+    """``server/model`` for each ready placement whose model a live server no longer has loaded. A server
+    restarted quicker than two heartbeats is never marked unhealthy, yet it comes back empty (explicit mode),
+    and only the reconcile tick (up to 10 s later) would notice: the chaos suite's 3 s Triton restart left
+    tinylm unloaded 8.5 s after Triton answered, every shard sent there bouncing off "unknown model". One
+    repository-index call per server with ready placements; a server that does not answer is the liveness
+    probe's business, not a loss."""
+    lost: list[str] = []
+    servers = TritonServer.objects.exclude(state=ServerState.UNHEALTHY).filter(placements__status=PlacementStatus.READY)
+    for server in servers.distinct():
+        client = TritonClient(server.grpc_url, timeout_s=settings.FLEET_PROBE_TIMEOUT_SECONDS)
+        try:
+            loaded = {m["name"] for m in client.repository_index() if m.get("state") == "READY"}
+        except TritonError:
+            continue
+        finally:
+            client.close()
+        placed = Placement.objects.filter(server=server, status=PlacementStatus.READY)
+        names = placed.values_list("model__triton_name", flat=True)
+        lost += [f"{server.name}/{name}" for name in sorted(set(names)) if name not in loaded]
+    return lost
 
 
 def breaker_record(*, server_id: int, ok: bool) -> None:

@@ -115,6 +115,8 @@ def _decode(infer_response: Any) -> GenerationResponse:
 class GenerationStream:
     """One ModelStreamInfer call to one server for one model. `submit` from any thread; responses arrive on
     `on_response` (called from the stream's reader thread) or, without a callback, through `responses()`.
+    Once the call has ended (the server went away, even before anything was sent), every request in flight
+    gets a final error and `submit` raises it: no request waits for an answer that cannot come.
 
     The KServe stream has no per-request cancel: `cancel(request_id)` forgets a request (its later responses
     are dropped); `close(cancel=True)` cancels the whole call, which Triton turns into `is_cancelled()` for
@@ -135,6 +137,9 @@ class GenerationStream:
         self._inbox: queue.Queue[GenerationResponse | None] = queue.Queue()
         self._on_response = on_response or self._inbox.put
         self._pending: set[str] = set()
+        # Set when the call has ended: a request submitted after that would be answered by no one (the
+        # reader that fails the pending ones is gone), so submit raises this instead.
+        self._broken: TritonError | None = None
         self._lock = threading.Lock()
         stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
         self._call = stub.ModelStreamInfer(iter(self._outbox.get, None), timeout=timeout_s)
@@ -147,7 +152,11 @@ class GenerationStream:
             return len(self._pending)
 
     def submit(self, request: GenerationRequest) -> None:
+        """Send one request; raises the stream's error if the call has already ended (a server that went
+        away before this request was sent: it would never be answered)."""
         with self._lock:
+            if self._broken is not None:
+                raise type(self._broken)(self._broken.message, status=self._broken.status)
             if request.request_id in self._pending:
                 raise ValueError(f"request id {request.request_id!r} is already in flight on this stream")
             self._pending.add(request.request_id)
@@ -197,6 +206,8 @@ class GenerationStream:
     def _fail_all(self, error: TritonError) -> None:
         """The stream broke (server gone, cancelled): every request still in flight gets a final error."""
         with self._lock:
+            # Under the lock with the snapshot: a request is either in it (failed here) or refused by submit.
+            self._broken = error
             pending = sorted(self._pending)
         for request_id in pending:
             self._deliver(GenerationResponse(request_id=request_id, final=True, error=error))

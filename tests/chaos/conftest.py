@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from deploy.local.stack import Stack, find_free_port
-from tests.chaos.harness import MODEL, PROFILE, RESULTS_DIR, TENANTS, Chaos, Recorder
+from tests.chaos.harness import GEN_MODEL, MODEL, PROFILE, RESULTS_DIR, TENANTS, Chaos, Recorder
 from tests.chaos.services import ThrowawayPostgres, ThrowawayRedis
 
 _recorders: list[Recorder] = []
@@ -56,7 +56,7 @@ def chaos_stack() -> Iterator[Chaos]:
             "EXPIRY_INTERVAL_SECONDS": "2",
         }
         var_dir = Path(tempfile.mkdtemp(prefix="chaos-stack-"))
-        stack = Stack(var_dir=var_dir, web_port=find_free_port(), env=env, warm_models=(MODEL,))
+        stack = Stack(var_dir=var_dir, web_port=find_free_port(), env=env, warm_models=(MODEL, GEN_MODEL))
         stack.start()
         # Several tenants, so concurrent batches share the slots (fair share) instead of queueing by age.
         script = "from controlplane.tenants.services import tenant_create\n"

@@ -37,6 +37,8 @@ RESUME_TARGET_S = 5.0  # work resumes after the dependency (or, after a Triton r
 STOP_TARGET_S = 10.0  # cancel/expiry completes while Triton is down (our figure: two rescue ticks + finalize)
 MARGIN = 3.0
 MODEL = "identity"
+# The generation model (triton_models/tinylm), warm on the chaos stack beside MODEL (tests/chaos/generation.py).
+GEN_MODEL = "tinylm"
 # Batches of different tenants share the slots (fair share); one tenant's batches run oldest first.
 TENANTS = ("a", "b", "c")
 TERMINAL = ("completed", "failed", "expired", "cancelled")
@@ -51,10 +53,15 @@ class Profile:
     broker_down_s: float
     # Lines per batch: enough that a batch still has work when a fault ends (shards of 50 lines here).
     lines: int
+    # Lines per generation batch (tinylm, up to 40 tokens each): six shards or more, so work is left after a
+    # fault that lands on one (a warm shard decodes for about a second).
+    gen_lines: int = 240
 
 
 SHORT = Profile("short", worker_kills=3, triton_down_s=10, triton_pause_s=10, broker_down_s=5, lines=3000)
-FULL_PROFILE = Profile("full", worker_kills=20, triton_down_s=90, triton_pause_s=60, broker_down_s=30, lines=6000)
+FULL_PROFILE = Profile(
+    "full", worker_kills=20, triton_down_s=90, triton_pause_s=60, broker_down_s=30, lines=6000, gen_lines=600
+)
 PROFILE = FULL_PROFILE if FULL else SHORT
 
 
@@ -214,28 +221,28 @@ class Chaos(E2E):
         gaps = [b - a for a, b in itertools.pairwise(stamps)]
         return {"resume_s": round(commits[0] - ready_at, 2), "max_gap_s": round(max(gaps), 2)}
 
-    def model_ready(self) -> bool:
+    def model_ready(self, model: str = MODEL) -> bool:
         """Triton reports the model ready (it may still be missing from the control plane's placements)."""
         try:
-            with urllib.request.urlopen(f"{self.stack.triton_http_url}/v2/models/{MODEL}/ready", timeout=1) as resp:
+            with urllib.request.urlopen(f"{self.stack.triton_http_url}/v2/models/{model}/ready", timeout=1) as resp:
                 return resp.status == 200
         except OSError:
             return False
 
-    def routable(self) -> bool:
+    def routable(self, model: str = MODEL) -> bool:
         """The control plane would route a call of the model now (a ready placement, breaker closed)."""
         rows = self.sql(
             "SELECT count(*) FROM fleet_placement p JOIN fleet_cataloguemodel m ON m.id=p.model_id "
             "JOIN fleet_tritonserver s ON s.id=p.server_id WHERE m.triton_name=%s AND p.status='ready' "
             "AND p.instances > 0 AND s.state IN ('healthy','cordoned') "
             "AND (s.breaker_open_until IS NULL OR s.breaker_open_until <= now())",
-            MODEL,
+            model,
         )
         return rows[0][0] > 0
 
     # --- driving it ----------------------------------------------------------------------------------
-    def submit(self, lines: list[dict], *, window: str = "24h", tenant: str = TENANTS[0]):
-        batch = submit(self.clients[tenant], lines, endpoint="/v2/infer", window=window)
+    def submit(self, lines: list[dict], *, window: str = "24h", tenant: str = TENANTS[0], endpoint: str = "/v2/infer"):
+        batch = submit(self.clients[tenant], lines, endpoint=endpoint, window=window)
         self.owners[batch.id] = tenant
         return batch
 
@@ -243,8 +250,10 @@ class Chaos(E2E):
         return tensor_lines(n or PROFILE.lines, prefix=prefix, model=MODEL)
 
     def ensure_serving(self, timeout_s: float = 120) -> None:
-        """The stack's Triton serves the model and the control plane routes to it again."""
-        self.wait_for("identity routable", lambda: self.model_ready() and self.routable(), timeout_s, poll_s=0.25)
+        """The stack's Triton serves the warm models and the control plane routes to them again."""
+        for model in (MODEL, GEN_MODEL):
+            ready = lambda m=model: self.model_ready(m) and self.routable(m)  # noqa: E731
+            self.wait_for(f"{model} routable", ready, timeout_s, poll_s=0.25)
 
     def heal(self) -> None:
         """Undo whatever a failed scenario left behind: every dependency and process running, the model
@@ -263,6 +272,31 @@ class Chaos(E2E):
             self.stack.procs.pop("worker", None)
             self.stack.start_worker()
         self.ensure_serving()
+
+    def rescue_seconds(self, shard_id: int, attempt: int, killed_at: float) -> float:
+        """Seconds from a worker's kill to its orphan's next claim, after checking that its own lease expiry
+        (not a release or a commit) handed it back."""
+
+        def next_claim():
+            return self.sql(
+                "SELECT extract(epoch FROM e.created_at)::float8 FROM batches_batchevent e "
+                "JOIN batches_shard s ON s.batch_id=e.batch_id AND s.index=e.shard_index "
+                "WHERE s.id=%s AND e.kind='shard_claimed' AND e.message LIKE %s",
+                shard_id,
+                f"attempt {attempt + 1} by %",
+            )
+
+        (claimed_at,) = self.wait_for(
+            f"shard {shard_id} claimed again after attempt {attempt}", next_claim, WORKER_RESCUE_TARGET_S * MARGIN * 2
+        )[0]
+        rescued = self.sql(
+            "SELECT count(*) FROM batches_batchevent e JOIN batches_shard s ON s.batch_id=e.batch_id "
+            "AND s.index=e.shard_index WHERE s.id=%s AND e.kind='shard_rescued_pending' AND e.message LIKE %s",
+            shard_id,
+            f"lease of attempt {attempt} expired%",
+        )[0][0]
+        assert rescued == 1, f"shard {shard_id}: attempt {attempt} did not come back through its expired lease"
+        return round(claimed_at - killed_at, 2)
 
     # --- the invariant -------------------------------------------------------------------------------
     def tally(

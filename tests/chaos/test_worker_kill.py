@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.chaos.harness import MARGIN, PROFILE, WORKER_RESCUE_TARGET_S, Figures
+from tests.chaos.harness import PROFILE, WORKER_RESCUE_TARGET_S, Figures
 
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e]
 
@@ -61,7 +61,7 @@ def test_worker_sigkill_at_random_moments(chaos, recorder):
         kills += 1
         time.sleep(rng.uniform(0.0, 2.0))
 
-    rescues = [_rescued(chaos, shard_id, attempt, killed_at) for (shard_id, attempt), killed_at in orphans.items()]
+    rescues = [chaos.rescue_seconds(shard_id, attempt, killed_at) for (shard_id, attempt), killed_at in orphans.items()]
     chaos.wait_terminal([b for b, _ in batches])
     for batch_id, lines in batches:
         chaos.tally(figures, batch_id, lines)
@@ -71,29 +71,3 @@ def test_worker_sigkill_at_random_moments(chaos, recorder):
     recorder.add(figures)
     chaos.assert_clean(figures)
     assert figures.recovery_s <= figures.bound_s()
-
-
-def _rescued(chaos, shard_id: int, attempt: int, killed_at: float) -> float:
-    """Seconds from the kill to the orphan's next claim, after checking that its own lease expiry (not a
-    release or a commit) handed it back."""
-
-    def next_claim():
-        return chaos.sql(
-            "SELECT extract(epoch FROM e.created_at)::float8 FROM batches_batchevent e "
-            "JOIN batches_shard s ON s.batch_id=e.batch_id AND s.index=e.shard_index "
-            "WHERE s.id=%s AND e.kind='shard_claimed' AND e.message LIKE %s",
-            shard_id,
-            f"attempt {attempt + 1} by %",
-        )
-
-    (claimed_at,) = chaos.wait_for(
-        f"shard {shard_id} claimed again after attempt {attempt}", next_claim, WORKER_RESCUE_TARGET_S * MARGIN * 2
-    )[0]
-    rescued = chaos.sql(
-        "SELECT count(*) FROM batches_batchevent e JOIN batches_shard s ON s.batch_id=e.batch_id "
-        "AND s.index=e.shard_index WHERE s.id=%s AND e.kind='shard_rescued_pending' AND e.message LIKE %s",
-        shard_id,
-        f"lease of attempt {attempt} expired%",
-    )[0][0]
-    assert rescued == 1, f"shard {shard_id}: attempt {attempt} did not come back through its expired lease"
-    return round(claimed_at - killed_at, 2)

@@ -3,7 +3,9 @@ with the openai SDK, validated by a real Celery worker, every case ends in a ter
 bounded time (a failed batch whose error names line 2 and the case's code, or, for the odd-but-valid
 cases, a completed batch), and the API keeps answering throughout. Bodies the endpoint kind refuses are no
 batch errors (OpenAI's per-line semantics): they go together, one batch per endpoint, which completes with
-each of them a 400 line in the error file under its case's code."""
+each of them a 400 line in the error file under its case's code. The generation corpus
+(tests/e2e/hostile_generation.py) is one chat-completions batch of tinylm lines: each refused body a 400
+line naming its field, the valid lines around them completed."""
 
 from __future__ import annotations
 
@@ -13,9 +15,12 @@ import time
 
 import pytest
 import requests
+from openai.types.chat import ChatCompletion
 
 from tests.batches.helpers import jsonl
 from tests.batches.test_hostile_input import BODY_CODES, CASES, DTYPES, TENSOR, _good
+from tests.e2e.helpers import assert_exactly_once, submit
+from tests.e2e.hostile_generation import CHAT, GENERATION_CASES, MODEL, generation_lines
 
 pytestmark = pytest.mark.e2e
 
@@ -109,3 +114,30 @@ def test_every_hostile_case_ends_terminal_through_the_worker(e2e):
             assert errors == [(2, code)], (name, errors)
     assert requests.get(f"{e2e.stack.base_url}/healthz", timeout=5).status_code == 200
     print(f"{len(RUNNABLE)} hostile cases terminal in {time.monotonic() - started:.1f} s")
+
+
+def test_hostile_generation_lines_are_400_lines_naming_the_field(e2e):
+    client = e2e.sdk(e2e.new_tenant("hostile-generation"))
+    lines = generation_lines()
+    batch = submit(client, lines, endpoint=CHAT)
+    # Bounded: validation tokenizes ~20 lines and tinylm runs three short ones (loaded on first use, ~10 s).
+    batch = e2e.wait_status(client, batch.id, {"completed", "failed", "expired", "cancelled"}, timeout_s=180)
+    assert batch.status == "completed", (batch.status, batch.errors)
+    output, errors = assert_exactly_once(client, batch, lines)
+    assert [r["custom_id"] for r in output] == ["ok-1", "ok-2", "ok-3"]
+    for record in output:
+        completion = ChatCompletion.model_validate(record["response"]["body"])
+        assert completion.model == MODEL and completion.choices[0].finish_reason in ("stop", "length")
+    got = {
+        r["custom_id"]: (
+            r["response"]["status_code"],
+            r["response"]["body"]["error"]["param"],
+            r["response"]["body"]["error"]["code"],
+        )
+        for r in errors
+    }
+    # The error file names the field as a path in the line (controlplane/kinds/generation.py): body.<param>.
+    expected = {name: (400, f"body.{param}", code) for name, (_changes, param, code) in GENERATION_CASES.items()}
+    assert got == expected
+    # Refused lines are not billed: the batch's input tokens are the completed lines' prompts only.
+    assert batch.usage.input_tokens == sum(r["response"]["body"]["usage"]["prompt_tokens"] for r in output)
