@@ -7,6 +7,7 @@ conditional updates make the second run a no-op. Shards are not tasks: the sched
 from __future__ import annotations
 
 from celery import shared_task
+from django.db import InterfaceError, OperationalError
 from django.utils import timezone
 
 from controlplane.batches import retention, services, validation_rescue
@@ -16,8 +17,20 @@ from controlplane.core.logs import log_context_bind
 from controlplane.files.storage_gc import orphans_collect
 from controlplane.webhooks.housekeeping import webhooks_housekeep
 
+# A database restart or failover mid-validation (services.batch_validate re-raises a lost connection): tried
+# again after 2, 4, 8, 16, 32 s rather than at the rescuer's deadline (BATCH_VALIDATION_DEADLINE_SECONDS, 20 min);
+# each try is a new validation attempt that supersedes the dead one.
+VALIDATE_DB_RETRIES = 5
 
-@shared_task(name="batches.batch_validate")
+
+@shared_task(
+    name="batches.batch_validate",
+    autoretry_for=(OperationalError, InterfaceError),
+    max_retries=VALIDATE_DB_RETRIES,
+    retry_backoff=2,
+    retry_backoff_max=32,
+    retry_jitter=False,
+)
 def batch_validate_task(batch_id: str) -> None:
     log_context_bind(batch_id=batch_id)
     # A re-run's input is built here first, from its source's failed lines (batches/results/rerun.py): the request
