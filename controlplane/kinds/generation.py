@@ -46,7 +46,7 @@ from controlplane.kinds.generation_bodies import (
     parse_completion_body,
 )
 from controlplane.kinds.generation_render import EngineResult, render_completion
-from controlplane.kinds.generation_run import run_generation
+from controlplane.kinds.generation_run import inflight_limit, run_generation
 from controlplane.kinds.generation_units import estimated_charge, fair_share_charge
 
 __all__ = ["ChatCompletionsKind", "CompletionsKind", "GenerationLine", "model_tokenizer"]
@@ -136,6 +136,12 @@ class _GenerationKind(EndpointKind):
 
     def work_units(self, request: GenerationLine) -> int:
         return request.units
+
+    def min_shard_lines(self, model: CatalogueModel) -> int:
+        # A slot runs one shard at a time and the engine batches only what is in flight: shards cut at 1 s of
+        # estimated time held ~16 tinylm lines, so 2 slots gave the engine <= 32 of its 64 sequences, idle
+        # between shards (docs/PERFORMANCE.md, session 12). A shard of the in-flight bound fills it alone.
+        return inflight_limit(model)
 
     def run(
         self,
