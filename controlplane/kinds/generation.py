@@ -49,7 +49,7 @@ from controlplane.kinds.generation_render import EngineResult, render_completion
 from controlplane.kinds.generation_run import inflight_limit, run_generation
 from controlplane.kinds.generation_units import estimated_charge, fair_share_charge
 
-__all__ = ["ChatCompletionsKind", "CompletionsKind", "GenerationLine", "model_tokenizer"]
+__all__ = ["ChatCompletionsKind", "CompletionsKind", "GenerationLine", "model_tokenizer", "tokenizers_preload"]
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,21 @@ def model_tokenizer(model: CatalogueModel) -> ChatTokenizer:
 
                 tokenizer = _tokenizers[path] = AutoTokenizer.from_pretrained(path, local_files_only=True)
     return tokenizer
+
+
+def tokenizers_preload() -> list[str]:
+    """Load the enabled generation models' tokenizers into this process (model_tokenizer's cache), so its first
+    generation shard or validation does not pay for importing transformers; returns the models loaded. A model
+    whose tokenizer cannot load is skipped here: its lines report that when they are parsed."""
+    loaded = []
+    enabled = CatalogueModel.objects.filter(kind=ModelKind.GENERATION, is_enabled=True)
+    for model in enabled.exclude(tokenizer_dir=""):
+        try:
+            model_tokenizer(model)
+        except (ModelMisconfigured, OSError, ValueError):
+            continue
+        loaded.append(model.name)
+    return loaded
 
 
 def _context_length(model: CatalogueModel) -> int:
