@@ -78,6 +78,8 @@ def fresh_queue_rankings(request):
 # Groups are decided from the test's path: xdist's own `xdist_group` marks do not reach its scheduler under
 # pytest 9 (xdist 3.8 renames `item._nodeid`, which pytest 9 no longer reads), so the scheduler is ours.
 _GROUPS = (
+    # A fleet of its own (no shared stack): beside the stack group rather than after it on its worker.
+    ("tests/e2e/test_gang_placement.py", "processes"),
     ("tests/chaos/", "stack"),
     ("tests/e2e/", "stack"),
     ("tests/triton/", "processes"),

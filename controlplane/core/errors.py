@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from django import db
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.http import Http404
@@ -168,6 +169,10 @@ def _first_message(detail: Any) -> tuple[str, str | None]:
     return str(detail), None
 
 
+# A database restart or failover takes seconds; the SDK waits this long before its retry.
+DB_UNAVAILABLE_RETRY_AFTER_S = 2
+
+
 # How much of a message built from a DRF error is kept: enough to show the value at fault.
 MESSAGE_LIMIT = 300
 
@@ -256,8 +261,22 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
         code = exc.default_code if isinstance(exc.detail, str) or param is None else "invalid_value"
         response.data = error_body(message, error_type=error_type, param=param, code=code)
         return response
-    # Anything else is our bug: log it with the request path and answer in the same shape.
     request = context.get("request")
+    if isinstance(exc, (db.OperationalError, db.InterfaceError)):
+        # The database refused or dropped the connection (restart, failover, max_connections): not the
+        # client's fault and not our bug; 503 with Retry-After, which the openai SDK retries.
+        logger.warning("database unavailable on %s: %s", getattr(request, "path", "?"), exc)
+        return Response(
+            error_body(
+                "The service's database is unavailable; retry shortly.",
+                error_type="server_error",
+                param=None,
+                code="service_unavailable",
+            ),
+            status=503,
+            headers={"Retry-After": str(DB_UNAVAILABLE_RETRY_AFTER_S)},
+        )
+    # Anything else is our bug: log it with the request path and answer in the same shape.
     logger.exception("unhandled error on %s", getattr(request, "path", "?"))
     return Response(
         error_body("Internal server error.", error_type="server_error", param=None, code="internal_error"),

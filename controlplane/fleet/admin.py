@@ -101,7 +101,7 @@ class CatalogueModelAdmin(AuditedAdmin, admin.ModelAdmin):
     )
     list_filter = ("kind", "is_enabled", "paused")
     search_fields = ("name", "triton_name")
-    readonly_fields = ("seconds_per_work_unit", "last_active_at")
+    readonly_fields = ("seconds_per_work_unit", "last_active_at", "expected_completion_tokens")
     # Pausing goes through the actions (fleet.services.model_set_paused): they write a PlacementEvent and top up slots.
     actions = ("pause_dispatch", "resume_dispatch")
     fieldsets = (
@@ -134,7 +134,24 @@ class CatalogueModelAdmin(AuditedAdmin, admin.ModelAdmin):
                     "gpus_per_instance",
                     "seconds_per_work_unit",
                     "last_active_at",
+                    "pool",
                 ),
+            },
+        ),
+        (
+            "Generation",
+            {
+                "description": "Text generation models only (kind generation): the tokenizer and chat template the "
+                "service applies, the context a line must fit, the sequences one instance decodes at once, and "
+                "how fair share weighs completion tokens. The expected completion is measured.",
+                "fields": (
+                    "context_length",
+                    "tokenizer_dir",
+                    "max_num_seqs",
+                    "completion_weight",
+                    "expected_completion_tokens",
+                ),
+                "classes": ("collapse",),
             },
         ),
     )

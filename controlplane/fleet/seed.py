@@ -83,14 +83,16 @@ SEED = [
         "context_length": 256,  # the trained model's n_positions
         "tokenizer_dir": "triton_models/tinylm/1/hf",  # written by `make install` (build_engines/sources/tinylm.py)
         "max_num_seqs": 64,  # config.pbtxt MAX_NUM_SEQS
-        "completion_weight": 1.0,
+        # Measured: a completion token costs the engine ~20x a prompt token (bench/token_costs.py, 2026-12-02:
+        # 16 µs per prompt token, 377 µs per completion token at 64 sequences; docs/PERFORMANCE.md).
+        "completion_weight": 20.0,
         # torch and the python backend stub (~400 MB RSS, as MiniLM's) plus the 16 MB KV pool.
         "memory_per_instance_bytes": 512 * 1024**2,
         "load_seconds": 10.0,
         # One instance is the batcher: a second would split the KV budget and the prefix cache.
         "max_instances": 1,
-        # Work units are prompt + max_tokens; ~2,900 tokens/s decoded on one thread (ARCHITECTURE, "Generation
-        # engine"), and lines usually stop before max_tokens: declared until measured.
-        "seconds_per_work_unit": 0.0005,
+        # Work units are prompt + 20 x the expected completion; a completion token is ~0.38 ms of the engine at
+        # 64 sequences (bench/token_costs.py), so a unit is ~20 µs: declared until measured.
+        "seconds_per_work_unit": 0.00002,
     },
 ]

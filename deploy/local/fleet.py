@@ -27,7 +27,13 @@ class LocalFleet:
 
 @contextlib.contextmanager
 def local_fleet(
-    work_dir: Path, *, servers: int, gpu_bytes: int, env: dict[str, str], broker_url: str
+    work_dir: Path,
+    *,
+    servers: int,
+    gpu_bytes: int,
+    env: dict[str, str],
+    broker_url: str,
+    gpus_per_server: int = 1,
 ) -> Iterator[LocalFleet]:
     db_name = f"cp_fleet_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(ADMIN_DB_URL, autocommit=True) as conn:
@@ -54,7 +60,8 @@ def local_fleet(
         try:
             stack.start()
             register = "; ".join(
-                f"server_register(name='triton{i}', grpc_url='{h.grpc_url}', gpu_memory_bytes=[{gpu_bytes}])"
+                f"server_register(name='triton{i}', grpc_url='{h.grpc_url}', "
+                f"gpu_memory_bytes={[gpu_bytes] * gpus_per_server})"
                 for i, h in enumerate(handles)
             )
             stack.manage("shell", "-c", f"from controlplane.fleet.inventory import server_register; {register}")

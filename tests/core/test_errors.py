@@ -1,4 +1,5 @@
-"""The 429 shape: Retry-After, OpenAI's x-ratelimit-* headers and the limit named in the error body."""
+"""Error shapes: the 429 (Retry-After, OpenAI's x-ratelimit-* headers, the limit named in the body) and the
+503 of a database that refuses."""
 
 from __future__ import annotations
 
@@ -61,3 +62,20 @@ def test_a_message_alone_still_works():
     }
     assert response["Retry-After"] == "60"
     assert not [name for name in response.headers if name.lower().startswith("x-ratelimit")]
+
+
+def test_a_database_that_refuses_is_a_503_with_retry_after_not_a_500(api, monkeypatch):
+    # What psycopg raises, through Django's wrapper, when Postgres is restarting or out of connections.
+    from django.db import OperationalError
+
+    from controlplane.batches import selectors
+
+    def refused(**_kwargs):
+        raise OperationalError('connection to server at "127.0.0.1", port 5432 failed: sorry, too many clients already')
+
+    monkeypatch.setattr(selectors, "batch_list", refused)
+    response = api.get("/v1/batches")
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "service_unavailable"
+    assert "too many clients" not in response.json()["error"]["message"]  # no internals to the client
+    assert response["Retry-After"] == "2"

@@ -185,6 +185,11 @@ def _catalogue_post(model: CatalogueModel, **changes) -> dict:
         "memory_per_instance_bytes": model.memory_per_instance_bytes,
         "load_seconds": 2.0,
         "gpus_per_instance": 1,
+        "pool": model.pool,
+        "context_length": model.context_length or "",
+        "tokenizer_dir": model.tokenizer_dir,
+        "max_num_seqs": model.max_num_seqs or "",
+        "completion_weight": model.completion_weight,
     }
     return {**data, **changes}
 
@@ -221,6 +226,21 @@ def test_placement_profile_saves_pins(admin_client, fleet):
     assert response.status_code == 302
     model.refresh_from_db()
     assert (model.pin_server_id, model.pin_gpus, model.outputs) == (fleet[0].id, [0, 1], [])
+
+
+def test_a_generation_model_shows_and_saves_its_generation_profile(admin_client, catalogue):
+    model = CatalogueModel.objects.get(triton_name="tinylm")
+    page = admin_client.get(f"/admin/fleet/cataloguemodel/{model.id}/change/").content.decode()
+    for field in ("context_length", "tokenizer_dir", "max_num_seqs", "completion_weight", "expected_completion_tokens"):
+        assert f"field-{field}" in page, field
+    assert 'name="expected_completion_tokens"' not in page  # measured, shown read-only
+    response = admin_client.post(
+        f"/admin/fleet/cataloguemodel/{model.id}/change/",
+        _catalogue_post(model, inputs="", completion_weight="2.5", max_num_seqs=32, pool="cpu"),
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    model.refresh_from_db()
+    assert (model.completion_weight, model.max_num_seqs, model.pool) == (2.5, 32, "cpu")
 
 
 def test_declared_gpus_are_editable_inline(admin_client, fleet):

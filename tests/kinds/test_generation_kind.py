@@ -95,7 +95,7 @@ def test_a_bad_body_is_a_body_issue_naming_the_field_under_body():
 
 def test_work_units_are_the_prompt_plus_every_choice_at_its_limit_weighted():
     body = chat("count from 1 to 3", max_tokens=10, n=3)
-    line = kind_for(CHAT).parse_body(body, model=tinylm())
+    line = kind_for(CHAT).parse_body(body, model=tinylm(completion_weight=1.0))
     prompt = line.request.prompt_tokens
     assert prompt > 0 and kind_for(CHAT).work_units(line) == prompt + 3 * 10
     heavy = kind_for(CHAT).parse_body(body, model=tinylm(completion_weight=2.5))
