@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+from typing import Any
 
 from celery import Celery
 from celery.signals import (
@@ -68,3 +70,29 @@ task_postrun.connect(task_log_context_end, weak=False)
 # Start-up objects frozen out of the collector's walks, fewer young collections (core/gc_tuning.py).
 worker_init.connect(gc_tune_for_throughput, weak=False)
 worker_process_init.connect(gc_tune_for_throughput, weak=False)
+
+
+def _tokenizers_preload_in_background(**_: Any) -> None:
+    """worker_process_init (each prefork child of the shard worker): load generation tokenizers in a daemon
+    thread, so the process takes tasks at once and its first generation shard finds them loaded. Not in the
+    prefork parent: forking while a thread imports could leave the children's import locks held."""
+    from django.conf import settings
+
+    if settings.WORKER_PRELOAD_TOKENIZERS:
+        threading.Thread(target=_tokenizers_preload, name="tokenizers-preload", daemon=True).start()
+
+
+def _tokenizers_preload() -> None:
+    from django.db import connection
+
+    from controlplane.kinds.generation import tokenizers_preload
+
+    try:
+        logger.info("generation tokenizers preloaded: %s", ", ".join(tokenizers_preload()) or "none")
+    except Exception:  # noqa: BLE001 - an optimisation: a failure leaves the first shard to load them
+        logger.warning("preloading generation tokenizers failed", exc_info=True)
+    finally:
+        connection.close()  # this thread's own connection
+
+
+worker_process_init.connect(_tokenizers_preload_in_background, weak=False)

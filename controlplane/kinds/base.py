@@ -212,6 +212,11 @@ class EndpointKind(ABC):
         (then the checked parse decides). None: no fast lane for this kind."""
         return None
 
+    def min_shard_lines(self, model: CatalogueModel) -> int:
+        """Lines a shard of this kind holds at least, whatever its estimated time (0: no floor of its own). A
+        kind whose engine batches a shard's lines itself needs enough of them at once to fill it."""
+        return 0
+
     def fast_parser(self, model: CatalogueModel) -> Callable[[bytes], ParsedLine | None] | None:
         """Re-reading a line validation accepted, without the checks (None for a line it cannot read)."""
         return None

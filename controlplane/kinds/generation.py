@@ -46,11 +46,11 @@ from controlplane.kinds.generation_bodies import (
     parse_completion_body,
 )
 from controlplane.kinds.generation_render import EngineResult, render_completion
-from controlplane.kinds.generation_run import run_generation
+from controlplane.kinds.generation_run import inflight_limit, run_generation
 from controlplane.kinds.generation_schema import check_schema_compiles
 from controlplane.kinds.generation_units import estimated_charge, fair_share_charge
 
-__all__ = ["ChatCompletionsKind", "CompletionsKind", "GenerationLine", "model_tokenizer"]
+__all__ = ["ChatCompletionsKind", "CompletionsKind", "GenerationLine", "model_tokenizer", "tokenizers_preload"]
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,21 @@ def model_tokenizer(model: CatalogueModel) -> ChatTokenizer:
 
                 tokenizer = _tokenizers[path] = AutoTokenizer.from_pretrained(path, local_files_only=True)
     return tokenizer
+
+
+def tokenizers_preload() -> list[str]:
+    """Load the enabled generation models' tokenizers into this process (model_tokenizer's cache), so its first
+    generation shard or validation does not pay for importing transformers; returns the models loaded. A model
+    whose tokenizer cannot load is skipped here: its lines report that when they are parsed."""
+    loaded = []
+    enabled = CatalogueModel.objects.filter(kind=ModelKind.GENERATION, is_enabled=True)
+    for model in enabled.exclude(tokenizer_dir=""):
+        try:
+            model_tokenizer(model)
+        except (ModelMisconfigured, OSError, ValueError):
+            continue
+        loaded.append(model.name)
+    return loaded
 
 
 def _context_length(model: CatalogueModel) -> int:
@@ -142,6 +157,12 @@ class _GenerationKind(EndpointKind):
 
     def work_units(self, request: GenerationLine) -> int:
         return request.units
+
+    def min_shard_lines(self, model: CatalogueModel) -> int:
+        # A slot runs one shard at a time and the engine batches only what is in flight: shards cut at 1 s of
+        # estimated time held ~16 tinylm lines, so 2 slots gave the engine <= 32 of its 64 sequences, idle
+        # between shards (docs/PERFORMANCE.md, session 12). A shard of the in-flight bound fills it alone.
+        return inflight_limit(model)
 
     def run(
         self,

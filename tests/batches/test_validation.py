@@ -235,3 +235,24 @@ def test_a_tensor_input_name_that_is_not_a_string_is_a_line_error(db, catalogue)
     result = _validate(content, endpoint="/v2/infer")
     assert result.ok and result.body_errors == 1
     assert [(line, code) for line, code, _ in _refused(content, "/v2/infer")] == [(1, "invalid_input_name")]
+
+
+def _chat_line(custom_id: str, content: str) -> dict:
+    body = {"model": "tinylm", "messages": [{"role": "user", "content": content}], "max_tokens": 16}
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+
+def test_generation_shards_hold_the_in_flight_bound_whatever_their_estimated_time(catalogue):
+    # tinylm's engine batches what a shard keeps in flight (2 x max_num_seqs): a shard cut at 1 s of estimated
+    # time (here ~2 lines at a slow measured speed) would leave it mostly empty, so the kind's floor wins.
+    from controlplane.fleet.models import CatalogueModel
+
+    CatalogueModel.objects.filter(name="tinylm").update(seconds_per_work_unit=0.02, max_num_seqs=8)
+    content = jsonl([_chat_line(f"g{i}", f"count from {i % 9} to 20") for i in range(40)])
+    result = _validate(content, "/v1/chat/completions", shard_lines=4096, shard_seconds=1.0, min_shard_lines=4)
+    assert result.ok, result.errors
+    assert [s.request_count for s in result.shards] == [16, 16, 8]
+    # Embeddings keep their time-cut shards (no floor of their own beyond min_shard_lines).
+    lines = [embedding_line(f"r{i}", f"text {i}") for i in range(12)]
+    embedded = _validate(jsonl(lines), shard_lines=4096, shard_seconds=1e-9, min_shard_lines=4)
+    assert [s.request_count for s in embedded.shards] == [4, 4, 4]

@@ -113,6 +113,26 @@ def test_the_tokenizer_is_loaded_once_and_a_missing_one_is_a_clear_error(tmp_pat
 # --- run -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.django_db
+def test_preloading_loads_the_enabled_generation_models_tokenizers_only(catalogue, monkeypatch):
+    # What each shard-worker process runs as it starts (controlplane/celery.py), so that its first generation
+    # shard does not import transformers.
+    from controlplane.fleet.models import ModelKind
+
+    monkeypatch.setattr(generation, "_tokenizers", {})
+    CatalogueModel.objects.filter(kind=ModelKind.GENERATION).exclude(name="tinylm").update(is_enabled=False)
+    CatalogueModel.objects.create(
+        name="off",
+        kind=ModelKind.GENERATION,
+        triton_name="off",
+        tokenizer_dir="triton_models/tinylm/1/hf",
+        is_enabled=False,
+        max_batch_size=0,
+    )
+    assert generation.tokenizers_preload() == ["tinylm"]
+    assert list(generation._tokenizers) == [generation.tokenizer_path(tinylm()).resolve()]
+
+
 def test_every_line_is_answered_once_in_openais_shapes():
     bodies = [chat(f"count from {a} to {a + 4}", max_tokens=20) for a in range(6)]
     bodies[2] = chat("count from 1 to 3", temperature=9)  # refused at parse: a 400 without reaching the engine

@@ -3,6 +3,8 @@ is the oracle, so every test checks outputs a correct engine must produce, not r
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -140,19 +142,38 @@ def test_cancel_removes_a_sequence_within_one_step(engine):
     assert request.choices[0].finish_reason == "abort"
     assert len(request.choices[0].token_ids) == before  # no token after the cancel
     assert engine.reserved_tokens == 0
-    # The caller's own cancellation check (Triton's is_cancelled) works the same way.
-    flag = {"cancelled": False}
+
+
+def test_the_callers_is_cancelled_is_asked_at_most_every_poll_interval_and_acted_on(hf_dir):
+    # Triton's is_cancelled is an IPC round trip per request: asked every step of every request it cost 13% of
+    # the engine thread. It is asked once per cancel_poll_s, and a cancel it reports still lands within that.
+    from cb_engine import Engine
+
+    poll_s = 0.3
+    engine = Engine(str(hf_dir), kv_budget_tokens=1024, max_seqs=4, threads=1, cancel_poll_s=poll_s)
+    flag, asked = {"cancelled": False}, []
+
+    def is_cancelled() -> bool:
+        asked.append(time.monotonic())
+        return flag["cancelled"]
+
     polled = engine.submit(
         "count from 0 to 40 :",
         params(max_tokens=200, ignore_eos=True),
         request_id="c2",
         on_update=lambda r: None,
-        is_cancelled=lambda: flag["cancelled"],
+        is_cancelled=is_cancelled,
     )
-    engine.step()
+    started = time.monotonic()
+    for _ in range(8):
+        engine.step()
+    assert len(asked) <= 1 + (time.monotonic() - started) / poll_s < 8  # not once a step
     flag["cancelled"] = True
-    engine.step()
+    cancelled_at = time.monotonic()
+    while not polled.finished and time.monotonic() - cancelled_at < 5:
+        engine.step()
     assert polled.finished and polled.cancelled and engine.reserved_tokens == 0
+    assert time.monotonic() - cancelled_at < poll_s + 0.7  # within the poll interval (+ a loaded host's step)
 
 
 def test_kv_budget_bounds_what_runs(hf_dir):

@@ -16,6 +16,7 @@ from controlplane.batches.intake.requests import LineIssue, ModelResolver, parse
 from controlplane.core.errors import quote, storable_text
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import ColumnCollector, EndpointKind
+from controlplane.kinds.registry import kind_for
 
 # The batch's errors list stays readable: the first problems name their lines, a count says the rest.
 MAX_REPORTED_ERRORS = 100
@@ -75,7 +76,8 @@ def validate_input(
 ) -> ValidationResult:
     """Check every line and plan the shards. A shard closes when its estimated model time (work units ×
     the model's measured seconds per unit) reaches ``shard_seconds``, but never below
-    ``min_shard_lines`` or above ``shard_lines`` lines; it also closes once it holds ``shard_bytes`` of
+    ``min_shard_lines`` (or the kind's own floor for the model, EndpointKind.min_shard_lines) or above
+    ``shard_lines`` lines; it also closes once it holds ``shard_bytes`` of
     input; ``shard_seconds`` 0 sizes by lines alone. ``on_shard`` hears of each shard as it closes, with
     the result so far (batches/intake/early_dispatch.py runs them while the rest is checked). ``columns_for`` gives
     the collector that keeps each shard's lines as columns for its run (kinds/base.ColumnCollector), once
@@ -143,6 +145,8 @@ def validate_input(
                     laned = lane.check(line.data) is not None  # the first line through the lane as well
             if shard_seconds > 0 and model is not None and model.seconds_per_work_unit > 0:
                 shard_budget = shard_seconds / model.seconds_per_work_unit
+            if model is not None:
+                min_shard_lines = max(min_shard_lines, kind_for(endpoint).min_shard_lines(model))
         elif facts.model_name != result.model:
             result.add_error(
                 "mixed_models",

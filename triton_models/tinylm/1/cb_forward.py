@@ -5,11 +5,15 @@ own contiguous segments (prompt + max_tokens long, reserved at admission), cache
 of one block. Memory is therefore the budget, by construction, never more. A pass gathers the rows it needs
 with one index per layer (right-padded, masked), so a step costs O(layers) tensor operations, not
 O(layers x sequences); every HF causal LM takes the 2-D attention mask and explicit position ids this needs.
+The gather leaves room for the pass's new tokens (`_GatheredLayer`), so the model writes them in place: a
+DynamicCache would copy the gathered past twice more per layer and step (into itself, then `torch.cat` with
+the new token), which was a third of a decode step on the mixed corpus (docs/PERFORMANCE.md, session 12).
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +23,50 @@ import torch
 def _cache_of(out: Any) -> Any:
     cache = getattr(out, "cache", None)
     return cache if cache is not None else out.past_key_values
+
+
+@functools.cache
+def _gathered_layer_class() -> type:
+    """A cache layer over gathered views with room for the pass's new tokens: `update` writes them in place and
+    returns the views (a DynamicLayer would concatenate, copying the whole past)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class GatheredLayer(DynamicLayer):
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, past: int) -> None:
+            super().__init__()
+            self.keys, self.values, self.past = keys, values, past
+            self.device, self.is_initialized = keys.device, True
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            self.keys[:, :, self.past : self.past + key_states.shape[-2]] = key_states
+            self.values[:, :, self.past : self.past + value_states.shape[-2]] = value_states
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.past
+
+    return GatheredLayer
+
+
+def _gathered_cache(keys: list[torch.Tensor], values: list[torch.Tensor], index: torch.Tensor, past: int) -> Any:
+    """A DynamicCache whose layers hold the pool's slots `index` [rows, past + new] as [rows, heads, past + new,
+    head_dim] views of one gather each; the last `new` columns are filled by the forward pass itself."""
+    from transformers import DynamicCache
+
+    layer_class = _gathered_layer_class()
+    rows, width = index.shape
+    flat = index.reshape(-1)
+    cache = DynamicCache()
+    for pool_keys, pool_values in zip(keys, values, strict=True):
+        shape = (rows, width, *pool_keys.shape[1:])
+        cache.layers.append(
+            layer_class(
+                pool_keys.index_select(0, flat).view(shape).transpose(1, 2),
+                pool_values.index_select(0, flat).view(shape).transpose(1, 2),
+                past,
+            )
+        )
+    return cache
 
 
 class KVPool:
@@ -79,15 +127,6 @@ class KVPool:
                 **{self.cache_kwarg: cache},
             )
 
-    def _cache(self, index: torch.Tensor) -> Any:
-        """A DynamicCache holding the pool's slots `index` [rows, length] as [rows, heads, length, head_dim]."""
-        from transformers import DynamicCache
-
-        cache = DynamicCache()
-        for layer, (keys, values) in enumerate(zip(self.keys, self.values, strict=True)):
-            cache.update(keys[index].transpose(1, 2), values[index].transpose(1, 2), layer)
-        return cache
-
     def prefill(
         self, past: torch.Tensor, tails: Sequence[Sequence[int]], targets: Sequence[int], pad_id: int
     ) -> torch.Tensor:
@@ -95,7 +134,13 @@ class KVPool:
         write each row's whole prompt KV (prefix + tail) at its `targets` segment start. Returns the last
         position's logits per row [rows, vocab]."""
         rows, longest, start = len(tails), max(len(t) for t in tails), len(past)
-        cache = self._cache(past.unsqueeze(0).expand(rows, -1)) if start else self._cache_empty()
+        # The prefix's slots, then room for the tails (column values are overwritten by the pass).
+        room = torch.cat([past, torch.zeros(longest, dtype=torch.long)]) if start else None
+        cache = (
+            _gathered_cache(self.keys, self.values, room.unsqueeze(0).expand(rows, -1), start)
+            if room is not None
+            else self._cache_empty()
+        )
         input_ids = torch.full((rows, longest), pad_id, dtype=torch.long)
         mask = torch.zeros((rows, start + longest), dtype=torch.long)
         mask[:, :start] = 1
@@ -127,8 +172,10 @@ class KVPool:
         valid = columns.unsqueeze(0) < length_t.unsqueeze(1)  # right padding, masked
         index = torch.where(valid, start_t.unsqueeze(1) + columns, 0)
         mask = torch.cat([valid.long(), torch.ones((len(starts), 1), dtype=torch.long)], dim=1)
-        out = self._run(self._cache(index), torch.tensor(last_tokens).unsqueeze(1), mask, length_t.unsqueeze(1))
         slots = start_t + length_t
+        # One more column per row for the new token (its gathered value is overwritten by the pass).
+        cache = _gathered_cache(self.keys, self.values, torch.cat([index, slots.unsqueeze(1)], dim=1), index.shape[1])
+        out = self._run(cache, torch.tensor(last_tokens).unsqueeze(1), mask, length_t.unsqueeze(1))
         for layer, kv in enumerate(_cache_of(out).layers):
             self.keys[layer][slots] = kv.keys[:, :, -1]
             self.values[layer][slots] = kv.values[:, :, -1]
