@@ -9,6 +9,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
 from tests.e2e.helpers import assert_exactly_once, submit
+from tests.structured_schema import SCHEMA
 
 pytestmark = pytest.mark.e2e
 
@@ -66,18 +67,6 @@ def test_completions_batch(e2e):
 def test_the_generation_model_is_listed(e2e):
     tinylm = e2e.sdk().models.retrieve("tinylm")
     assert tinylm.endpoints == ["/v1/chat/completions", "/v1/completions"] and tinylm.context_length == 256
-
-
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 16},
-        "numbers": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "maxItems": 12},
-        "kind": {"enum": ["even", "odd", "mixed"]},
-    },
-    "required": ["name", "numbers", "kind"],
-    "additionalProperties": False,
-}
 
 
 def _schema_format(schema: dict) -> dict:

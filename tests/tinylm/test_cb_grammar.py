@@ -9,16 +9,8 @@ import json
 import jsonschema
 import pytest
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 16},
-        "numbers": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "maxItems": 12},
-        "kind": {"enum": ["even", "odd", "mixed"]},
-    },
-    "required": ["name", "numbers", "kind"],
-    "additionalProperties": False,
-}
+from tests.structured_schema import SCHEMA
+
 PROMPTS = ["count from 3 to 9 :", "count from 12 to 20 :", "count from 0 to 5 as json :"]
 
 
