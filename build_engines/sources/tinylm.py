@@ -1,7 +1,7 @@
 """tinylm: a tiny causal LM trained at install on a grammar whose right answers are known.
 
 No causal LM ships on PyPI and no model hub can be reached, so `make install` trains one (seeded, bit for bit;
-~64 s on 2 shared cores at load ~5): a 2-layer GPT-2 (n_embd 64, 143k parameters) that learns
+53 s on the 2 cores when quiet, 64 s at load ~5): a 2-layer GPT-2 (n_embd 64, 143k parameters) that learns
 
     count from 3 to 9 :3 4 5 6 7 8 9<eos>
     count from 3 to 6 as json :{"numbers":[3,4,5,6]}<eos>
