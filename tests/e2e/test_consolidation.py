@@ -39,6 +39,17 @@ def _rows(db_url: str, query: str, *params) -> list[tuple]:
         return conn.execute(query, params).fetchall()
 
 
+def _wait_running(db_url: str, batch_id: str, timeout_s: float = 120) -> None:
+    """Until the batch has a shard claimed: its model is busy from then on."""
+    deadline = time.monotonic() + timeout_s
+    query = "SELECT count(*) FROM batches_batchevent WHERE batch_id=%s AND kind='shard_claimed'"
+    while time.monotonic() < deadline:
+        if _rows(db_url, query, batch_id)[0][0]:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"batch {batch_id} never started")
+
+
 def _wait(client, ids: list[str], timeout_s: float = 480) -> list:
     from openai import InternalServerError
 
@@ -73,8 +84,13 @@ def test_a_large_model_is_placed_by_moving_a_busy_one_with_no_failed_line(tmp_pa
         warm = submit(client, tensor_lines(32, "identity", "warm"), endpoint="/v2/infer")
         _wait(client, [warm.id])
         fleet.stack.manage("shell", "-c", UNPIN)
-        small, large = tensor_lines(600, "identity", "small"), tensor_lines(600, "scale2", "large")
-        ids = [submit(client, lines, endpoint="/v2/infer").id for lines in (small, large)]
+        # identity must still be busy when the planner looks for room for scale2 (an idle one is evicted, not
+        # moved): 12,000 lines in 16-line shards keep it busy for several reconcile intervals even on a quiet
+        # host, where 600 lines finished before scale2's first plan (and identity was evicted instead).
+        small, large = tensor_lines(12_000, "identity", "small"), tensor_lines(600, "scale2", "large")
+        first = submit(client, small, endpoint="/v2/infer")
+        _wait_running(fleet.db_url, first.id)
+        ids = [first.id, submit(client, large, endpoint="/v2/infer").id]
         done = _wait(client, ids)
         for batch, lines in zip(done, (small, large), strict=True):
             assert batch.status == "completed" and batch.request_counts.failed == 0, batch.request_counts
