@@ -73,13 +73,19 @@ def fresh_queue_rankings(request):
 # `make test` runs the suite in pytest-xdist workers. Tests that share an expensive fixture run on one worker as
 # a group, so each fixture starts once, not once per worker: the end-to-end stack (gunicorn, workers, beat, a
 # tritonserver) with the chaos suite's own stacks (one after another: both measure recovery times, which two
-# stacks side by side on two cores would stretch), and the modules on a tritonserver of their own. Everything
-# else spreads over all workers, test by test.
+# stacks side by side on two cores would stretch), the scenarios on fleets of their own, and the modules on a
+# tritonserver of their own. Everything else spreads over all workers, test by test.
 # Groups are decided from the test's path: xdist's own `xdist_group` marks do not reach its scheduler under
 # pytest 9 (xdist 3.8 renames `item._nodeid`, which pytest 9 no longer reads), so the scheduler is ours.
 _GROUPS = (
-    # A fleet of its own (no shared stack): beside the stack group rather than after it on its worker.
-    ("tests/e2e/test_gang_placement.py", "processes"),
+    # Scenarios on a fleet or stack of their own (no shared fixture): a group beside the stack group rather than
+    # after it on one worker, where they made it the suite's critical path (10m52s of 10m52s, 2026-12-02).
+    ("tests/e2e/test_gang_placement.py", "fleets"),
+    ("tests/e2e/test_autoscale.py", "fleets"),
+    ("tests/e2e/test_placement.py", "fleets"),
+    ("tests/e2e/test_consolidation.py", "fleets"),
+    ("tests/e2e/test_tracing.py", "fleets"),
+    ("tests/e2e/test_observability.py", "fleets"),
     ("tests/chaos/", "stack"),
     ("tests/e2e/", "stack"),
     ("tests/triton/", "processes"),
