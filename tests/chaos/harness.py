@@ -200,23 +200,30 @@ class Chaos(E2E):
         """Until the batch has committed `shards` shards: the fault hits a batch that is really running."""
         self.wait_for(f"{batch_id}: {shards} shards done", lambda: self.succeeded_shards(batch_id) >= shards, timeout_s)
 
-    def commits_since(self, since: float) -> list[float]:
-        """Commit times (epoch s) of shards claimed at or after `since`, of any batch, in order."""
+    def commits_since(self, since: float, *, claimed_since: bool = True) -> list[float]:
+        """Commit times (epoch s) of shards claimed at or after `since` (or, with ``claimed_since`` False, of any
+        shard committed at or after it), of any batch, in order."""
+        column = "started_at" if claimed_since else "finished_at"
         rows = self.sql(
             "SELECT extract(epoch FROM finished_at)::float8 FROM batches_shard WHERE status IN ('succeeded','stopped') "
-            "AND started_at >= to_timestamp(%s) ORDER BY finished_at",
+            f"AND {column} >= to_timestamp(%s) ORDER BY finished_at",
             since,
         )
         return [r[0] for r in rows]
 
-    def resumed(self, ready_at: float, batch_ids: list[str], timeout_s: float) -> dict[str, float]:
+    def resumed(
+        self, ready_at: float, batch_ids: list[str], timeout_s: float, *, claimed_since: bool = True
+    ) -> dict[str, float]:
         """Work resumes after a dependency is ready at `ready_at`: `resume_s` until the first shard claimed
         after that commits, and `max_gap_s` the longest pause between commits from then until the batches
         end (a resume that stalls again later, e.g. on lost broker messages, shows there). Waits for the
-        first commit up to `timeout_s`, then for the batches to end."""
-        self.wait_for("a shard claimed after recovery commits", lambda: self.commits_since(ready_at), timeout_s)
+        first commit up to `timeout_s`, then for the batches to end. ``claimed_since`` False counts any shard
+        committed after `ready_at`: a pause's frozen shards finish on the attempt they had, and when they were
+        the batch's last, no shard is claimed after it."""
+        what = "a shard claimed after recovery commits" if claimed_since else "a shard commits after recovery"
+        self.wait_for(what, lambda: self.commits_since(ready_at, claimed_since=claimed_since), timeout_s)
         self.wait_terminal(batch_ids)
-        commits = self.commits_since(ready_at)
+        commits = self.commits_since(ready_at, claimed_since=claimed_since)
         stamps = [ready_at, *commits]
         gaps = [b - a for a, b in itertools.pairwise(stamps)]
         return {"resume_s": round(commits[0] - ready_at, 2), "max_gap_s": round(max(gaps), 2)}
