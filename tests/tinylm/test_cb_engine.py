@@ -149,7 +149,9 @@ def test_the_callers_is_cancelled_is_asked_at_most_every_poll_interval_and_acted
     # the engine thread. It is asked once per cancel_poll_s, and a cancel it reports still lands within that.
     from cb_engine import Engine
 
-    poll_s = 0.3
+    # Shorter than the request's remaining decode (~190 steps), so the cancel lands before it ends on its own
+    # even on a quiet host (0.3 s let the request finish first once the engine got faster).
+    poll_s = 0.05
     engine = Engine(str(hf_dir), kv_budget_tokens=1024, max_seqs=4, threads=1, cancel_poll_s=poll_s)
     flag, asked = {"cancelled": False}, []
 
@@ -159,7 +161,7 @@ def test_the_callers_is_cancelled_is_asked_at_most_every_poll_interval_and_acted
 
     polled = engine.submit(
         "count from 0 to 40 :",
-        params(max_tokens=200, ignore_eos=True),
+        params(max_tokens=240, ignore_eos=True),
         request_id="c2",
         on_update=lambda r: None,
         is_cancelled=is_cancelled,
@@ -167,7 +169,10 @@ def test_the_callers_is_cancelled_is_asked_at_most_every_poll_interval_and_acted
     started = time.monotonic()
     for _ in range(8):
         engine.step()
-    assert len(asked) <= 1 + (time.monotonic() - started) / poll_s < 8  # not once a step
+    elapsed = time.monotonic() - started
+    assert len(asked) <= 1 + elapsed / poll_s  # at most once an interval
+    if elapsed < 7 * poll_s:  # steps quicker than the interval (a loaded host's may not be)
+        assert len(asked) < 8  # so not once a step
     flag["cancelled"] = True
     cancelled_at = time.monotonic()
     while not polled.finished and time.monotonic() - cancelled_at < 5:
