@@ -5,9 +5,9 @@ PY := $(VENV)/bin/python
 # The test suite's real services (started by scripts/ensure_services.sh when down).
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/controlplane
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
-# pytest-xdist workers: the stack, the chaos suite and the tritonserver modules each run as one group on a
-# worker while the rest spread over all (tests/conftest.py); most of that time is spent waiting on processes,
-# so three workers pay on two cores.
+# pytest-xdist workers: the shared stack with the chaos suite, the scenarios on fleets of their own, and the
+# tritonserver modules each run as one group on a worker while the rest spread over all (tests/conftest.py);
+# most of that time is spent waiting on processes, so three workers pay on two cores.
 TEST_WORKERS ?= 3
 
 .PHONY: install demo serve test test-fast test-unit lint chaos scale bench bench-quick bench-generation bench-1g bench-follow clean mutation
