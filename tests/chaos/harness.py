@@ -53,14 +53,15 @@ class Profile:
     broker_down_s: float
     # Lines per batch: enough that a batch still has work when a fault ends (shards of 50 lines here).
     lines: int
-    # Lines per generation batch (tinylm, up to 40 tokens each): six shards or more, so work is left after a
-    # fault that lands on one (a warm shard decodes for about a second).
-    gen_lines: int = 240
+    # Lines per generation batch (tinylm, up to 40 tokens each): many shards, so work is left after a fault
+    # that lands on one. A warm engine now decodes a 50-line shard in ~0.2 s (240 lines ended in 0.6 s, before
+    # the kill), so a batch lasts a few seconds.
+    gen_lines: int = 1200
 
 
 SHORT = Profile("short", worker_kills=3, triton_down_s=10, triton_pause_s=10, broker_down_s=5, lines=3000)
 FULL_PROFILE = Profile(
-    "full", worker_kills=20, triton_down_s=90, triton_pause_s=60, broker_down_s=30, lines=6000, gen_lines=600
+    "full", worker_kills=20, triton_down_s=90, triton_pause_s=60, broker_down_s=30, lines=6000, gen_lines=3000
 )
 PROFILE = FULL_PROFILE if FULL else SHORT
 
