@@ -216,7 +216,14 @@ class TritonServerAdmin(AuditedAdmin, admin.ModelAdmin):
     list_filter = ("state", "operator_state", "real_gpus", "pool")
     search_fields = ("name", "grpc_url")
     # Operator state changes go through the actions, which write a PlacementEvent.
-    readonly_fields = ("state", "operator_state", "last_heartbeat_at", "consecutive_failures", "breaker_open_until")
+    readonly_fields = (
+        "state",
+        "operator_state",
+        "last_heartbeat_at",
+        "missed_heartbeats",
+        "consecutive_failures",
+        "breaker_open_until",
+    )
     fieldsets = (
         (None, {"fields": ("name", "grpc_url", "http_url", "metrics_url", "pool", "real_gpus")}),
         ("Health (heartbeat, circuit breaker and the actions on the list page)", {"fields": readonly_fields}),

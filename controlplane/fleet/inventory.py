@@ -39,7 +39,7 @@ def server_set_operator_state(*, server: TritonServer, state: str | None, actor:
     """Drain or cordon a server (or clear it with None); the planner does the rest on its next run."""
     with transaction.atomic():
         effective = state or (
-            ServerState.UNHEALTHY if server.consecutive_failures >= UNHEALTHY_AFTER_FAILURES else ServerState.HEALTHY
+            ServerState.UNHEALTHY if server.missed_heartbeats >= UNHEALTHY_AFTER_FAILURES else ServerState.HEALTHY
         )
         TritonServer.objects.filter(id=server.id).update(operator_state=state, state=effective)
         PlacementEvent.objects.create(
@@ -104,16 +104,17 @@ def fleet_heartbeat() -> dict[str, str]:
                 except OSError as exc:
                     logger.warning("gpu metrics of %s unavailable: %s", server.name, exc)
             state = server.operator_state or ServerState.HEALTHY
-            update: dict[str, object] = {"state": state, "consecutive_failures": 0, "last_heartbeat_at": now}
+            update: dict[str, object] = {"state": state, "missed_heartbeats": 0, "last_heartbeat_at": now}
             if server.state == ServerState.UNHEALTHY:
                 # Back from an outage (restarted, or resumed after a hang): the breaker's failures were that
                 # outage's, and it has just ended. Left open, the breaker would idle the server for up to
                 # FLEET_BREAKER_OPEN_SECONDS after the reconciler has loaded its models again (the chaos
                 # suite measured work resuming 11 s after the model was ready instead of ~1 s).
                 update["breaker_open_until"] = None
+                update["consecutive_failures"] = 0
             TritonServer.objects.filter(id=server.id).update(**update)
         else:
-            failures = server.consecutive_failures + 1
+            failures = server.missed_heartbeats + 1
             state = server.state
             if failures >= UNHEALTHY_AFTER_FAILURES:
                 state = ServerState.UNHEALTHY
@@ -125,7 +126,7 @@ def fleet_heartbeat() -> dict[str, str]:
                         ok=False,
                         reason=f"{failures} missed heartbeats",
                     )
-            TritonServer.objects.filter(id=server.id).update(state=state, consecutive_failures=failures)
+            TritonServer.objects.filter(id=server.id).update(state=state, missed_heartbeats=failures)
         states[server.name] = state
     return states
 

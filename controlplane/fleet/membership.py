@@ -161,7 +161,7 @@ def readdress_check(server: TritonServer, *, grpc_url: str, http_url: str) -> No
     beat = server.last_heartbeat_at
     if beat is None or beat < timezone.now() - window:
         return
-    if server.state == ServerState.UNHEALTHY or server.consecutive_failures:
+    if server.state == ServerState.UNHEALTHY or server.missed_heartbeats:
         return
     client = TritonClient(server.grpc_url, timeout_s=settings.FLEET_PROBE_TIMEOUT_SECONDS)
     try:

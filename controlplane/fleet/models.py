@@ -104,7 +104,10 @@ class TritonServer(models.Model):
     # Operators set draining/cordoned; the heartbeat only moves servers between healthy and unhealthy.
     operator_state = models.CharField(max_length=16, choices=ServerState.choices, null=True, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
-    consecutive_failures = models.PositiveIntegerField(default=0)
+    # Liveness and the call breaker count apart: failed Triton calls under load must not make one missed
+    # heartbeat mark a live server unhealthy (its placements dropped), nor a heartbeat reset the breaker's count.
+    missed_heartbeats = models.PositiveIntegerField(default=0, db_default=0)
+    consecutive_failures = models.PositiveIntegerField(default=0)  # failed calls in a row (the circuit breaker)
     breaker_open_until = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:

@@ -52,7 +52,20 @@ def test_two_missed_heartbeats_mark_a_server_unhealthy(live):
     assert fleet_heartbeat() == {"t0": ServerState.HEALTHY}
     assert fleet_heartbeat() == {"t0": ServerState.UNHEALTHY}
     server.refresh_from_db()
-    assert server.consecutive_failures == 2
+    assert server.missed_heartbeats == 2
+
+
+def test_failed_calls_do_not_count_as_missed_heartbeats(live):
+    """Calls that fail under load (the breaker's count) and liveness are apart: one missed heartbeat after
+    failed calls leaves a server healthy, and a heartbeat does not reset the breaker's count."""
+    server = server_register(name="t0", grpc_url="127.0.0.1:1", gpu_memory_bytes=[1024**3])
+    for _ in range(3):
+        inventory.breaker_record(server_id=server.id, ok=False)
+    assert fleet_heartbeat() == {"t0": ServerState.HEALTHY}
+    assert TritonServer.objects.get(id=server.id).consecutive_failures == 3
+    live["live"] = False
+    assert fleet_heartbeat() == {"t0": ServerState.HEALTHY}
+    assert fleet_heartbeat() == {"t0": ServerState.UNHEALTHY}
 
 
 def test_a_server_back_from_an_outage_is_reconciled_at_once(live, monkeypatch):

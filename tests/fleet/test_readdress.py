@@ -45,7 +45,7 @@ def old_answers(monkeypatch):
 @pytest.fixture
 def live_row(fleet_api):
     assert fleet_api.post("/internal/fleet/servers", OLD, format="json").status_code == 201
-    TritonServer.objects.filter(name="triton-0").update(last_heartbeat_at=timezone.now(), consecutive_failures=0)
+    TritonServer.objects.filter(name="triton-0").update(last_heartbeat_at=timezone.now(), missed_heartbeats=0)
     return TritonServer.objects.get(name="triton-0")
 
 
@@ -109,7 +109,7 @@ def test_a_server_that_is_not_live_moves_without_force(fleet_api, live_row, old_
     elif how == "never_heartbeat":
         TritonServer.objects.filter(id=live_row.id).update(last_heartbeat_at=None)
     else:
-        TritonServer.objects.filter(id=live_row.id).update(state="unhealthy", consecutive_failures=2)
+        TritonServer.objects.filter(id=live_row.id).update(state="unhealthy", missed_heartbeats=2)
     response = fleet_api.post("/internal/fleet/servers", NEW, format="json")
     assert response.status_code == 200, response.content
     assert _addresses() == (NEW["grpc_url"], NEW["http_url"])
