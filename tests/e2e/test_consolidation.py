@@ -95,19 +95,22 @@ def test_a_large_model_is_placed_by_moving_a_busy_one_with_no_failed_line(tmp_pa
         for batch, lines in zip(done, (small, large), strict=True):
             assert batch.status == "completed" and batch.request_counts.failed == 0, batch.request_counts
             assert_exactly_once(client, batch, lines)
-        events = _rows(
+        every = _rows(
             fleet.db_url,
-            "SELECT e.id, e.action, m.triton_name, coalesce(s.name, ''), e.ok, e.move_for FROM fleet_placementevent e "
-            "LEFT JOIN fleet_cataloguemodel m ON m.id=e.model_id LEFT JOIN fleet_tritonserver s ON s.id=e.server_id "
-            "WHERE e.action IN ('consolidate', 'move_in', 'move_out', 'load') ORDER BY e.id",
+            "SELECT e.id, e.action, m.triton_name, coalesce(s.name, ''), e.ok, e.move_for, e.created_at, e.reason "
+            "FROM fleet_placementevent e LEFT JOIN fleet_cataloguemodel m ON m.id=e.model_id "
+            "LEFT JOIN fleet_tritonserver s ON s.id=e.server_id ORDER BY e.id",
         )
+    # Every event (reasons and times included) is in the failure message: a wrong plan is told by its reasons.
+    events = [e[:6] for e in every if e[1] in ("consolidate", "move_in", "move_out", "load")]
+    history = "\n".join(f"{e[6]:%H:%M:%S.%f} {e[1]} {e[2]}@{e[3]} ok={e[4]} for={e[5]!r}: {e[7]}" for e in every)
     moves = [(a, m, s, ok, f) for _, a, m, s, ok, f in events if f]
     assert moves == [
         ("consolidate", "scale2", "", True, "scale2"),
         ("move_in", "identity", "triton0", True, "scale2"),
         ("move_out", "identity", "triton1", True, "scale2"),
-    ], events
+    ], history
     loads = [(i, s) for i, a, m, s, ok, _ in events if a == "load" and m == "scale2" and ok]
     move_out = next(i for i, a, *_ in events if a == "move_out")
     # scale2 was first loaded into the memory the move freed, after the old identity instance went.
-    assert loads and loads[0][1] == "triton1" and loads[0][0] > move_out, events
+    assert loads and loads[0][1] == "triton1" and loads[0][0] > move_out, history
