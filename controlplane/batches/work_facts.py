@@ -8,7 +8,8 @@ import re
 from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
-from controlplane.batches.models import BatchStatus, Shard, ShardStatus
+from controlplane.batches.models import Shard, ShardStatus
+from controlplane.batches.run.shards import RUNNABLE_BATCH_STATUSES
 from controlplane.fleet.work import BatchBacklog, Demand
 
 
@@ -17,7 +18,9 @@ class ShardWork:
         rows = (
             Shard.objects.filter(
                 status__in=(ShardStatus.PENDING, ShardStatus.RUNNING),
-                batch__status=BatchStatus.IN_PROGRESS,
+                # Validating included: its early-dispatched shards run (the scheduler claims them), so the model
+                # is busy; counted out, the planner saw it idle and evicted its instance mid-batch.
+                batch__status__in=RUNNABLE_BATCH_STATUSES,
                 batch__stop_reason__isnull=True,
             )
             .values("batch__model")
@@ -36,7 +39,7 @@ class ShardWork:
         # Pending work of a paused tenant is left out: it cannot run, so servers would not help it.
         live = Q(status=ShardStatus.RUNNING) | Q(status=ShardStatus.PENDING, batch__tenant__paused=False)
         rows = (
-            Shard.objects.filter(live, batch__status=BatchStatus.IN_PROGRESS, batch__stop_reason__isnull=True)
+            Shard.objects.filter(live, batch__status__in=RUNNABLE_BATCH_STATUSES, batch__stop_reason__isnull=True)
             .values("batch_id", "batch__model", "batch__expires_at")
             .annotate(
                 work=Sum("work_units"),
