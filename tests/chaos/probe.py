@@ -31,3 +31,16 @@ def api_probe(
         if response.status_code != 200:
             bad.append(response.status_code)
         time.sleep(0.05)
+
+
+def latency_details(under: list[float], quiet: list[float]) -> dict[str, float | int]:
+    """The figures of the victim's calls (each list sorted): under the abuse, and in the quiet phase before it."""
+    return {
+        "victim_requests": len(under),
+        "victim_p50_s": round(quantile(under, 0.5), 3),
+        "victim_p99_s": round(quantile(under, 0.99), 3),
+        "victim_max_s": round(under[-1], 3) if under else float("nan"),
+        "baseline_requests": len(quiet),
+        "baseline_p50_s": round(quantile(quiet, 0.5), 3),
+        "baseline_p99_s": round(quantile(quiet, 0.99), 3),
+    }

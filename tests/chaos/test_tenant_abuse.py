@@ -23,7 +23,7 @@ import pytest
 import requests
 
 from tests.chaos.harness import FULL, MARGIN, MODEL, Figures
-from tests.chaos.probe import api_probe, quantile
+from tests.chaos.probe import api_probe, latency_details, quantile
 from tests.e2e.helpers import tensor_lines
 
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e]
@@ -184,13 +184,7 @@ def test_a_hostile_tenant_cannot_slow_or_see_another(chaos, recorder):
     figures.recovery_s = p99
     figures.details.update(
         {
-            "victim_requests": len(ordered),
-            "victim_p50_s": round(p50, 3),
-            "victim_p99_s": round(p99, 3),
-            "victim_max_s": round(ordered[-1], 3),
-            "baseline_requests": len(baseline),
-            "baseline_p50_s": round(quantile(baseline, 0.5), 3),
-            "baseline_p99_s": round(quantile(baseline, 0.99), 3),
+            **latency_details(ordered, baseline),
             "abuser_statuses": dict(sorted(abuser.statuses.items())),
             "rounds": ROUNDS,
             "threads": THREADS,
