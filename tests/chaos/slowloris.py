@@ -22,8 +22,8 @@ from dataclasses import dataclass
 class SlowConnection:
     kind: str
     request_id: str
-    opened: float  # time.monotonic() once connected
-    last_sent: float
+    opened: float  # time.monotonic() as the connect began
+    last_sent: float  # as the last write began
     closed: float | None = None  # None: still open when the attack gave up on it
     answer: bytes = b""
 
@@ -90,21 +90,23 @@ class Attack:
         done.append(await self._slow("body", request_id, head, body[: self.body_drips], wait_s))
 
     async def _slow(self, kind: str, request_id: str, head: bytes, drip: bytes, wait_s: float) -> SlowConnection:
+        # Stamped before the connect and before each write, never after: with hundreds of connections on one
+        # loop on a busy host, the loop may resume here late, and a late stamp would make nginx's close look early.
+        started = time.monotonic()
         reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
-        now = time.monotonic()
-        conn = SlowConnection(kind, request_id, opened=now, last_sent=now)
+        conn = SlowConnection(kind, request_id, opened=started, last_sent=started)
         reading = asyncio.create_task(_read_until_closed(reader, conn))
         try:
+            conn.last_sent = time.monotonic()
             writer.write(head)
             await writer.drain()
-            conn.last_sent = time.monotonic()
             for byte in drip:
                 finished, _ = await asyncio.wait({reading}, timeout=self.drip_interval_s)
                 if finished or time.monotonic() - conn.opened > wait_s:
                     break
+                conn.last_sent = time.monotonic()
                 writer.write(bytes([byte]))
                 await writer.drain()
-                conn.last_sent = time.monotonic()
             await asyncio.wait({reading}, timeout=wait_s)
         except OSError:  # a write into a connection the proxy has closed: the read sees the close as well
             await asyncio.wait({reading}, timeout=1)

@@ -92,7 +92,11 @@ def _overshoots(connections: list[SlowConnection], kind: str, timeout_s: float) 
 
 
 def _summary(values: list[float]) -> dict[str, Any]:
-    return {"p50": round(quantile(values, 0.5), 2), "max": round(values[-1], 2)} if values else {}
+    return (
+        {"min": round(values[0], 2), "p50": round(quantile(values, 0.5), 2), "max": round(values[-1], 2)}
+        if values
+        else {}
+    )
 
 
 def test_slow_clients_are_cut_by_nginx_and_never_reach_gunicorn(chaos, proxy, recorder):
