@@ -2,8 +2,9 @@
 
 A stream is always a prefix of the result file finalization will write, byte for byte: the lines of the
 shards, in index order, that can no longer change — ``succeeded``, ``stopped`` and ``skipped`` shards, read
-with finalization's own ``shard_entries`` — up to the first shard that is still open (pending, running, or
-``dead``, which an operator may requeue). Once the batch has ended, the stream is the result file itself.
+with finalization's own ``shard_entries``, or for a succeeded shard its part's payloads of the stream's kind
+in bulk (the same bytes: that is all ``shard_entries`` yields for it) — up to the first shard that is still
+open (pending, running, or ``dead``, which an operator may requeue). Once the batch has ended, the stream is the result file itself.
 The cursor is therefore a plain position, the number of lines of the stream a client already holds: it
 means the same while the batch runs and after, survives a dropped connection (the client counts the lines
 it kept), and two readers see the same lines in the same order. The price of a prefix: a shard that stays
@@ -38,10 +39,8 @@ FINAL_SHARD_STATUSES = (ShardStatus.SUCCEEDED, ShardStatus.STOPPED, ShardStatus.
 # Lines rendered one by one (stopped and skipped shards) go out in runs of this many.
 _RUN_LINES = 1024
 ENDED_STATUSES = (BatchStatus.COMPLETED, BatchStatus.FAILED, BatchStatus.EXPIRED, BatchStatus.CANCELLED)
-_SHARD_FIELDS = (
-    *("id", "batch_id", "index", "status", "start_line", "end_line", "start_byte", "end_byte"),
-    *("request_count", "completed_lines", "part_name"),
-)
+# What rendering a closed shard's lines reads of its row (finalize.shard_entries).
+_SHARD_FIELDS = ("id", "batch_id", "index", "status", "start_line", "end_line", "start_byte", "end_byte", "part_name")
 
 
 @dataclass(frozen=True)
