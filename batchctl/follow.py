@@ -31,6 +31,10 @@ from batchctl.waiting import RateMeter, eta_text, rate_text
 # Ask the SDK to hand over the response unread, so its body is written as it arrives.
 _STREAM_BODY = {"X-Stainless-Raw-Response": "stream"}
 STREAMS = ("output", "errors")
+# The Batch object feeds only the display (total, tokens/s, status), so it is read every few seconds, not every
+# poll: it is the dearest of the three reads for the API (its queue position ranks the model's runnable shards),
+# and the streams themselves say when they are complete.
+BATCH_READ_SECONDS = 5.0
 
 
 class CursorMismatch(Exception):
@@ -48,6 +52,7 @@ class Sink:
     cursor: int = 0
     written: int = 0  # bytes, the file's length at the cursor
     complete: bool = False
+    saved: tuple[int, int] = (-1, -1)  # (cursor, written) in the cursor file: a poll that brought nothing skips it
 
     @property
     def cursor_path(self) -> Path:
@@ -60,12 +65,15 @@ class Sink:
         self.written += len(data)
 
     def save(self) -> None:
+        if self.saved == (self.cursor, self.written):
+            return
         self.handle.flush()
         os.fsync(self.handle.fileno())
         state = {"batch_id": self.batch_id, "stream": self.stream, "cursor": self.cursor, "bytes": self.written}
         partial = self.cursor_path.with_name(self.cursor_path.name + ".partial")
         partial.write_text(json.dumps(state))
         os.replace(partial, self.cursor_path)
+        self.saved = (self.cursor, self.written)
 
     def close(self) -> None:
         self.handle.close()
@@ -119,6 +127,17 @@ def stream_fetch(client: OpenAI, sink: Sink) -> str:
         raise httpx2.RemoteProtocolError(f"response ended at line {sink.cursor}, expected {expected}")
     sink.complete = response.headers.get("X-Results-Complete") == "true"
     return response.headers.get("X-Batch-Status", "")
+
+
+def may_have_lines(batch: Batch | None, sink: Sink) -> bool:
+    """Whether the stream may hold lines after the sink's cursor. An in-progress batch's error lines are its
+    committed failures (``request_counts.failed``, counted at each shard's commit), so while the batch last read
+    shows no more than the file holds, asking costs the API a request for nothing. A stopped batch's error
+    stream also holds the lines it never ran: from the next status on (cancelling, finalizing, an end), and at
+    the end (the streams must say they are complete), it is asked every poll."""
+    if sink.stream != "errors" or batch is None or batch.status != "in_progress" or batch.request_counts is None:
+        return True
+    return batch.request_counts.failed > sink.cursor
 
 
 class FollowDisplay:
@@ -206,15 +225,20 @@ def follow(
     display = FollowDisplay(console, batch_id)
     last_ok = time.monotonic()
     batch: Batch | None = None
+    batch_read_at = 0.0
     try:
         while True:
             note = ""
             before = [sink.cursor for sink in sinks]
             try:
-                batch = client.batches.retrieve(batch_id)
-                for sink in sinks:
-                    if not sink.complete:
-                        stream_fetch(client, sink)
+                if batch is None or time.monotonic() - batch_read_at >= BATCH_READ_SECONDS:
+                    batch, batch_read_at = client.batches.retrieve(batch_id), time.monotonic()
+                for sink in sinks:  # output first: its status is news for the error stream's test
+                    if sink.complete or not may_have_lines(batch, sink):
+                        continue
+                    status = stream_fetch(client, sink)
+                    if batch is not None and status and status != batch.status:
+                        batch, batch_read_at = client.batches.retrieve(batch_id), time.monotonic()
                 last_ok = time.monotonic()
             except RECOVERABLE as exc:
                 if [sink.cursor for sink in sinks] != before:

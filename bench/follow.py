@@ -9,6 +9,10 @@ dispatch is off (BATCH_EARLY_DISPATCH=0), so every run of the file gets the same
 
 With a follower, its file must equal the final output file as a set of lines, with no line twice.
 
+Each run also prints the CPU seconds each process tree spent (web, shard worker, control worker, Triton, the
+host's Postgres, and the follower itself): on a shared host the time ratio is noisy, while the extra CPU a
+follower costs the stack is what it takes from the batch on a host whose cores the batch already fills.
+
 The last line is machine-readable:
   FOLLOW lines=<n> duplicates=<lines in the follower's files more than once> slowdown=<median with ÷ median
          without - 1> alone_s=<median> followed_s=<median> same_lines=<true|false>
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -30,12 +35,23 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from bench.hotpath import TERMINAL, Bench, corpus  # noqa: E402
+from bench.proctrees import cpu_snapshot  # noqa: E402
 
 BATCHCTL = Path(sys.executable).parent / "batchctl"
 
 
-def run_batch(bench: Bench, content: bytes, lines: int, follow_to: Path | None) -> tuple[float, int, bool]:
-    """(the batch's seconds, duplicate lines, whether the follower's file equals the output file)."""
+def children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # waited-for children: here, the followers
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_batch(
+    bench: Bench, content: bytes, lines: int, follow_to: Path | None, cpu: dict[str, float] | None = None
+) -> tuple[float, int, bool]:
+    """(the batch's seconds, duplicate lines, whether the follower's file equals the output file); ``cpu``
+    receives each process tree's CPU seconds over the run."""
+    pids = bench.pids() | {"triton": bench.stack.procs["triton"].pid}
+    cpu_before = cpu_snapshot(pids) | {"follower": children_cpu_seconds()}
     file_id = bench.sdk.files.create(file=("follow.jsonl", io.BytesIO(content)), purpose="batch").id
     batch = bench.sdk.batches.create(input_file_id=file_id, endpoint="/v2/infer", completion_window="24h")
     follower = None
@@ -53,9 +69,13 @@ def run_batch(bench: Bench, content: bytes, lines: int, follow_to: Path | None) 
     if row["status"] != "completed" or row["ok"] != lines:
         raise RuntimeError(f"batch {batch.id} ended {row['status']}: {row['ok']} ok, {row['failed']} failed")
     seconds = (row["completed"] - row["created"]).total_seconds()
+    if follower is not None:
+        _, stderr = follower.communicate(timeout=600)
+    if cpu is not None:
+        cpu_after = cpu_snapshot(pids) | {"follower": children_cpu_seconds()}
+        cpu.update({name: cpu_after[name] - cpu_before[name] for name in cpu_after})
     if follower is None or follow_to is None:
         return seconds, 0, True
-    _, stderr = follower.communicate(timeout=600)
     if follower.returncode != 0:
         raise RuntimeError(f"batchctl follow exited {follower.returncode}: {stderr}")
     mine = follow_to.read_bytes().splitlines()
@@ -81,12 +101,21 @@ def main() -> int:
         bench.start()
         run_batch(bench, corpus(2_000), 2_000, None)  # warm-up: model loaded, caches filled
         for i in range(args.repeat):
-            alone.append(run_batch(bench, content, args.lines, None)[0])
-            seconds, dup, equal = run_batch(bench, content, args.lines, bench.var_dir / f"followed-{i}.jsonl")
+            cpu_alone: dict[str, float] = {}
+            cpu_followed: dict[str, float] = {}
+            alone.append(run_batch(bench, content, args.lines, None, cpu_alone)[0])
+            seconds, dup, equal = run_batch(
+                bench, content, args.lines, bench.var_dir / f"followed-{i}.jsonl", cpu_followed
+            )
             followed.append(seconds)
             duplicates += dup
             same = same and equal
             print(f"pair {i + 1}: alone {alone[-1]:.1f} s, followed {followed[-1]:.1f} s", flush=True)
+            print(
+                "  cpu s (alone/followed): "
+                + ", ".join(f"{name} {cpu_alone[name]:.2f}/{cpu_followed[name]:.2f}" for name in cpu_followed),
+                flush=True,
+            )
     finally:
         bench.stop()
     a, f = statistics.median(alone), statistics.median(followed)

@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 
 from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
+from controlplane.batches.results import live
 from controlplane.batches.results.finalize import batch_try_finalize
 from controlplane.batches.run.parts import encode_entry
 from controlplane.batches.run.records import output_record
@@ -173,3 +174,28 @@ def test_a_deleted_output_file_is_a_409_once_the_batch_ended(api, batch):
     response = _get(api, batch.id, "output")
     assert response.status_code == 409
     assert response.json()["error"]["code"] == "results_file_deleted"
+
+
+def test_a_cursor_into_a_closed_shard_whose_part_is_read_in_pieces(api, tenant, sent, settings, monkeypatch):
+    # Two shards of 12 lines, every fifth line refused. Storage reads of 100 bytes cut the part's lines (~300
+    # bytes each) mid-way, so the bulk reader of a succeeded shard's part must carry each cut line over.
+    monkeypatch.setattr(live, "READ_CHUNK_BYTES", 100)
+    settings.SHARD_MAX_LINES = 12
+    lines = [embedding_line(f"c{i:02d}", f"text {i}" + (" REJECT" if i % 5 == 2 else "")) for i in range(24)]
+    batch = _create(tenant, lines)
+    services.batch_validate(batch_id=batch.id)
+    batch = Batch.objects.get(id=batch.id)
+    backend = FakeBackend()
+    assert run_next(batch.model, backend).outcome == "succeeded"  # shard 0: 10 output lines, 2 errors
+    whole, cursor, _ = _page(api, batch.id, "output")
+    assert (len(whole.splitlines()), cursor) == (10, 10)
+    # From every cursor inside the shard: exactly the lines after it, the same bytes.
+    for after in range(11):
+        assert _page(api, batch.id, "output", after) == (b"".join(whole.splitlines(True)[after:]), 10, False)
+    assert _ids(_page(api, batch.id, "errors", 1)[0]) == ["c07"]
+
+    run_batch(batch, backend)
+    batch.refresh_from_db()
+    assert batch.status == BatchStatus.COMPLETED
+    assert _file_bytes(batch.output_file_id).startswith(whole)
+    assert _page(api, batch.id, "output")[0] == _file_bytes(batch.output_file_id)

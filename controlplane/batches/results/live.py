@@ -2,8 +2,9 @@
 
 A stream is always a prefix of the result file finalization will write, byte for byte: the lines of the
 shards, in index order, that can no longer change — ``succeeded``, ``stopped`` and ``skipped`` shards, read
-with finalization's own ``shard_entries`` — up to the first shard that is still open (pending, running, or
-``dead``, which an operator may requeue). Once the batch has ended, the stream is the result file itself.
+with finalization's own ``shard_entries``, or for a succeeded shard its part's payloads of the stream's kind
+in bulk (the same bytes: that is all ``shard_entries`` yields for it) — up to the first shard that is still
+open (pending, running, or ``dead``, which an operator may requeue). Once the batch has ended, the stream is the result file itself.
 The cursor is therefore a plain position, the number of lines of the stream a client already holds: it
 means the same while the batch runs and after, survives a dropped connection (the client counts the lines
 it kept), and two readers see the same lines in the same order. The price of a prefix: a shard that stays
@@ -18,12 +19,14 @@ and become ``part_lost`` errors in the files; a follower may then hold output li
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
 from controlplane.batches.render import public_status
 from controlplane.batches.results.finalize import shard_entries
+from controlplane.batches.run.parts import part_payloads
 from controlplane.core.errors import Conflict, ValidationFailed
 from controlplane.files.selectors import file_storage_name
 from controlplane.files.storage import READ_CHUNK_BYTES, blob_open
@@ -33,11 +36,11 @@ STREAM_ENTRY_KINDS = {"output": "out", "errors": "err"}
 # Closed for good: their lines in the result files are known. A dead shard is closed too, but a requeue may
 # still run it; its lines are known only once the batch finalizes.
 FINAL_SHARD_STATUSES = (ShardStatus.SUCCEEDED, ShardStatus.STOPPED, ShardStatus.SKIPPED)
+# Lines rendered one by one (stopped and skipped shards) go out in runs of this many.
+_RUN_LINES = 1024
 ENDED_STATUSES = (BatchStatus.COMPLETED, BatchStatus.FAILED, BatchStatus.EXPIRED, BatchStatus.CANCELLED)
-_SHARD_FIELDS = (
-    *("id", "batch_id", "index", "status", "start_line", "end_line", "start_byte", "end_byte"),
-    *("request_count", "completed_lines", "part_name"),
-)
+# What rendering a closed shard's lines reads of its row (finalize.shard_entries).
+_SHARD_FIELDS = ("id", "batch_id", "index", "status", "start_line", "end_line", "start_byte", "end_byte", "part_name")
 
 
 @dataclass(frozen=True)
@@ -105,29 +108,31 @@ def _file_chunks(storage_name: str, skip_lines: int) -> Iterator[bytes]:
                 yield chunk
 
 
-def _stream_lines(shard: Shard, stream: str) -> int:
-    """How many lines a final shard puts in the stream's file: its output lines, or every other line (its
-    part's error lines and, for a stopped or skipped shard, the lines it never ran)."""
-    return shard.completed_lines if stream == "output" else shard.request_count - shard.completed_lines
-
-
 def _live_slice(batch: Batch, stream: str, after: int) -> ResultsSlice:
-    shards = list(Shard.objects.filter(batch_id=batch.id).order_by("index").only(*_SHARD_FIELDS))
-    # Read after the shards: a stop's reason is committed with its skipped shards, so this copy knows the reason
-    # of every stopped or skipped shard above (their missing lines are written with it).
-    batch.refresh_from_db(fields=["status", "stop_reason", "total_lines"])
-    _check_cursor(after, batch.total_lines)
-    plan: list[tuple[Shard, int]] = []  # (shard, lines of it to skip)
+    # Only the counts of every shard (tuples, not model rows: a 1M-line batch has hundreds of shards and a
+    # follower asks every second); whole rows only for the shards this response streams.
+    tallies = (
+        Shard.objects.filter(batch_id=batch.id)
+        .order_by("index")
+        .values_list("id", "status", "request_count", "completed_lines")
+    )
+    _check_cursor(after, batch.total_lines)  # set before the batch left validating, never changed since
+    plan: dict[int, int] = {}  # shard id → lines of it to skip
     position = 0
-    for shard in shards:
-        if shard.status not in FINAL_SHARD_STATUSES:
+    for shard_id, status, request_count, completed_lines in tallies:
+        if status not in FINAL_SHARD_STATUSES:
             break
-        lines = _stream_lines(shard, stream)
+        lines = completed_lines if stream == "output" else request_count - completed_lines
         if position + lines > after:
-            plan.append((shard, max(0, after - position)))
+            plan[shard_id] = max(0, after - position)
         position += lines
+    shards = list(Shard.objects.filter(id__in=plan).order_by("index").only(*_SHARD_FIELDS)) if plan else []
+    if any(shard.status != ShardStatus.SUCCEEDED for shard in shards):
+        # Read after the shards: a stop's reason is committed with its skipped shards, so this copy knows the
+        # reason of every stopped or skipped shard above (their missing lines are written with it).
+        batch.refresh_from_db(fields=["status", "stop_reason"])
     return ResultsSlice(
-        chunks=_part_chunks(batch, plan, STREAM_ENTRY_KINDS[stream]),
+        chunks=_part_chunks(batch, [(shard, plan[shard.id]) for shard in shards], STREAM_ENTRY_KINDS[stream]),
         next_cursor=max(position, after),
         complete=False,
         status=public_status(batch),
@@ -136,19 +141,38 @@ def _live_slice(batch: Batch, stream: str, after: int) -> ResultsSlice:
 
 def _part_chunks(batch: Batch, plan: list[tuple[Shard, int]], entry_kind: str) -> Iterator[bytes]:
     lost: list[int] = []  # a part storage lost is reported by finalization; here its lines are just absent
-    buffer: list[bytes] = []
-    size = 0
     for shard, skip in plan:
-        for _, kind, payload in shard_entries(batch, shard, lost):
-            if kind != entry_kind:
-                continue
+        for lines in _shard_lines(batch, shard, entry_kind, lost):
             if skip:
-                skip -= 1
-                continue
-            buffer.append(payload)
-            size += len(payload)
-            if size >= READ_CHUNK_BYTES:
-                yield b"".join(buffer)
-                buffer, size = [], 0
-    if buffer:
-        yield b"".join(buffer)
+                skipped = min(skip, len(lines))
+                lines, skip = lines[skipped:], skip - skipped
+            if lines:
+                yield b"".join(lines)
+
+
+def _shard_lines(batch: Batch, shard: Shard, entry_kind: str, lost: list[int]) -> Iterator[list[bytes]]:
+    """A closed shard's lines of one kind (``out`` or ``err``), as ``shard_entries`` makes them for the result
+    files, in runs of lines. A succeeded shard's are its part's entries of that kind and nothing else: they are
+    found a storage chunk of whole lines at a time, not decoded one by one."""
+    part = None
+    if shard.status == ShardStatus.SUCCEEDED and shard.part_name:
+        with contextlib.suppress(FileNotFoundError):  # storage lost it: shard_entries reports its lines lost
+            part = blob_open(shard.part_name)
+    if part is None:
+        run: list[bytes] = []
+        for _, kind, payload in shard_entries(batch, shard, lost):
+            if kind == entry_kind:
+                run.append(payload)
+                if len(run) == _RUN_LINES:
+                    yield run
+                    run = []
+        yield run
+        return
+    with part:
+        rest = b""
+        while chunk := part.read(READ_CHUNK_BYTES):
+            text = rest + chunk
+            cut = text.rfind(b"\n") + 1
+            yield part_payloads(text[:cut], entry_kind)
+            rest = text[cut:]
+        yield part_payloads(rest, entry_kind)

@@ -1,0 +1,88 @@
+"""What `batchctl follow` asks the API per poll (batchctl/follow.py), against the scripted fake API: the Batch
+object only now and then and when a stream reports a new status, the error stream only when the batch says
+it may hold lines, and a cursor file rewritten only when its lines moved."""
+
+from __future__ import annotations
+
+import json
+
+from batchctl.follow import sink_open
+from tests.cli.fake_api import Reply, batch_json
+
+OUT = [b'{"custom_id": "a"}\n', b'{"custom_id": "b"}\n', b'{"custom_id": "c"}\n']
+ERR = b'{"custom_id": "x", "error": {"code": "bad"}}\n'
+
+
+def _lines(body: bytes, cursor: int, status: str, complete: bool = False) -> Reply:
+    headers = {"X-Next-Cursor": str(cursor), "X-Results-Complete": str(complete).lower(), "X-Batch-Status": status}
+    return Reply(body=body, headers={"Content-Type": "application/jsonl", **headers})
+
+
+def _follow(cli, tmp_path):
+    out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
+    result = cli("follow", "batch_1", "-o", str(out), "-e", str(err), "--poll-interval", "0.1")
+    return result, out, err
+
+
+def test_a_batch_without_failures_is_read_once_and_its_error_stream_asked_only_at_its_end(cli, fake_api, tmp_path):
+    done = dict(output_file_id="file-out")
+    fake_api.on(
+        "GET",
+        "/batches/batch_1",
+        Reply(body=batch_json(status="in_progress", total=3)),
+        Reply(body=batch_json(status="completed", done=3, total=3, **done)),
+    )
+    fake_api.on(
+        "GET",
+        "/batches/batch_1/output",
+        _lines(OUT[0], 1, "in_progress"),
+        _lines(b"", 1, "in_progress"),
+        _lines(OUT[1], 2, "in_progress"),
+        _lines(OUT[2], 3, "completed", complete=True),
+    )
+    fake_api.on("GET", "/batches/batch_1/errors", _lines(b"", 0, "completed", complete=True))
+    result, out, err = _follow(cli, tmp_path)
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes() == b"".join(OUT) and err.read_bytes() == b""
+    assert [int(seen.query["after"][0]) for seen in fake_api.requests("GET", "/batches/batch_1/output")] == [0, 1, 1, 2]
+    # Read at the start, then again when the output stream said "completed": not once per poll.
+    assert len(fake_api.requests("GET", "/batches/batch_1")) == 2
+    # Asked once, after the batch had ended: while it ran with no failure the stream could hold no line.
+    [errors] = fake_api.requests("GET", "/batches/batch_1/errors")
+    assert errors.query["after"] == ["0"]
+    assert "completed" in result.stdout
+
+
+def test_the_error_stream_is_asked_while_the_batch_has_failures_it_lacks(cli, fake_api, tmp_path):
+    fake_api.on(
+        "GET",
+        "/batches/batch_1",
+        Reply(body=batch_json(status="in_progress", done=1, failed=1, total=2)),
+        Reply(body=batch_json(status="completed", done=1, failed=1, total=2, output_file_id="o", error_file_id="e")),
+    )
+    fake_api.on(
+        "GET",
+        "/batches/batch_1/output",
+        _lines(OUT[0], 1, "in_progress"),
+        _lines(b"", 1, "completed", complete=True),
+    )
+    fake_api.on(
+        "GET", "/batches/batch_1/errors", _lines(ERR, 1, "in_progress"), _lines(b"", 1, "completed", complete=True)
+    )
+    result, out, err = _follow(cli, tmp_path)
+    assert result.exit_code == 0, result.output
+    assert (out.read_bytes(), err.read_bytes()) == (OUT[0], ERR)
+    assert [seen.query["after"] for seen in fake_api.requests("GET", "/batches/batch_1/errors")] == [["0"], ["1"]]
+
+
+def test_a_cursor_file_is_rewritten_only_when_its_lines_moved(tmp_path):
+    sink = sink_open(tmp_path / "out.jsonl", batch_id="batch_1", stream="output")
+    cursor_file = sink.cursor_path
+    first = cursor_file.stat().st_ino  # each save replaces the file: a new inode
+    sink.save()
+    assert cursor_file.stat().st_ino == first
+    sink.append(OUT[0])
+    sink.save()
+    assert cursor_file.stat().st_ino != first
+    assert json.loads(cursor_file.read_text()) == {"batch_id": "batch_1", "stream": "output", "cursor": 1, "bytes": 19}
+    sink.close()
