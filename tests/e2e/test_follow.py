@@ -54,17 +54,22 @@ def test_follow_killed_and_restarted_ends_with_the_final_files_once(e2e, tmp_pat
     client = e2e.sdk(key)
     lines = _lines_with_refused(800, "fk")  # 50 shards of 16 (the e2e stack's SHARD_MAX_LINES)
     batch_id = _submit(client, lines)
+    deadline = time.monotonic() + 600  # a loaded host validates slowly
+    first_done = "SELECT id FROM batches_shard WHERE batch_id=%s AND status='succeeded' LIMIT 1"
+    while not e2e.sql(first_done, batch_id):
+        assert time.monotonic() < deadline, "no shard of the batch finished"
+        time.sleep(0.1)
+    # Hold the rest of the batch once a shard has finished (a paused tenant's pending shards wait), so the
+    # follower starts and is killed on a running batch: paused only after the follower's first save, the
+    # whole batch had finished at load 27 (the follower's own start took that long).
+    e2e.sql("UPDATE tenants_tenant SET paused=true WHERE name=%s RETURNING id", name)
     out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
     args = [str(BATCHCTL), "follow", batch_id, "-o", str(out), "-e", str(err), "--poll-interval", "0.2"]
     first = subprocess.Popen(args, env=_env(e2e, key), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 600  # a loaded host validates slowly
         while _saved_cursor(out) == 0:
             assert first.poll() is None and time.monotonic() < deadline, "follow saved nothing"
             time.sleep(0.1)
-        # Hold the rest of the batch (a paused tenant's pending shards wait), so the kill hits a running batch.
-        e2e.sql("UPDATE tenants_tenant SET paused=true WHERE name=%s RETURNING id", name)
-        time.sleep(0.5)
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=30)
     finally:
