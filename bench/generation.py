@@ -199,6 +199,7 @@ def _through_the_stack(
     small_runs: int,
     e2e: list[tuple[float, float, float]],
     small: list[float],
+    profile: bool = False,
 ) -> None:
     bench = Bench(REPO_ROOT / "var" / "bench-generation", warm_models=(MODEL,))
     try:
@@ -207,6 +208,8 @@ def _through_the_stack(
         bench.stack.wait_warm()
         content = jsonl(mixed)
         bench.run(jsonl(mixed[:8]), 8, endpoint=CHAT)  # warm-up: the model's first shard, its measured speed
+        if profile:
+            _profile(bench, content, len(mixed))
         for _ in range(repeat):
             before, _ = local.engine_tokens_per_s(mixed)
             seconds, tokens = run_batch(bench, content, len(mixed))
@@ -220,11 +223,30 @@ def _through_the_stack(
         bench.stop()
 
 
+def _profile(bench: Bench, content: bytes, lines: int) -> None:
+    """py-spy over the shard worker and the control worker during one batch of the corpus (not timed)."""
+    out = REPO_ROOT / "var" / "bench-generation"
+    summaries = bench.profile_trees(
+        content, lines, {tree: out / f"profile-{tree}.txt" for tree in ("worker", "control")}, endpoint=CHAT
+    )
+    for tree, summary in summaries.items():
+        print(f"-- profile of the {tree} tree (var/bench-generation/profile-{tree}.txt)\n{summary}\n", flush=True)
+    if bench.last_run is not None:
+        cpu = ", ".join(f"{name} {seconds:.1f}" for name, seconds in sorted(bench.last_run.cpu.items()))
+        print(f"CPU seconds during the profiled batch: {cpu}", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--lines", type=int, default=128, help="lines of the mixed corpus (default 128)")
     parser.add_argument("--repeat", type=int, default=1, help="end-to-end runs; the median ratio is reported")
     parser.add_argument("--small-runs", type=int, default=3, help="4-line batches timed for small_p50_s")
+    parser.add_argument(
+        "--profile", action="store_true", help="first, py-spy the shard and control workers over one batch"
+    )
+    parser.add_argument(
+        "--e2e-only", action="store_true", help="vs_inprocess and small_p50_s only (no static sweep, no prefix runs)"
+    )
     parser.add_argument("--inprocess-only", action="store_true", help="cb_vs_static and prefix_speedup only")
     args = parser.parse_args()
     load = os.getloadavg()
@@ -238,16 +260,22 @@ def main() -> int:
     # In process: continuous batching vs static batching at its best batch size; prefix caching on vs off.
     # The engine right before and right after the static sweep, averaged (as the end-to-end reference is): one
     # engine run seconds away from the sweep moved the ratio by 2x at load 10-15.
-    cb_before, _ = local.engine_tokens_per_s(mixed)
-    static = {size: local.static_tokens_per_s(mixed, size) for size in STATIC_BATCH_SIZES}
-    cb = (cb_before + local.engine_tokens_per_s(mixed)[0]) / 2
+    # --e2e-only skips them (their ratios print as 0): minutes of a 1024-line run that the stack's figure
+    # does not need, when before/after runs of the stack alternate.
+    cb = cb_tail = cached = 0.0
+    static = static_tail = dict.fromkeys(STATIC_BATCH_SIZES, 1.0)
+    uncached = 1.0
+    if not args.e2e_only:
+        cb_before, _ = local.engine_tokens_per_s(mixed)
+        static = {size: local.static_tokens_per_s(mixed, size) for size in STATIC_BATCH_SIZES}
+        cb = (cb_before + local.engine_tokens_per_s(mixed)[0]) / 2
+        tail_before, _ = local.engine_tokens_per_s(tail)
+        static_tail = {size: local.static_tokens_per_s(tail, size) for size in STATIC_BATCH_SIZES}
+        cb_tail = (tail_before + local.engine_tokens_per_s(tail)[0]) / 2
+        cached, _ = local.engine_tokens_per_s(shared, prefix_caching=True)
+        uncached, _ = local.engine_tokens_per_s(shared, prefix_caching=False)
     best_size = max(static, key=lambda size: static[size])
-    tail_before, _ = local.engine_tokens_per_s(tail)
-    static_tail = {size: local.static_tokens_per_s(tail, size) for size in STATIC_BATCH_SIZES}
-    cb_tail = (tail_before + local.engine_tokens_per_s(tail)[0]) / 2
     best_tail = max(static_tail, key=lambda size: static_tail[size])
-    cached, _ = local.engine_tokens_per_s(shared, prefix_caching=True)
-    uncached, _ = local.engine_tokens_per_s(shared, prefix_caching=False)
 
     # Through the stack (unless --inprocess-only: then no end-to-end figure, vs_inprocess 0).
     e2e: list[tuple[float, float, float]] = []  # (tokens/s, reference tokens/s, ratio)
@@ -255,7 +283,7 @@ def main() -> int:
     if args.inprocess_only:
         e2e.append((0.0, local.engine_tokens_per_s(mixed)[0], 0.0))
     else:
-        _through_the_stack(local, mixed, args.repeat, args.small_runs, e2e, small)
+        _through_the_stack(local, mixed, args.repeat, args.small_runs, e2e, small, args.profile)
     e2e.sort(key=lambda row: row[2])
     e2e_rate, reference, vs_inprocess = e2e[len(e2e) // 2]
 
