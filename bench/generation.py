@@ -44,7 +44,7 @@ MODEL_DIR = REPO_ROOT / "triton_models" / "tinylm" / "1"
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(MODEL_DIR))  # the engine's modules sit beside model.py, as Triton's python backend wants
 
-from bench.hotpath import Bench  # noqa: E402
+from bench.hotpath import Bench, Run  # noqa: E402
 
 MODEL = "tinylm"
 CHAT = "/v1/chat/completions"
@@ -183,13 +183,13 @@ class InProcess:
 # -- through the stack ---------------------------------------------------------------------------------
 
 
-def run_batch(bench: Bench, content: bytes, lines: int) -> tuple[float, int]:
-    """(end-to-end seconds, completion tokens) of one chat batch: the tokens from the Batch object's usage."""
+def run_batch(bench: Bench, content: bytes, lines: int) -> tuple[Run, int]:
+    """(the run, completion tokens) of one chat batch: the tokens from the Batch object's usage."""
     run = bench.run(content, lines, endpoint=CHAT)
     usage = bench.conn.execute(
         "SELECT completion_tokens FROM batches_batch ORDER BY created_at DESC LIMIT 1"  # the one just run
     ).fetchone()
-    return run.e2e_s, int(usage[0])
+    return run, int(usage[0])
 
 
 def _through_the_stack(
@@ -212,11 +212,19 @@ def _through_the_stack(
             _profile(bench, content, len(mixed))
         for _ in range(repeat):
             before, _ = local.engine_tokens_per_s(mixed)
-            seconds, tokens = run_batch(bench, content, len(mixed))
+            run, tokens = run_batch(bench, content, len(mixed))
             after, _ = local.engine_tokens_per_s(mixed)
             reference = (before + after) / 2
+            seconds = run.e2e_s
             e2e.append((tokens / seconds, reference, tokens / seconds / reference))
-            print(f"  e2e {tokens} tokens in {seconds:.1f} s: {tokens / seconds:,.0f} tokens/s", flush=True)
+            cpu = ", ".join(f"{name} {cpu_s:.1f}" for name, cpu_s in sorted(run.cpu.items()))
+            print(
+                f"  e2e {tokens} tokens in {seconds:.1f} s: {tokens / seconds:,.0f} tokens/s (in process "
+                f"{reference:,.0f}; upload {run.upload_s:.1f} s, validating {run.validating_s:.1f} s, in progress "
+                f"{run.in_progress_s:.1f} s, finalizing {run.finalizing_s:.1f} s, download {run.download_s:.1f} s; "
+                f"CPU s: {cpu}; load {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
         for _ in range(small_runs):
             small.append(bench.run(jsonl(mixed[:4]), 4, endpoint=CHAT).e2e_s)
     finally:
