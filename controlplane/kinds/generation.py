@@ -59,7 +59,10 @@ class ModelMisconfigured(RuntimeError):
     batch fails (validation_error) rather than writing an error file of identical lines."""
 
 
-_tokenizers: dict[Path, ChatTokenizer] = {}
+_tokenizers: dict[Path, ChatTokenizer] = {}  # by resolved directory: one load per directory
+# By the catalogue's tokenizer_dir as written: resolving the path (a realpath per call) was ~10% of parsing a
+# line, which validation does for every line.
+_tokenizers_by_setting: dict[str, ChatTokenizer] = {}
 _tokenizers_lock = threading.Lock()
 
 
@@ -73,6 +76,9 @@ def tokenizer_path(model: CatalogueModel) -> Path:
 def model_tokenizer(model: CatalogueModel) -> ChatTokenizer:
     """The model's Hugging Face tokenizer (with its chat_template), loaded once per process per directory.
     Offline: the directory is the model's own, never a hub name."""
+    tokenizer = _tokenizers_by_setting.get(model.tokenizer_dir)
+    if tokenizer is not None:
+        return tokenizer
     path = tokenizer_path(model).resolve()
     tokenizer = _tokenizers.get(path)
     if tokenizer is None:
@@ -87,6 +93,7 @@ def model_tokenizer(model: CatalogueModel) -> ChatTokenizer:
                 from transformers import AutoTokenizer  # heavy: only processes that see a generation line
 
                 tokenizer = _tokenizers[path] = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    _tokenizers_by_setting[model.tokenizer_dir] = tokenizer
     return tokenizer
 
 
