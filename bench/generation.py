@@ -45,6 +45,7 @@ sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(MODEL_DIR))  # the engine's modules sit beside model.py, as Triton's python backend wants
 
 from bench.hotpath import Bench, Run  # noqa: E402
+from bench.proctrees import thread_cpu_seconds  # noqa: E402
 
 MODEL = "tinylm"
 CHAT = "/v1/chat/completions"
@@ -222,7 +223,7 @@ def _through_the_stack(
                 f"  e2e {tokens} tokens in {seconds:.1f} s: {tokens / seconds:,.0f} tokens/s (in process "
                 f"{reference:,.0f}; upload {run.upload_s:.1f} s, validating {run.validating_s:.1f} s, in progress "
                 f"{run.in_progress_s:.1f} s, finalizing {run.finalizing_s:.1f} s, download {run.download_s:.1f} s; "
-                f"CPU s: {cpu}; load {os.getloadavg()[0]:.1f})",
+                f"CPU s: {cpu}; load {os.getloadavg()[0]:.1f}){_refused_connections(bench)}",
                 flush=True,
             )
         for _ in range(small_runs):
@@ -231,17 +232,58 @@ def _through_the_stack(
         bench.stop()
 
 
-def _profile(bench: Bench, content: bytes, lines: int) -> None:
-    """py-spy over the shard worker and the control worker during one batch of the corpus (not timed)."""
-    out = REPO_ROOT / "var" / "bench-generation"
-    summaries = bench.profile_trees(
-        content, lines, {tree: out / f"profile-{tree}.txt" for tree in ("worker", "control")}, endpoint=CHAT
+def _refused_connections(bench: Bench) -> str:
+    """A warning when Postgres refused the stack connections so far (max_connections, reached when several
+    stacks and suites share the host): validation and shards then retry, and the run times that, not the code."""
+    refused = sum(
+        path.read_text(errors="replace").count("too many clients") for path in bench.stack.log_dir.glob("*.log")
     )
+    return f"; POSTGRES REFUSED {refused} CONNECTIONS SO FAR (host limit): not a fair run" if refused else ""
+
+
+def _profile(bench: Bench, content: bytes, lines: int) -> None:
+    """py-spy over the shard worker, the control worker and tinylm's python-backend stub (the engine) during one
+    batch of the corpus (not timed), and the CPU seconds of tritonserver's threads."""
+    out = REPO_ROOT / "var" / "bench-generation"
+    triton = bench.stack.procs["triton"].pid
+    stub = [pid for pid in _descendants(triton) if f"/{MODEL}/" in _cmdline(pid) and "stub" in _cmdline(pid)]
+    trees = ["worker", "control", *(["engine"] if stub else [])]
+    threads_before = thread_cpu_seconds(triton)
+    summaries = bench.profile_trees(
+        content,
+        lines,
+        {tree: out / f"profile-{tree}.txt" for tree in trees},
+        endpoint=CHAT,
+        pids={"engine": stub[0]} if stub else None,
+    )
+    threads = {name: s - threads_before.get(name, 0.0) for name, s in thread_cpu_seconds(triton).items()}
     for tree, summary in summaries.items():
         print(f"-- profile of the {tree} tree (var/bench-generation/profile-{tree}.txt)\n{summary}\n", flush=True)
     if bench.last_run is not None:
         cpu = ", ".join(f"{name} {seconds:.1f}" for name, seconds in sorted(bench.last_run.cpu.items()))
         print(f"CPU seconds during the profiled batch: {cpu}", flush=True)
+    busiest = sorted(threads.items(), key=lambda kv: -kv[1])[:12]
+    print("tritonserver's threads (CPU s): " + ", ".join(f"{name} {s:.2f}" for name, s in busiest), flush=True)
+
+
+def _descendants(pid: int) -> list[int]:
+    found, stack = [], [pid]
+    while stack:
+        for task in Path(f"/proc/{stack.pop()}/task").glob("*"):
+            try:
+                children = [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            found += children
+            stack += children
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def main() -> int:

@@ -238,17 +238,24 @@ class Bench:
         return self.profile_trees(content, lines, {tree: out})[tree]
 
     def profile_trees(
-        self, content: bytes, lines: int, outs: dict[str, Path], endpoint: str = "/v2/infer"
+        self,
+        content: bytes,
+        lines: int,
+        outs: dict[str, Path],
+        endpoint: str = "/v2/infer",
+        pids: dict[str, int] | None = None,
     ) -> dict[str, str]:
-        """py-spy over each named process tree (tree → its summary's path) during the same batch; returns
-        each tree's top of the profile, and keeps the batch's Run (its CPU seconds per tree) as ``last_run``."""
+        """py-spy over each named process tree (tree → its summary's path; ``pids`` names processes beyond the
+        stack's trees) during the same batch; returns each tree's top of the profile, and keeps the batch's Run
+        (its CPU seconds per tree) as ``last_run``."""
+        pids = self.pids() | (pids or {})
         py_spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
         if py_spy is None:
             return {tree: "py-spy is not installed: no profile" for tree in outs}
         recorders = {}
         for tree, out in outs.items():
             recorders[tree] = subprocess.Popen(
-                [py_spy, "record", "--pid", str(self.pids()[tree]), "--subprocesses", "--format", "raw",
+                [py_spy, "record", "--pid", str(pids[tree]), "--subprocesses", "--format", "raw",
                  "--rate", "100", "--output", str(out.with_suffix(".raw.txt")), "--nonblocking"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
             )  # fmt: skip
