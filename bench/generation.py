@@ -44,7 +44,8 @@ MODEL_DIR = REPO_ROOT / "triton_models" / "tinylm" / "1"
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(MODEL_DIR))  # the engine's modules sit beside model.py, as Triton's python backend wants
 
-from bench.hotpath import Bench  # noqa: E402
+from bench.hotpath import Bench, Run  # noqa: E402
+from bench.proctrees import thread_cpu_seconds  # noqa: E402
 
 MODEL = "tinylm"
 CHAT = "/v1/chat/completions"
@@ -183,13 +184,13 @@ class InProcess:
 # -- through the stack ---------------------------------------------------------------------------------
 
 
-def run_batch(bench: Bench, content: bytes, lines: int) -> tuple[float, int]:
-    """(end-to-end seconds, completion tokens) of one chat batch: the tokens from the Batch object's usage."""
+def run_batch(bench: Bench, content: bytes, lines: int) -> tuple[Run, int]:
+    """(the run, completion tokens) of one chat batch: the tokens from the Batch object's usage."""
     run = bench.run(content, lines, endpoint=CHAT)
     usage = bench.conn.execute(
         "SELECT completion_tokens FROM batches_batch ORDER BY created_at DESC LIMIT 1"  # the one just run
     ).fetchone()
-    return run.e2e_s, int(usage[0])
+    return run, int(usage[0])
 
 
 def _through_the_stack(
@@ -199,6 +200,7 @@ def _through_the_stack(
     small_runs: int,
     e2e: list[tuple[float, float, float]],
     small: list[float],
+    profile: bool = False,
 ) -> None:
     bench = Bench(REPO_ROOT / "var" / "bench-generation", warm_models=(MODEL,))
     try:
@@ -207,17 +209,81 @@ def _through_the_stack(
         bench.stack.wait_warm()
         content = jsonl(mixed)
         bench.run(jsonl(mixed[:8]), 8, endpoint=CHAT)  # warm-up: the model's first shard, its measured speed
+        if profile:
+            _profile(bench, content, len(mixed))
         for _ in range(repeat):
             before, _ = local.engine_tokens_per_s(mixed)
-            seconds, tokens = run_batch(bench, content, len(mixed))
+            run, tokens = run_batch(bench, content, len(mixed))
             after, _ = local.engine_tokens_per_s(mixed)
             reference = (before + after) / 2
+            seconds = run.e2e_s
             e2e.append((tokens / seconds, reference, tokens / seconds / reference))
-            print(f"  e2e {tokens} tokens in {seconds:.1f} s: {tokens / seconds:,.0f} tokens/s", flush=True)
+            cpu = ", ".join(f"{name} {cpu_s:.1f}" for name, cpu_s in sorted(run.cpu.items()))
+            print(
+                f"  e2e {tokens} tokens in {seconds:.1f} s: {tokens / seconds:,.0f} tokens/s (in process "
+                f"{reference:,.0f}; upload {run.upload_s:.1f} s, validating {run.validating_s:.1f} s, in progress "
+                f"{run.in_progress_s:.1f} s, finalizing {run.finalizing_s:.1f} s, download {run.download_s:.1f} s; "
+                f"CPU s: {cpu}; load {os.getloadavg()[0]:.1f}){_refused_connections(bench)}",
+                flush=True,
+            )
         for _ in range(small_runs):
             small.append(bench.run(jsonl(mixed[:4]), 4, endpoint=CHAT).e2e_s)
     finally:
         bench.stop()
+
+
+def _refused_connections(bench: Bench) -> str:
+    """A warning when Postgres refused the stack connections so far (max_connections, reached when several
+    stacks and suites share the host): validation and shards then retry, and the run times that, not the code."""
+    refused = sum(
+        path.read_text(errors="replace").count("too many clients") for path in bench.stack.log_dir.glob("*.log")
+    )
+    return f"; POSTGRES REFUSED {refused} CONNECTIONS SO FAR (host limit): not a fair run" if refused else ""
+
+
+def _profile(bench: Bench, content: bytes, lines: int) -> None:
+    """py-spy over the shard worker, the control worker and tinylm's python-backend stub (the engine) during one
+    batch of the corpus (not timed), and the CPU seconds of tritonserver's threads."""
+    out = REPO_ROOT / "var" / "bench-generation"
+    triton = bench.stack.procs["triton"].pid
+    stub = [pid for pid in _descendants(triton) if f"/{MODEL}/" in _cmdline(pid) and "stub" in _cmdline(pid)]
+    trees = ["worker", "control", *(["engine"] if stub else [])]
+    threads_before = thread_cpu_seconds(triton)
+    summaries = bench.profile_trees(
+        content,
+        lines,
+        {tree: out / f"profile-{tree}.txt" for tree in trees},
+        endpoint=CHAT,
+        pids={"engine": stub[0]} if stub else None,
+    )
+    threads = {name: s - threads_before.get(name, 0.0) for name, s in thread_cpu_seconds(triton).items()}
+    for tree, summary in summaries.items():
+        print(f"-- profile of the {tree} tree (var/bench-generation/profile-{tree}.txt)\n{summary}\n", flush=True)
+    if bench.last_run is not None:
+        cpu = ", ".join(f"{name} {seconds:.1f}" for name, seconds in sorted(bench.last_run.cpu.items()))
+        print(f"CPU seconds during the profiled batch: {cpu}", flush=True)
+    busiest = sorted(threads.items(), key=lambda kv: -kv[1])[:12]
+    print("tritonserver's threads (CPU s): " + ", ".join(f"{name} {s:.2f}" for name, s in busiest), flush=True)
+
+
+def _descendants(pid: int) -> list[int]:
+    found, stack = [], [pid]
+    while stack:
+        for task in Path(f"/proc/{stack.pop()}/task").glob("*"):
+            try:
+                children = [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            found += children
+            stack += children
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def main() -> int:
@@ -225,6 +291,12 @@ def main() -> int:
     parser.add_argument("--lines", type=int, default=128, help="lines of the mixed corpus (default 128)")
     parser.add_argument("--repeat", type=int, default=1, help="end-to-end runs; the median ratio is reported")
     parser.add_argument("--small-runs", type=int, default=3, help="4-line batches timed for small_p50_s")
+    parser.add_argument(
+        "--profile", action="store_true", help="first, py-spy the shard and control workers over one batch"
+    )
+    parser.add_argument(
+        "--e2e-only", action="store_true", help="vs_inprocess and small_p50_s only (no static sweep, no prefix runs)"
+    )
     parser.add_argument("--inprocess-only", action="store_true", help="cb_vs_static and prefix_speedup only")
     args = parser.parse_args()
     load = os.getloadavg()
@@ -238,16 +310,22 @@ def main() -> int:
     # In process: continuous batching vs static batching at its best batch size; prefix caching on vs off.
     # The engine right before and right after the static sweep, averaged (as the end-to-end reference is): one
     # engine run seconds away from the sweep moved the ratio by 2x at load 10-15.
-    cb_before, _ = local.engine_tokens_per_s(mixed)
-    static = {size: local.static_tokens_per_s(mixed, size) for size in STATIC_BATCH_SIZES}
-    cb = (cb_before + local.engine_tokens_per_s(mixed)[0]) / 2
+    # --e2e-only skips them (their ratios print as 0): minutes of a 1024-line run that the stack's figure
+    # does not need, when before/after runs of the stack alternate.
+    cb = cb_tail = cached = 0.0
+    static = static_tail = dict.fromkeys(STATIC_BATCH_SIZES, 1.0)
+    uncached = 1.0
+    if not args.e2e_only:
+        cb_before, _ = local.engine_tokens_per_s(mixed)
+        static = {size: local.static_tokens_per_s(mixed, size) for size in STATIC_BATCH_SIZES}
+        cb = (cb_before + local.engine_tokens_per_s(mixed)[0]) / 2
+        tail_before, _ = local.engine_tokens_per_s(tail)
+        static_tail = {size: local.static_tokens_per_s(tail, size) for size in STATIC_BATCH_SIZES}
+        cb_tail = (tail_before + local.engine_tokens_per_s(tail)[0]) / 2
+        cached, _ = local.engine_tokens_per_s(shared, prefix_caching=True)
+        uncached, _ = local.engine_tokens_per_s(shared, prefix_caching=False)
     best_size = max(static, key=lambda size: static[size])
-    tail_before, _ = local.engine_tokens_per_s(tail)
-    static_tail = {size: local.static_tokens_per_s(tail, size) for size in STATIC_BATCH_SIZES}
-    cb_tail = (tail_before + local.engine_tokens_per_s(tail)[0]) / 2
     best_tail = max(static_tail, key=lambda size: static_tail[size])
-    cached, _ = local.engine_tokens_per_s(shared, prefix_caching=True)
-    uncached, _ = local.engine_tokens_per_s(shared, prefix_caching=False)
 
     # Through the stack (unless --inprocess-only: then no end-to-end figure, vs_inprocess 0).
     e2e: list[tuple[float, float, float]] = []  # (tokens/s, reference tokens/s, ratio)
@@ -255,7 +333,7 @@ def main() -> int:
     if args.inprocess_only:
         e2e.append((0.0, local.engine_tokens_per_s(mixed)[0], 0.0))
     else:
-        _through_the_stack(local, mixed, args.repeat, args.small_runs, e2e, small)
+        _through_the_stack(local, mixed, args.repeat, args.small_runs, e2e, small, args.profile)
     e2e.sort(key=lambda row: row[2])
     e2e_rate, reference, vs_inprocess = e2e[len(e2e) // 2]
 

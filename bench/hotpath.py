@@ -149,6 +149,7 @@ class Bench:
         self.db_url = ADMIN_DB_URL.rsplit("/", 1)[0] + f"/{self.db_name}"
         self.var_dir = var_dir
         self.stack = None
+        self.last_run: Run | None = None
 
     def start(self) -> None:
         from openai import OpenAI
@@ -234,22 +235,39 @@ class Bench:
     def profile(self, content: bytes, lines: int, out: Path, tree: str = "worker") -> str:
         """py-spy over one process tree (the shard worker's, or the control worker's: validation and
         finalization) while one batch runs; returns the top of the profile."""
+        return self.profile_trees(content, lines, {tree: out})[tree]
+
+    def profile_trees(
+        self,
+        content: bytes,
+        lines: int,
+        outs: dict[str, Path],
+        endpoint: str = "/v2/infer",
+        pids: dict[str, int] | None = None,
+    ) -> dict[str, str]:
+        """py-spy over each named process tree (tree → its summary's path; ``pids`` names processes beyond the
+        stack's trees) during the same batch; returns each tree's top of the profile, and keeps the batch's Run
+        (its CPU seconds per tree) as ``last_run``."""
+        pids = self.pids() | (pids or {})
         py_spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
         if py_spy is None:
-            return "py-spy is not installed: no profile"
-        raw = out.with_suffix(".raw.txt")
-        recorder = subprocess.Popen(
-            [py_spy, "record", "--pid", str(self.pids()[tree]), "--subprocesses", "--format", "raw",
-             "--rate", "100", "--output", str(raw), "--nonblocking"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        time.sleep(1.0)  # let it attach
+            return {tree: "py-spy is not installed: no profile" for tree in outs}
+        recorders = {}
+        for tree, out in outs.items():
+            recorders[tree] = subprocess.Popen(
+                [py_spy, "record", "--pid", str(pids[tree]), "--subprocesses", "--format", "raw",
+                 "--rate", "100", "--output", str(out.with_suffix(".raw.txt")), "--nonblocking"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        time.sleep(1.0)  # let them attach
         try:
-            self.run(content, lines)
+            self.last_run = self.run(content, lines, endpoint=endpoint)
         finally:
-            recorder.send_signal(2)
-            recorder.wait(timeout=60)
-        return summarise_profile(raw, out)
+            for recorder in recorders.values():
+                recorder.send_signal(2)
+            for recorder in recorders.values():
+                recorder.wait(timeout=60)
+        return {tree: summarise_profile(out.with_suffix(".raw.txt"), out) for tree, out in outs.items()}
 
     def stop(self) -> None:
         if getattr(self, "conn", None) is not None:

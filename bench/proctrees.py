@@ -53,6 +53,26 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """User + system CPU seconds of a live process tree per thread name ("process/thread", from comm): which
+    threads of a server (its gRPC threads, a backend's stub) spent them."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found: dict[str, float] = {}
+    stack = [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            process = Path(f"/proc/{current}/comm").read_text().strip()
+            for task in Path(f"/proc/{current}/task").glob("*"):
+                name = f"{process}/{(task / 'comm').read_text().strip()}"
+                fields = (task / "stat").read_text().rpartition(")")[2].split()
+                found[name] = found.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            continue
+        stack += _children(current)
+    return found
+
+
 def services_cpu_seconds() -> dict[str, float]:
     """CPU seconds of the host's Postgres and Redis processes (not children of the stack), by command name."""
     tick = os.sysconf("SC_CLK_TCK")

@@ -175,11 +175,14 @@ class RunControl(Protocol):
 
 
 class ColumnCollector(Protocol):
-    """Validation's side of a kind's columns: fed each accepted line of the open shard."""
+    """Validation's side of a kind's columns: fed each line of the open shard, ``add`` with the body of a line
+    the fast lane accepted, ``add_parsed`` with the checked parse's answer for any other (refused ones too)."""
 
     written: list[str]
 
     def add(self, number: int, custom_id: str, body: dict[str, Any]) -> None: ...
+
+    def add_parsed(self, number: int, parsed: ParsedLine) -> None: ...
 
     def spoil(self) -> None: ...
 

@@ -20,9 +20,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import IO, Any, ClassVar
 
 from django.conf import settings
 
@@ -31,6 +30,7 @@ from controlplane.kinds.base import (
     Backend,
     BodyIssue,
     Call,
+    ColumnCollector,
     EndpointKind,
     LedgerUnits,
     LineOutput,
@@ -45,20 +45,13 @@ from controlplane.kinds.generation_bodies import (
     parse_chat_body,
     parse_completion_body,
 )
+from controlplane.kinds.generation_columns import GenerationColumnCollector, generation_columns_load
 from controlplane.kinds.generation_render import EngineResult, render_completion
 from controlplane.kinds.generation_run import inflight_limit, run_generation
 from controlplane.kinds.generation_schema import check_schema_compiles
-from controlplane.kinds.generation_units import estimated_charge, fair_share_charge
+from controlplane.kinds.generation_units import GenerationLine, estimated_charge, fair_share_charge
 
 __all__ = ["ChatCompletionsKind", "CompletionsKind", "GenerationLine", "model_tokenizer", "tokenizers_preload"]
-
-
-@dataclass(frozen=True)
-class GenerationLine:
-    """A parsed generation line: the request, and its work units as estimated for its model."""
-
-    request: GenerationRequest
-    units: int
 
 
 class ModelMisconfigured(RuntimeError):
@@ -66,7 +59,10 @@ class ModelMisconfigured(RuntimeError):
     batch fails (validation_error) rather than writing an error file of identical lines."""
 
 
-_tokenizers: dict[Path, ChatTokenizer] = {}
+_tokenizers: dict[Path, ChatTokenizer] = {}  # by resolved directory: one load per directory
+# By the catalogue's tokenizer_dir as written: resolving the path (a realpath per call) was ~10% of parsing a
+# line, which validation does for every line.
+_tokenizers_by_setting: dict[str, ChatTokenizer] = {}
 _tokenizers_lock = threading.Lock()
 
 
@@ -80,6 +76,9 @@ def tokenizer_path(model: CatalogueModel) -> Path:
 def model_tokenizer(model: CatalogueModel) -> ChatTokenizer:
     """The model's Hugging Face tokenizer (with its chat_template), loaded once per process per directory.
     Offline: the directory is the model's own, never a hub name."""
+    tokenizer = _tokenizers_by_setting.get(model.tokenizer_dir)
+    if tokenizer is not None:
+        return tokenizer
     path = tokenizer_path(model).resolve()
     tokenizer = _tokenizers.get(path)
     if tokenizer is None:
@@ -94,6 +93,7 @@ def model_tokenizer(model: CatalogueModel) -> ChatTokenizer:
                 from transformers import AutoTokenizer  # heavy: only processes that see a generation line
 
                 tokenizer = _tokenizers[path] = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    _tokenizers_by_setting[model.tokenizer_dir] = tokenizer
     return tokenizer
 
 
@@ -163,6 +163,20 @@ class _GenerationKind(EndpointKind):
         # estimated time held ~16 tinylm lines, so 2 slots gave the engine <= 32 of its 64 sequences, idle
         # between shards (docs/PERFORMANCE.md, session 12). A shard of the in-flight bound fills it alone.
         return inflight_limit(model)
+
+    def columns_collector(
+        self, model: CatalogueModel, *, batch_id: str, attempt: int, save: Callable[[str, IO[bytes]], Any]
+    ) -> ColumnCollector | None:
+        return GenerationColumnCollector(model, batch_id=batch_id, attempt=attempt, save=save)
+
+    def columns_run(
+        self, *, name: str, first_line: int, last_line: int, request_count: int, model: CatalogueModel
+    ) -> tuple[dict[int, ParsedLine], list[Call]] | None:
+        # The lines as validation parsed them (template applied, prompt tokenized): no calls, lines stream.
+        lines = generation_columns_load(
+            name=name, first_line=first_line, last_line=last_line, request_count=request_count, model=model
+        )
+        return None if lines is None else (lines, [])
 
     def run(
         self,

@@ -11,10 +11,27 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from controlplane.kinds.generation_bodies import GenerationRequest
 from controlplane.kinds.generation_render import EngineResult
 
-__all__ = ["estimated_charge", "fair_share_charge", "line_prompt_tokens", "line_reservation", "result_charge"]
+__all__ = [
+    "GenerationLine",
+    "estimated_charge",
+    "fair_share_charge",
+    "line_prompt_tokens",
+    "line_reservation",
+    "result_charge",
+]
+
+
+@dataclass(frozen=True)
+class GenerationLine:
+    """A parsed generation line: the request, and its work units as estimated for its model."""
+
+    request: GenerationRequest
+    units: int
 
 
 def line_prompt_tokens(request: GenerationRequest) -> int:

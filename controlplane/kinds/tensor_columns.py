@@ -33,7 +33,7 @@ import orjson
 
 from controlplane.files.storage import blob_open
 from controlplane.fleet.models import CatalogueModel, ModelKind
-from controlplane.kinds.base import Call, Member
+from controlplane.kinds.base import Call, Member, ParsedLine
 from controlplane.kinds.tensor_values import KSERVE_DTYPES, stack_values
 
 logger = logging.getLogger(__name__)
@@ -158,6 +158,10 @@ class ColumnCollector:
         self._dims: tuple[Any, ...] | None = None
 
     def spoil(self) -> None:
+        self._spoiled = True
+
+    def add_parsed(self, number: int, parsed: ParsedLine) -> None:
+        # A line only the checked parse took: its values may not stack as the lane's do.
         self._spoiled = True
 
     def add(self, number: int, custom_id: str, body: dict[str, Any]) -> None:

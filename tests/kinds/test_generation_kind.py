@@ -120,6 +120,7 @@ def test_preloading_loads_the_enabled_generation_models_tokenizers_only(catalogu
     from controlplane.fleet.models import ModelKind
 
     monkeypatch.setattr(generation, "_tokenizers", {})
+    monkeypatch.setattr(generation, "_tokenizers_by_setting", {})
     CatalogueModel.objects.filter(kind=ModelKind.GENERATION).exclude(name="tinylm").update(is_enabled=False)
     CatalogueModel.objects.create(
         name="off",

@@ -125,6 +125,7 @@ def validate_input(
         facts = lane.check(line.data) if lane is not None else None
         laned = facts is not None  # then lane.body is this line's
         refused = False
+        parsed = None  # the checked parse's answer, when it ran
         if facts is None:
             try:
                 parsed = parse_line(line.data, endpoint=endpoint, resolver=resolver)
@@ -161,10 +162,13 @@ def validate_input(
             result.body_errors += 1
             shard_refused += 1
         if columns is not None:
-            if laned and not result.error_count:
-                columns.add(line.number, facts.custom_id, lane.body)  # type: ignore[union-attr]
-            else:  # a line only the checked parse took (or refused), or a file that will fail: no columns
+            if result.error_count:  # a file that will fail: no columns
                 columns.spoil()
+            elif laned:
+                columns.add(line.number, facts.custom_id, lane.body)  # type: ignore[union-attr]
+            else:  # a line only the checked parse took (or refused)
+                assert parsed is not None  # the lane declined it, so the checked parse ran
+                columns.add_parsed(line.number, parsed)
         if shard_start is None:
             shard_start = (line.number, line.start)
         units = facts.units
