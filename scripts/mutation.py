@@ -37,9 +37,13 @@ OUT = REPO / "var" / "mutation"
 # Plugins are named rather than found (PYTEST_DISABLE_PLUGIN_AUTOLOAD): schemathesis' and anyio's cost each run
 # seconds of imports on a loaded host, for tests that use neither. xdist stays (tests/conftest.py implements one
 # of its hooks), with no workers. The test database is created once, by the recording run (--reuse-db).
-PYTEST = [".venv/bin/python", "-m", "pytest", "-x", "-q", "-n", "0", "--reuse-db", "-p", "no:cacheprovider"]
-PYTEST += ["-p", "xdist.plugin", "-p", "pytest_timeout", "-p", "pytest_django.plugin"]
+PYTEST = [".venv/bin/python", "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider"]
+PYTEST += ["-p", "xdist.plugin", "-p", "pytest_timeout"]
+DJANGO_PLUGIN = ["-p", "pytest_django.plugin", "--reuse-db"]
 HYPOTHESIS_PLUGIN = ["-p", "_hypothesis_pytestplugin"]
+# Modules with no Django in them: their tests run without it (tests/conftest.py allows `-p no:django`), which
+# saves the settings, the apps and the test database on every run.
+PURE = {"policy", "planner", "sizing"}
 
 # name → (module, the tests that state its rules)
 MODULES: dict[str, tuple[str, list[str]]] = {
@@ -136,7 +140,8 @@ def _record_calls(scratch: Path, name: str, calls: Path) -> None:
     """One unmutated run of the module's tests (which must pass) noting which test enters which function."""
     module, tests = MODULES[name]
     env = {**os.environ, "MUTATION_TARGET": str(scratch / module), "MUTATION_CALLS_OUT": str(calls)}
-    plugins = HYPOTHESIS_PLUGIN if any("hypothesis" in (scratch / test).read_text() for test in tests) else []
+    plugins = [] if name in PURE else DJANGO_PLUGIN
+    plugins += HYPOTHESIS_PLUGIN if any("hypothesis" in (scratch / test).read_text() for test in tests) else []
     command = [*PYTEST, *plugins, "-p", "scripts.mutation_calls", *tests]
     subprocess.run(command, cwd=scratch, env=env, check=True)
     recorded = json.loads(calls.read_text())
