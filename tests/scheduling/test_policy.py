@@ -116,6 +116,17 @@ def test_deadline_never_at_risk_without_rate_expiry_or_work(kw):
     assert not deadline_at_risk(replace(cand(expires_at=NOW + 1), **kw), NOW, CFG)
 
 
+def test_an_expired_batch_with_no_work_left_is_not_at_risk():
+    # Past its expiry any remaining work is at risk (above); with none left there is nothing to promote.
+    assert not deadline_at_risk(cand(expires_at=NOW - 1, remaining_work=0.0), NOW, CFG)
+
+
+def test_slack_below_one_unit_a_second_and_with_fractional_seconds():
+    # 3 units at 0.5 a second need 6 s; 5 units at 2 a second need 2.5 s.
+    assert slack(cand(expires_at=NOW + 10, remaining_work=3, throughput=0.5), NOW) == 4.0
+    assert slack(cand(expires_at=NOW + 10, remaining_work=5, throughput=2), NOW) == 7.5
+
+
 def test_tier_by_class_aging_and_deadline():
     fresh = NOW - 10
     assert tier(cand(priority=Priority.HIGH, waiting_since=fresh), NOW, CFG) is Tier.HIGH
@@ -220,6 +231,12 @@ def test_correct_applies_the_measured_difference():
 def test_start_estimates_sum_the_work_ahead():
     ranked = [cand("a", next_shard_work=10), cand("b", next_shard_work=30), cand("c", next_shard_work=5)]
     assert start_estimates(ranked, 10.0) == {"a": 0.0, "b": 1.0, "c": 4.0}
+
+
+def test_start_estimates_below_one_unit_a_second_and_with_fractional_seconds():
+    ranked = [cand("a", next_shard_work=3), cand("b", next_shard_work=5), cand("c")]
+    assert start_estimates(ranked, 0.5) == {"a": 0.0, "b": 6.0, "c": 16.0}
+    assert start_estimates(ranked, 2.0) == {"a": 0.0, "b": 1.5, "c": 4.0}
 
 
 def test_start_estimates_unknown_throughput():
