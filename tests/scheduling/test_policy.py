@@ -139,6 +139,11 @@ def test_tier_by_class_aging_and_deadline():
     assert tier(urgent, NOW, CFG) is Tier.URGENT
 
 
+def test_the_five_tiers_are_distinct_and_in_order():
+    # The queue overview names each batch's tier: two tiers of one value would show one under the other's name.
+    assert [t.name for t in sorted(Tier)] == ["URGENT", "AGED", "HIGH", "NORMAL", "LOW"]
+
+
 # -- rank -----------------------------------------------------------------------------------------------
 
 
