@@ -121,6 +121,11 @@ def test_an_expired_batch_with_no_work_left_is_not_at_risk():
     assert not deadline_at_risk(cand(expires_at=NOW - 1, remaining_work=0.0), NOW, CFG)
 
 
+def test_one_unit_left_at_half_a_unit_a_second_is_at_risk():
+    # Needs 2 s with 1 s left: neither a slow model nor a small remainder exempts a batch.
+    assert deadline_at_risk(cand(expires_at=NOW + 1, remaining_work=1.0, throughput=0.5), NOW, CFG)
+
+
 def test_slack_below_one_unit_a_second_and_with_fractional_seconds():
     # 3 units at 0.5 a second need 6 s; 5 units at 2 a second need 2.5 s.
     assert slack(cand(expires_at=NOW + 10, remaining_work=3, throughput=0.5), NOW) == 4.0
@@ -132,6 +137,7 @@ def test_tier_by_class_aging_and_deadline():
     assert tier(cand(priority=Priority.HIGH, waiting_since=fresh), NOW, CFG) is Tier.HIGH
     assert tier(cand(priority=Priority.NORMAL, waiting_since=fresh), NOW, CFG) is Tier.NORMAL
     assert tier(cand(priority=Priority.LOW, waiting_since=fresh), NOW, CFG) is Tier.LOW
+    assert tier(cand(priority=Priority.LOW, waiting_since=NOW - 599.5), NOW, CFG) is Tier.LOW  # aging: 600 s
     assert tier(cand(priority=Priority.LOW, waiting_since=NOW - 600), NOW, CFG) is Tier.AGED
     assert tier(cand(priority=Priority.NORMAL, waiting_since=NOW - 601), NOW, CFG) is Tier.AGED
     assert tier(cand(priority=Priority.HIGH, waiting_since=NOW - 10_000), NOW, CFG) is Tier.HIGH
