@@ -135,7 +135,7 @@ def _survivors_again(session: Path) -> None:
     """The tests changed (a test added for a survivor): survivors run again. Killed mutants stay killed, which
     holds while tests are only added; after a test is removed or weakened, start over with --fresh."""
     with sqlite3.connect(session) as db:
-        db.execute("DELETE FROM work_results WHERE test_outcome = 'survived'")
+        db.execute("DELETE FROM work_results WHERE test_outcome = 'SURVIVED'")
 
 
 def _record_calls(scratch: Path, name: str, calls: Path) -> None:
