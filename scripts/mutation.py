@@ -40,9 +40,10 @@ OUT = REPO / "var" / "mutation"
 # seconds of imports on a loaded host, for tests that use neither. xdist stays (tests/conftest.py implements one
 # of its hooks), with no workers. The test database is created once, by the recording run (--reuse-db).
 PYTEST = [".venv/bin/python", "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider"]
-PYTEST += ["-p", "xdist.plugin", "-p", "pytest_timeout"]
-DJANGO_PLUGIN = ["-p", "pytest_django.plugin", "--reuse-db"]
-HYPOTHESIS_PLUGIN = ["-p", "_hypothesis_pytestplugin"]
+PYTEST += ["-p", "xdist", "-p", "timeout"]
+# By entry-point name, as autoloading registers them: tests/conftest.py asks for the plugin named "django".
+DJANGO_PLUGIN = ["-p", "django", "--reuse-db"]
+HYPOTHESIS_PLUGIN = ["-p", "hypothesispytest"]
 # Modules with no Django in them: their tests run without it (tests/conftest.py allows `-p no:django`), which
 # saves the settings, the apps and the test database on every run.
 PURE = {"policy", "planner", "sizing"}
