@@ -215,7 +215,7 @@ def test_the_speed_estimate_counts_what_a_shard_cost_its_slot(quiet):
     from controlplane.scheduling.claims import shard_settle
 
     tenant = new_tenant("speed")
-    runnable_batch(tenant, 4)  # two shards of two rows
+    runnable_batch(tenant, 6)  # three shards of two rows
     CatalogueModel.objects.filter(name="identity").update(seconds_per_work_unit=0.5)
 
     def settled(cycle_seconds):
@@ -228,6 +228,8 @@ def test_the_speed_estimate_counts_what_a_shard_cost_its_slot(quiet):
 
     # 2 rows in a 2 s cycle: 1 s a row, smoothed (0.3) from 0.5 → 0.65.
     assert settled(2.0) == pytest.approx(0.3 * 1.0 + 0.7 * 0.5)
+    # 2 rows in 100 s: 50 s a row, but one shard moves the estimate by at most 4× (a cold start, say).
+    assert settled(100.0) == pytest.approx(0.3 * (4 * 0.65) + 0.7 * 0.65)
     # Without a cycle, the shard's own (instant) run pulls the estimate down (by at most 4× a step).
     before = _identity().seconds_per_work_unit
     assert settled(None) < before
