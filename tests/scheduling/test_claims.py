@@ -215,8 +215,7 @@ def test_the_speed_estimate_counts_what_a_shard_cost_its_slot(quiet):
     from controlplane.scheduling.claims import shard_settle
 
     tenant = new_tenant("speed")
-    runnable_batch(tenant, 6)  # three shards of two rows
-    CatalogueModel.objects.filter(name="identity").update(seconds_per_work_unit=0.5)
+    runnable_batch(tenant, 8)  # four shards of two rows
 
     def settled(cycle_seconds):
         shard = shard_claim_next(model=_identity(), owner="t")
@@ -226,7 +225,11 @@ def test_the_speed_estimate_counts_what_a_shard_cost_its_slot(quiet):
         shard_settle(shard_id=shard.id, cycle_seconds=cycle_seconds)
         return _identity().seconds_per_work_unit
 
-    # 2 rows in a 2 s cycle: 1 s a row, smoothed (0.3) from 0.5 → 0.65.
+    # With no estimate yet (0), the first measurement is taken as it is: 2 rows in a 2 s cycle, 1 s a row.
+    CatalogueModel.objects.filter(name="identity").update(seconds_per_work_unit=0.0)
+    assert settled(2.0) == pytest.approx(1.0)
+    # From an estimate of 0.5, 1 s a row is smoothed (0.3) → 0.65.
+    CatalogueModel.objects.filter(name="identity").update(seconds_per_work_unit=0.5)
     assert settled(2.0) == pytest.approx(0.3 * 1.0 + 0.7 * 0.5)
     # 2 rows in 100 s: 50 s a row, but one shard moves the estimate by at most 4× (a cold start, say).
     assert settled(100.0) == pytest.approx(0.3 * (4 * 0.65) + 0.7 * 0.65)
