@@ -283,5 +283,19 @@ def test_settling_folds_completion_per_choice_into_the_models_expectation(quiet)
         shard_settle(shard_id=shard.id)
         return _identity().expected_completion_tokens
 
-    assert settled(TokenCounts(output=30, choices=3)) == pytest.approx(10.0)
-    assert settled(TokenCounts(output=40, choices=2)) == pytest.approx(0.3 * 20.0 + 0.7 * 10.0)
+    assert settled(TokenCounts(output=25, choices=2)) == pytest.approx(12.5)
+    assert settled(TokenCounts(output=40, choices=2)) == pytest.approx(0.3 * 20.0 + 0.7 * 12.5)
+
+
+def test_settling_a_shard_that_has_not_succeeded_changes_nothing(quiet):
+    from controlplane.scheduling.claims import shard_settle
+
+    runnable_batch(new_tenant("unsettled"), 2)
+    shard = shard_claim_next(model=_identity(), owner="t")  # running, not committed
+    charged = TenantShare.objects.values("vtime", "served_work_units").get(tenant_id=shard.batch.tenant_id)
+    speed = _identity().seconds_per_work_unit
+
+    shard_settle(shard_id=shard.id, cycle_seconds=5.0)
+
+    assert TenantShare.objects.values("vtime", "served_work_units").get(tenant_id=shard.batch.tenant_id) == charged
+    assert _identity().seconds_per_work_unit == speed
