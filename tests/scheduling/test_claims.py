@@ -257,6 +257,7 @@ def test_settling_a_text_shard_corrects_the_charge_by_measured_minus_estimated(q
     assert shard is not None and shard.work_units > 0
     charged = TenantShare.objects.get(tenant_id=tenant.id)
     assert charged.served_work_units == shard.work_units
+    assert charged.vtime == pytest.approx(shard.work_units / 2.0)  # the first claim: the system clock starts at 0
     measured = shard.work_units + 7
     summary = PartSummary("p", 2, 0, TokenCounts(input=measured), False)
     assert shard_commit(shard_id=shard.id, attempt=shard.attempt, summary=summary)
