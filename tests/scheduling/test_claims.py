@@ -215,7 +215,7 @@ def test_the_speed_estimate_counts_what_a_shard_cost_its_slot(quiet):
     from controlplane.scheduling.claims import shard_settle
 
     tenant = new_tenant("speed")
-    runnable_batch(tenant, 8)  # four shards of two rows
+    runnable_batch(tenant, 10)  # five shards of two rows
 
     def settled(cycle_seconds):
         shard = shard_claim_next(model=_identity(), owner="t")
@@ -233,6 +233,8 @@ def test_the_speed_estimate_counts_what_a_shard_cost_its_slot(quiet):
     assert settled(2.0) == pytest.approx(0.3 * 1.0 + 0.7 * 0.5)
     # 2 rows in 100 s: 50 s a row, but one shard moves the estimate by at most 4× (a cold start, say).
     assert settled(100.0) == pytest.approx(0.3 * (4 * 0.65) + 0.7 * 0.65)
+    before = _identity().seconds_per_work_unit
+    assert settled(0.02) == pytest.approx(0.3 * (before / 4) + 0.7 * before)  # and down by at most 4×
     # Without a cycle, the shard's own (instant) run pulls the estimate down (by at most 4× a step).
     before = _identity().seconds_per_work_unit
     assert settled(None) < before
