@@ -119,7 +119,8 @@ clean:
 
 # Mutation testing (cosmic-ray) of the modules that guard correctness: claims, shards, finalize, policy, planner,
 # sizing, custom ids, quickcheck, fastparse; one `MUTATION module=… killed=… survived=… score=…` line each
-# (docs/RELIABILITY.md). Not part of `make test`: hours on 2 cores. One module: `make mutation MODULES=claims`.
+# (docs/RELIABILITY.md). Not part of `make test`: about 30-90 min a module on a loaded 2-core host (policy.py: 26 min
+# at load 15-43). One module: `make mutation MODULES=claims`.
 mutation: install
 	bash scripts/ensure_services.sh
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) scripts/mutation.py $(MODULES)

@@ -10,22 +10,43 @@ and keeps the sessions in var/mutation/<name>.sqlite (`cosmic-ray dump` / `cr-re
 Usage: python scripts/mutation.py [--fresh] [name ...]   (names below; all when none). An interrupted session
 (var/mutation/<name>.sqlite) goes on where it stopped, and the line then adds ``not_run=<n>``; --fresh starts
 over. Needs Postgres and Redis like `make test` (DATABASE_URL, CELERY_BROKER_URL). Not part of `make test`:
-each mutant runs its module's tests once, 150–550 mutants a module, hours for all modules on 2 cores.
+150–550 mutants a module.
+
+A mutant runs only the tests that can see it, fastest first, stopping at the first failure: one unmutated run
+with scripts/mutation_calls.py records which test enters which function of the module (and how long each test
+takes); a mutant inside a function body then runs the tests that entered that function, a mutant outside any
+function (module or class level, a signature, a decorator: run at import) runs all the module's tests, and a
+mutant in a function no test enters runs none and counts as survived.
 """
 
 from __future__ import annotations
 
+import ast
+import hashlib
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "var" / "mutation"
-PYTEST = "python -m pytest -x -q -p no:randomly -p no:cacheprovider -n 0 --reuse-db"
+# Plugins are named rather than found (PYTEST_DISABLE_PLUGIN_AUTOLOAD): schemathesis' and anyio's cost each run
+# seconds of imports on a loaded host, for tests that use neither. xdist stays (tests/conftest.py implements one
+# of its hooks), with no workers. The test database is created once, by the recording run (--reuse-db).
+PYTEST = [".venv/bin/python", "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider"]
+PYTEST += ["-p", "xdist", "-p", "timeout"]
+# By entry-point name, as autoloading registers them: tests/conftest.py asks for the plugin named "django".
+DJANGO_PLUGIN = ["-p", "django", "--reuse-db"]
+HYPOTHESIS_PLUGIN = ["-p", "hypothesispytest"]
+# Modules with no Django in them: their tests run without it (tests/conftest.py allows `-p no:django`), which
+# saves the settings, the apps and the test database on every run.
+PURE = {"policy", "planner", "sizing"}
 
 # name → (module, the tests that state its rules)
 MODULES: dict[str, tuple[str, list[str]]] = {
@@ -67,7 +88,8 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "quickcheck": ("controlplane/batches/intake/quickcheck.py", ["tests/batches/test_quickcheck.py"]),
     "fastparse": ("controlplane/kinds/tensor_fast.py", ["tests/batches/test_fastparse.py"]),
 }
-# Per mutant: a mutant that makes its tests hang (a loop that never ends) counts as killed at this limit.
+# Per mutant: a mutant that makes its tests hang (a loop that never ends) counts as killed at this limit. Each
+# test also gets pytest-timeout's limit of ten times its unmutated duration (at least a minute: the host is noisy).
 TIMEOUT_SECONDS = 600.0
 
 
@@ -90,30 +112,161 @@ def _scratch_copy() -> Path:
     return root
 
 
-def _config(module: str, tests: list[str]) -> str:
+def _config(name: str, calls: Path) -> str:
+    test_command = f".venv/bin/python scripts/mutation.py --run-mutant {name} {calls}"
     return (
         "[cosmic-ray]\n"
-        f'module-path = "{module}"\n'
+        f'module-path = "{MODULES[name][0]}"\n'
         f"timeout = {TIMEOUT_SECONDS}\n"
         "excluded-modules = []\n"
-        f'test-command = ".venv/bin/{PYTEST} {" ".join(tests)}"\n'
+        f'test-command = "{test_command}"\n'
         '[cosmic-ray.distributor]\nname = "local"\n'
     )
 
 
+def _fingerprint(scratch: Path, name: str) -> str:
+    """The module's tests: a recording made for other tests is made again."""
+    digest = hashlib.sha256()
+    for path in MODULES[name][1]:
+        digest.update((scratch / path).read_bytes())
+    return digest.hexdigest()
+
+
+def _survivors_again(session: Path) -> None:
+    """The tests changed (a test added for a survivor): survivors run again. Killed mutants stay killed, which
+    holds while tests are only added; after a test is removed or weakened, start over with --fresh."""
+    with sqlite3.connect(session) as db:
+        db.execute("DELETE FROM work_results WHERE test_outcome = 'SURVIVED'")
+
+
+def _record_calls(scratch: Path, name: str, calls: Path) -> None:
+    """One unmutated run of the module's tests (which must pass) noting which test enters which function."""
+    module, tests = MODULES[name]
+    env = {**os.environ, "MUTATION_TARGET": str(scratch / module), "MUTATION_CALLS_OUT": str(calls)}
+    plugins = [] if name in PURE else DJANGO_PLUGIN
+    plugins += HYPOTHESIS_PLUGIN if any("hypothesis" in (scratch / test).read_text() for test in tests) else []
+    command = [*PYTEST, *plugins, "-p", "scripts.mutation_calls", *tests]
+    if _pytest(command, cwd=scratch, env=env) != 0:
+        raise SystemExit(f"{name}: the tests fail unmutated (output above)")
+    recorded = json.loads(calls.read_text())
+    recorded.update(source=(scratch / module).read_text(), tests_fingerprint=_fingerprint(scratch, name))
+    recorded["plugins"] = plugins
+    calls.write_text(json.dumps(recorded, indent=1))
+
+
+def _changed_span(original: bytes, mutated: bytes) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(line, byte column) of the start and end in the original of the one stretch the mutant replaced."""
+    shorter = min(len(original), len(mutated))
+    prefix = 0
+    while prefix < shorter and original[prefix] == mutated[prefix]:
+        prefix += 1
+    suffix = 0
+    while suffix < shorter - prefix and original[-1 - suffix] == mutated[-1 - suffix]:
+        suffix += 1
+
+    def position(offset: int) -> tuple[int, int]:
+        return original.count(b"\n", 0, offset) + 1, offset - (original.rfind(b"\n", 0, offset) + 1)
+
+    return position(prefix), position(len(original) - suffix)
+
+
+def _in_signature_annotation(tree: ast.Module, span: tuple[tuple[int, int], tuple[int, int]]) -> bool:
+    """Whether the stretch lies in a function's parameter or return annotation: under ``from __future__ import
+    annotations`` those are strings nothing here evaluates, so a mutant there is equivalent (it survives)."""
+    if not any(isinstance(n, ast.ImportFrom) and n.module == "__future__" for n in tree.body):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            arguments = node.args
+            params = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs, arguments.vararg, arguments.kwarg]
+            for annotation in [node.returns, *(a.annotation for a in params if a is not None)]:
+                if annotation is not None:
+                    first = (annotation.lineno, annotation.col_offset)
+                    last = (annotation.end_lineno or annotation.lineno, annotation.end_col_offset or 0)
+                    if first <= span[0] and span[1] <= last:
+                        return True
+    return False
+
+
+def _enclosing_functions(tree: ast.Module, lines: set[int]) -> set[int] | None:
+    """The first line of the code object of the innermost function whose body holds each line (decorators
+    included, as Python counts it), or None when a line is outside every function body (it runs at import)."""
+    bodies = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            bodies.append((node.body[0].lineno, node.end_lineno or node.lineno, first))
+    found = set()
+    for line in lines:
+        holding = [body for body in bodies if body[0] <= line <= body[1]]
+        if not holding:
+            return None
+        found.add(max(holding)[2])  # the innermost body starts last
+    return found
+
+
+def run_mutant(name: str, calls: Path) -> int:
+    """cosmic-ray's test command, in the scratch copy with the mutant applied: runs the tests that can see it."""
+    module, _ = MODULES[name]
+    recorded = json.loads(calls.read_text())
+    mutated = Path(module).read_bytes()
+    try:
+        compile(mutated, module, "exec")
+    except SyntaxError as error:  # e.g. the bare `*` of keyword-only parameters "replaced" by `+`
+        print(f"killed unrun: the mutant does not compile ({error}), so no test can import the module")
+        return 1
+    tree = ast.parse(recorded["source"])
+    span = _changed_span(recorded["source"].encode(), mutated)
+    if _in_signature_annotation(tree, span):
+        print(f"survived unrun: equivalent, in an annotation at line {span[0][0]} (never evaluated)")
+        return 0
+    functions = _enclosing_functions(tree, set(range(span[0][0], span[1][0] + 1)))
+    timings = recorded["tests"]
+    if functions is None:
+        selected = sorted(timings, key=lambda nodeid: timings[nodeid]["seconds"])
+    else:
+        selected = sorted(
+            (nodeid for nodeid, test in timings.items() if functions & set(test["code_lines"])),
+            key=lambda nodeid: timings[nodeid]["seconds"],
+        )
+    if not selected:
+        print(f"survived unrun: no test enters the function(s) at line(s) {sorted(functions or ())}")
+        return 0
+    limit = max(60, 10 * max(timings[nodeid]["seconds"] for nodeid in selected))
+    return _pytest([*PYTEST, *recorded["plugins"], f"--timeout={limit:.0f}", *selected])
+
+
+def _pytest(command: list[str], **options: Any) -> int:
+    """Run pytest; again (up to twice, after a pause) when Postgres refused a connection for want of slots:
+    other suites on this shared host fill max_connections for a while, and that failure says nothing of the
+    mutant or the tests."""
+    tries = 3
+    while True:
+        result = subprocess.run(command, capture_output=True, text=True, check=False, **options)
+        print(result.stdout + result.stderr, flush=True)
+        tries -= 1
+        if result.returncode == 0 or tries == 0 or "too many clients already" not in result.stdout + result.stderr:
+            return result.returncode
+        time.sleep(30)
+
+
 def run(name: str, *, fresh: bool) -> tuple[int, int, int]:
     """Killed, survived and not yet run. An interrupted session goes on where it stopped unless ``fresh``."""
-    module, tests = MODULES[name]
     scratch = _scratch_copy()
     cosmic = str(REPO / ".venv" / "bin" / "cosmic-ray")
     try:
         OUT.mkdir(parents=True, exist_ok=True)
-        config, session = scratch / "mutation.toml", OUT / f"{name}.sqlite"
-        config.write_text(_config(module, tests))
-        if fresh or not session.exists():
+        config, session, calls = scratch / "mutation.toml", OUT / f"{name}.sqlite", OUT / f"{name}.calls.json"
+        config.write_text(_config(name, calls))
+        recorded = json.loads(calls.read_text()) if calls.exists() else {}
+        module_changed = recorded.get("source") != (scratch / MODULES[name][0]).read_text()
+        if fresh or module_changed or not session.exists():
             session.unlink(missing_ok=True)
+            _record_calls(scratch, name, calls)  # also the baseline: the tests pass unmutated
             subprocess.run([cosmic, "init", str(config), str(session)], cwd=scratch, check=True)
-            subprocess.run([cosmic, "baseline", str(config)], cwd=scratch, check=True)  # the tests pass unmutated
+        elif recorded.get("tests_fingerprint") != _fingerprint(scratch, name):
+            _record_calls(scratch, name, calls)
+            _survivors_again(session)
         subprocess.run([cosmic, "exec", str(config), str(session)], cwd=scratch, check=False)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -129,9 +282,12 @@ def run(name: str, *, fresh: bool) -> tuple[int, int, int]:
 
 
 def main(args: list[str]) -> int:
+    if args[:1] == ["--run-mutant"]:
+        return run_mutant(args[1], Path(args[2]))
     fresh = "--fresh" in args
     names = [a for a in args if a != "--fresh"]
     os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/controlplane")
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     for name in names or list(MODULES):
         killed, survived, pending = run(name, fresh=fresh)
         score = killed / (killed + survived) if killed + survived else 0.0

@@ -3,6 +3,7 @@ tenants, priorities, pauses and deferrals."""
 
 from __future__ import annotations
 
+import math
 import threading
 from datetime import timedelta
 
@@ -17,6 +18,7 @@ from controlplane.kinds.base import TokenCounts
 from controlplane.scheduling.claims import shard_claim_next
 from controlplane.scheduling.models import TenantShare
 from controlplane.tenants.models import Tenant
+from tests.batches.helpers import embedding_line, jsonl, upload
 from tests.scheduling.helpers import new_tenant, runnable_batch
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -213,8 +215,7 @@ def test_the_speed_estimate_counts_what_a_shard_cost_its_slot(quiet):
     from controlplane.scheduling.claims import shard_settle
 
     tenant = new_tenant("speed")
-    runnable_batch(tenant, 4)  # two shards of two rows
-    CatalogueModel.objects.filter(name="identity").update(seconds_per_work_unit=0.5)
+    runnable_batch(tenant, 10)  # five shards of two rows
 
     def settled(cycle_seconds):
         shard = shard_claim_next(model=_identity(), owner="t")
@@ -224,8 +225,80 @@ def test_the_speed_estimate_counts_what_a_shard_cost_its_slot(quiet):
         shard_settle(shard_id=shard.id, cycle_seconds=cycle_seconds)
         return _identity().seconds_per_work_unit
 
-    # 2 rows in a 2 s cycle: 1 s a row, smoothed (0.3) from 0.5 → 0.65.
+    # With no estimate yet (0), the first measurement is taken as it is: 2 rows in a 2 s cycle, 1 s a row.
+    CatalogueModel.objects.filter(name="identity").update(seconds_per_work_unit=0.0)
+    assert settled(2.0) == pytest.approx(1.0)
+    # From an estimate of 0.5, 1 s a row is smoothed (0.3) → 0.65.
+    CatalogueModel.objects.filter(name="identity").update(seconds_per_work_unit=0.5)
     assert settled(2.0) == pytest.approx(0.3 * 1.0 + 0.7 * 0.5)
+    # 2 rows in 100 s: 50 s a row, but one shard moves the estimate by at most 4× (a cold start, say).
+    assert settled(100.0) == pytest.approx(0.3 * (4 * 0.65) + 0.7 * 0.65)
+    before = _identity().seconds_per_work_unit
+    assert settled(0.02) == pytest.approx(0.3 * (before / 4) + 0.7 * before)  # and down by at most 4×
     # Without a cycle, the shard's own (instant) run pulls the estimate down (by at most 4× a step).
     before = _identity().seconds_per_work_unit
     assert settled(None) < before
+
+
+def test_settling_a_text_shard_corrects_the_charge_by_measured_minus_estimated(quiet, settings):
+    """A text shard is charged its estimated work units at claim; when it settles with the tokenizer's count,
+    shard_settle moves the tenant's virtual time by (measured - estimated) / weight and its served work to the
+    measured count."""
+    from controlplane.batches import services
+    from controlplane.batches.run.shards import PartSummary, shard_commit
+    from controlplane.scheduling.claims import shard_settle
+
+    settings.SCHEDULER_HALF_LIFE_SECONDS = math.inf  # nothing decays between the claim and the settle
+    tenant = new_tenant("tokens", weight=2.0)
+    file = upload(tenant, jsonl([embedding_line(f"e{i}", f"a few words, line {i}") for i in range(2)]))
+    batch = services.batch_create(
+        tenant=tenant, input_file_id=file.id, endpoint="/v1/embeddings", completion_window="24h", priority=None
+    )
+    services.batch_validate(batch_id=batch.id)
+    shard = shard_claim_next(model=CatalogueModel.objects.get(name="all-MiniLM-L6-v2"), owner="t")
+    assert shard is not None and shard.work_units > 0
+    charged = TenantShare.objects.get(tenant_id=tenant.id)
+    assert charged.served_work_units == shard.work_units
+    assert charged.vtime == pytest.approx(shard.work_units / 2.0)  # the first claim: the system clock starts at 0
+    measured = shard.work_units + 7
+    summary = PartSummary("p", 2, 0, TokenCounts(input=measured), False)
+    assert shard_commit(shard_id=shard.id, attempt=shard.attempt, summary=summary)
+
+    shard_settle(shard_id=shard.id)
+
+    settled = TenantShare.objects.get(tenant_id=tenant.id)
+    assert settled.served_work_units == measured
+    assert settled.vtime == pytest.approx(charged.vtime + 7 / 2.0)
+
+
+def test_settling_folds_completion_per_choice_into_the_models_expectation(quiet):
+    """The first settled shard with choices sets the model's expected completion per choice; later ones are
+    smoothed into it (0.3 of the new mean)."""
+    from controlplane.batches.run.shards import PartSummary, shard_commit
+    from controlplane.scheduling.claims import shard_settle
+
+    runnable_batch(new_tenant("choices"), 4)  # two shards of two rows
+    CatalogueModel.objects.filter(name="identity").update(expected_completion_tokens=None)
+
+    def settled(tokens: TokenCounts) -> float | None:
+        shard = shard_claim_next(model=_identity(), owner="t")
+        assert shard_commit(shard_id=shard.id, attempt=shard.attempt, summary=PartSummary("p", 2, 0, tokens, False))
+        shard_settle(shard_id=shard.id)
+        return _identity().expected_completion_tokens
+
+    assert settled(TokenCounts(output=25, choices=2)) == pytest.approx(12.5)
+    assert settled(TokenCounts(output=40, choices=2)) == pytest.approx(0.3 * 20.0 + 0.7 * 12.5)
+
+
+def test_settling_a_shard_that_has_not_succeeded_changes_nothing(quiet):
+    from controlplane.scheduling.claims import shard_settle
+
+    runnable_batch(new_tenant("unsettled"), 2)
+    shard = shard_claim_next(model=_identity(), owner="t")  # running, not committed
+    charged = TenantShare.objects.values("vtime", "served_work_units").get(tenant_id=shard.batch.tenant_id)
+    speed = _identity().seconds_per_work_unit
+
+    shard_settle(shard_id=shard.id, cycle_seconds=5.0)
+
+    assert TenantShare.objects.values("vtime", "served_work_units").get(tenant_id=shard.batch.tenant_id) == charged
+    assert _identity().seconds_per_work_unit == speed

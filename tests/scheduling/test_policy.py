@@ -59,11 +59,21 @@ def share(tenant_id, vtime, at=NOW, weight=1.0) -> TenantShare:
 
 @pytest.mark.parametrize(
     "kw",
-    [{"aging_seconds": -1.0}, {"half_life_seconds": 0.0}, {"deadline_fraction": -0.1}, {"aging_seconds": math.nan}],
+    [
+        {"aging_seconds": -1.0},
+        {"half_life_seconds": 0.0},
+        {"half_life_seconds": -60.0},
+        {"deadline_fraction": -0.1},
+        {"aging_seconds": math.nan},
+    ],
 )
 def test_config_rejects_bad_values(kw):
     with pytest.raises(ValueError):
         PolicyConfig(**kw)
+
+
+def test_config_takes_a_half_life_under_a_second():
+    assert PolicyConfig(half_life_seconds=0.5).half_life_seconds == 0.5
 
 
 # -- decay and virtual time -------------------------------------------------------------------------------
@@ -116,16 +126,46 @@ def test_deadline_never_at_risk_without_rate_expiry_or_work(kw):
     assert not deadline_at_risk(replace(cand(expires_at=NOW + 1), **kw), NOW, CFG)
 
 
+def test_an_expired_batch_with_no_work_left_is_not_at_risk():
+    # Past its expiry any remaining work is at risk (above); with none left there is nothing to promote.
+    assert not deadline_at_risk(cand(expires_at=NOW - 1, remaining_work=0.0), NOW, CFG)
+
+
+def test_one_unit_left_at_half_a_unit_a_second_is_at_risk():
+    # Needs 2 s with 1 s left: neither a slow model nor a small remainder exempts a batch.
+    assert deadline_at_risk(cand(expires_at=NOW + 1, remaining_work=1.0, throughput=0.5), NOW, CFG)
+    # Needs 1.5 s with 2.5 s left: more than half of it.
+    assert deadline_at_risk(cand(expires_at=NOW + 2.5, remaining_work=3.0, throughput=2.0), NOW, CFG)
+
+
+def test_long_expired_batches_without_a_rate_or_work_left_are_not_at_risk():
+    assert not deadline_at_risk(cand(expires_at=NOW - 1000, throughput=-1.0), NOW, CFG)
+    assert not deadline_at_risk(cand(expires_at=NOW - 1000, remaining_work=-1.0), NOW, CFG)
+
+
+def test_slack_below_one_unit_a_second_and_with_fractional_seconds():
+    # 3 units at 0.5 a second need 6 s; 5 units at 2 a second need 2.5 s.
+    assert slack(cand(expires_at=NOW + 10, remaining_work=3, throughput=0.5), NOW) == 4.0
+    assert slack(cand(expires_at=NOW + 10, remaining_work=5, throughput=2), NOW) == 7.5
+    assert slack(cand(expires_at=NOW + 10, throughput=-1.0), NOW) == math.inf  # no rate known
+
+
 def test_tier_by_class_aging_and_deadline():
     fresh = NOW - 10
     assert tier(cand(priority=Priority.HIGH, waiting_since=fresh), NOW, CFG) is Tier.HIGH
     assert tier(cand(priority=Priority.NORMAL, waiting_since=fresh), NOW, CFG) is Tier.NORMAL
     assert tier(cand(priority=Priority.LOW, waiting_since=fresh), NOW, CFG) is Tier.LOW
+    assert tier(cand(priority=Priority.LOW, waiting_since=NOW - 599.5), NOW, CFG) is Tier.LOW  # aging: 600 s
     assert tier(cand(priority=Priority.LOW, waiting_since=NOW - 600), NOW, CFG) is Tier.AGED
     assert tier(cand(priority=Priority.NORMAL, waiting_since=NOW - 601), NOW, CFG) is Tier.AGED
     assert tier(cand(priority=Priority.HIGH, waiting_since=NOW - 10_000), NOW, CFG) is Tier.HIGH
     urgent = cand(priority=Priority.LOW, waiting_since=NOW - 10_000, expires_at=NOW + 1)
     assert tier(urgent, NOW, CFG) is Tier.URGENT
+
+
+def test_the_five_tiers_are_distinct_and_in_order():
+    # The queue overview names each batch's tier: two tiers of one value would show one under the other's name.
+    assert [t.name for t in sorted(Tier)] == ["URGENT", "AGED", "HIGH", "NORMAL", "LOW"]
 
 
 # -- rank -----------------------------------------------------------------------------------------------
@@ -212,6 +252,7 @@ def test_correct_applies_the_measured_difference():
     assert (up.tenant_id, up.clock.vtime, up.clock.at, up.weight) == (1, pytest.approx(25.0), NOW, 2.0)
     assert correct(s, -10.0, NOW, CFG).clock.vtime == pytest.approx(15.0)
     assert correct(s, -1_000.0, NOW, CFG).clock == Clock(0.0, NOW)  # floor at 0
+    assert correct(share(1, 0.0, weight=2.0), 3.0, NOW, CFG).clock.vtime == 1.5  # 3 units at weight 2
 
 
 # -- start estimates -----------------------------------------------------------------------------------
@@ -222,9 +263,16 @@ def test_start_estimates_sum_the_work_ahead():
     assert start_estimates(ranked, 10.0) == {"a": 0.0, "b": 1.0, "c": 4.0}
 
 
+def test_start_estimates_below_one_unit_a_second_and_with_fractional_seconds():
+    ranked = [cand("a", next_shard_work=3), cand("b", next_shard_work=5), cand("c")]
+    assert start_estimates(ranked, 0.5) == {"a": 0.0, "b": 6.0, "c": 16.0}
+    assert start_estimates(ranked, 2.0) == {"a": 0.0, "b": 1.5, "c": 4.0}
+
+
 def test_start_estimates_unknown_throughput():
     ranked = [cand("a"), cand("b")]
     assert start_estimates(ranked, 0.0) == {"a": 0.0, "b": math.inf}
+    assert start_estimates(ranked, -1.0) == {"a": 0.0, "b": math.inf}
     assert start_estimates([], 10.0) == {}
 
 
