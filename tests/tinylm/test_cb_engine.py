@@ -228,7 +228,14 @@ def test_prefix_cache_reuses_a_shared_system_prompt(hf_dir):
     for request in rest:
         assert request.num_cached_tokens == shared // 16 * 16  # whole blocks of the common prefix
         assert request.num_cached_tokens >= 96
-    assert [r.choices[0].text for r in first + rest] == [count(a, a + 6) for a in (3, 10, 21)]
+    # Reused blocks change nothing: the same tokens as an engine without the cache. (Not the grammar itself: behind
+    # a 120-token system prompt the tiny model, 97.5 % exact on its own corpus, may end a count one number early,
+    # and a retrained model did so for "count from 3 to 9"; the grammar tests use short prompts.)
+    uncached = Engine(str(hf_dir), kv_budget_tokens=4096, max_seqs=8, threads=1, prefix_caching=False)
+    reference = [uncached.generate([prompt], params())[0] for prompt in prompts]
+    assert all(r.num_cached_tokens == 0 for r in reference)
+    assert [r.choices[0].text for r in first + rest] == [r.choices[0].text for r in reference]
+    assert sum(r.choices[0].text == count(a, a + 6) for r, a in zip(reference, (3, 10, 21), strict=True)) >= 2
 
 
 def test_bad_sampling_parameters_are_refused_by_name():
