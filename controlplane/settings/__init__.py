@@ -10,7 +10,6 @@ Production sets DATABASE_URL, CELERY_BROKER_URL and storage variables; see docs/
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
 import dj_database_url
 
@@ -302,31 +301,63 @@ CELERY_TASK_DEFAULT_QUEUE = queues.DEFAULT_QUEUE
 CELERY_TASK_ROUTES = {task: {"queue": queue} for task, queue in queues.TASK_QUEUES.items()}
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-
-
-def _periodic(task: str, interval_s: float) -> dict[str, Any]:
-    """A beat entry whose message is dropped unless a worker starts it within two periods (5 s at least). Every
-    periodic task re-derives its work from Postgres, so a stale one is worth nothing and the next is on its way;
-    without expiry a control worker slower than beat (a loaded host) queued a backlog of stale housekeeping, and
-    a batch's validation and finalization waited behind it (19-65 s at load 20-30, docs/PERFORMANCE.md)."""
-    return {"task": task, "schedule": timedelta(seconds=interval_s), "options": {"expires": max(2 * interval_s, 5.0)}}
-
-
 CELERY_BEAT_SCHEDULE = {
-    "rescue-expired-leases": _periodic("batches.shards_rescue", RESCUE_INTERVAL_SECONDS),
-    "expire-batches": _periodic("batches.batches_expire", EXPIRY_INTERVAL_SECONDS),
-    "slots-topup": _periodic("scheduling.slots_topup", SCHEDULER_TOPUP_INTERVAL_SECONDS),
-    "fleet-heartbeat": _periodic("fleet.heartbeat", FLEET_HEARTBEAT_INTERVAL_SECONDS),
-    "fleet-reconcile": _periodic("fleet.reconcile", FLEET_RECONCILE_INTERVAL_SECONDS),
-    "fleet-size-plan": _periodic("fleet.size_plan", FLEET_SCALING.interval_s),  # every FLEET_SIZE_INTERVAL_SECONDS
-    "outbox-relay": _periodic("core.outbox_relay", OUTBOX_RELAY_INTERVAL_SECONDS),
-    "prune-idempotency-keys": _periodic("core.idempotency_records_prune", IDEMPOTENCY_PRUNE_INTERVAL_SECONDS),
-    "expire-files": _periodic("batches.files_expire", FILE_EXPIRY_INTERVAL_SECONDS),
-    "prune-batch-history": _periodic("batches.history_prune", BATCH_RETENTION_INTERVAL_SECONDS),
-    "collect-storage": _periodic("batches.storage_collect", STORAGE_GC_INTERVAL_SECONDS),
-    "webhooks-due": _periodic("webhooks.deliveries_due", WEBHOOK_SWEEP_INTERVAL_SECONDS),
-    "usage-attribute": _periodic("usage.attribute", USAGE_ATTRIBUTION_INTERVAL_SECONDS),
-    "console-samples": _periodic("console.samples_take", CONSOLE_SAMPLES_INTERVAL_SECONDS),  # the operators' dashboards
+    "rescue-expired-leases": {
+        "task": "batches.shards_rescue",
+        "schedule": timedelta(seconds=RESCUE_INTERVAL_SECONDS),
+    },
+    "expire-batches": {
+        "task": "batches.batches_expire",
+        "schedule": timedelta(seconds=EXPIRY_INTERVAL_SECONDS),
+    },
+    "slots-topup": {
+        "task": "scheduling.slots_topup",
+        "schedule": timedelta(seconds=SCHEDULER_TOPUP_INTERVAL_SECONDS),
+    },
+    "fleet-heartbeat": {
+        "task": "fleet.heartbeat",
+        "schedule": timedelta(seconds=FLEET_HEARTBEAT_INTERVAL_SECONDS),
+    },
+    "fleet-reconcile": {
+        "task": "fleet.reconcile",
+        "schedule": timedelta(seconds=FLEET_RECONCILE_INTERVAL_SECONDS),
+    },
+    "fleet-size-plan": {  # every FLEET_SIZE_INTERVAL_SECONDS
+        "task": "fleet.size_plan",
+        "schedule": timedelta(seconds=FLEET_SCALING.interval_s),
+    },
+    "outbox-relay": {
+        "task": "core.outbox_relay",
+        "schedule": timedelta(seconds=OUTBOX_RELAY_INTERVAL_SECONDS),
+    },
+    "prune-idempotency-keys": {
+        "task": "core.idempotency_records_prune",
+        "schedule": timedelta(seconds=IDEMPOTENCY_PRUNE_INTERVAL_SECONDS),
+    },
+    "expire-files": {
+        "task": "batches.files_expire",
+        "schedule": timedelta(seconds=FILE_EXPIRY_INTERVAL_SECONDS),
+    },
+    "prune-batch-history": {
+        "task": "batches.history_prune",
+        "schedule": timedelta(seconds=BATCH_RETENTION_INTERVAL_SECONDS),
+    },
+    "collect-storage": {
+        "task": "batches.storage_collect",
+        "schedule": timedelta(seconds=STORAGE_GC_INTERVAL_SECONDS),
+    },
+    "webhooks-due": {
+        "task": "webhooks.deliveries_due",
+        "schedule": timedelta(seconds=WEBHOOK_SWEEP_INTERVAL_SECONDS),
+    },
+    "usage-attribute": {
+        "task": "usage.attribute",
+        "schedule": USAGE_ATTRIBUTION_INTERVAL_SECONDS,
+    },
+    "console-samples": {  # the operators' dashboards
+        "task": "console.samples_take",
+        "schedule": timedelta(seconds=CONSOLE_SAMPLES_INTERVAL_SECONDS),
+    },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
