@@ -30,7 +30,6 @@ import argparse
 import io
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -47,6 +46,7 @@ import psycopg  # noqa: E402
 import redis  # noqa: E402
 
 from bench.proctrees import RssSampler, cpu_snapshot  # noqa: E402
+from bench.profiles import summarise_profile  # noqa: E402
 
 ADMIN_DB_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 # The benchmark flushes its broker DB: BENCH_BROKER_URL moves it off a DB something else on the host uses.
@@ -276,35 +276,6 @@ class Bench:
             self.stack.stop()
         with psycopg.connect(ADMIN_DB_URL, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
-
-
-def summarise_profile(raw: Path, out: Path, top: int = 25) -> str:
-    """Self time and inclusive time per function from py-spy's collapsed stacks, idle frames dropped."""
-    idle = ("wait (threading.py", "select (selectors.py", "_recv_into", "poll (", "sleep", "epoll", "acquire")
-    own: dict[str, int] = {}
-    inclusive: dict[str, int] = {}
-    total = 0
-    for line in raw.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        # "func (path:line)" → "func (path)": a function's call sites count as one; process frames go.
-        frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";") if not f.startswith("process ")]
-        if not frames or any(marker in frames[-1] for marker in idle):
-            continue
-        samples = int(count)
-        total += samples
-        own[frames[-1]] = own.get(frames[-1], 0) + samples
-        for frame in set(frames):
-            inclusive[frame] = inclusive.get(frame, 0) + samples
-    lines = [f"busy samples: {total}", "", "self %   function"]
-    for frame, samples in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
-        lines.append(f"{100 * samples / max(total, 1):5.1f}   {frame}")
-    lines += ["", "incl %   function (controlplane frames)"]
-    ours = [(f, s) for f, s in inclusive.items() if "controlplane" in f]
-    for frame, samples in sorted(ours, key=lambda kv: -kv[1])[:top]:
-        lines.append(f"{100 * samples / max(total, 1):5.1f}   {frame}")
-    text = "\n".join(lines)
-    out.write_text(text + "\n")
-    return text
 
 
 def main() -> int:
