@@ -88,8 +88,11 @@ def _wait_logged(stack: Stack, names: list[str], text: str, timeout_s: float = 2
     raise AssertionError(f"{names} did not log {text!r}")
 
 
+STOP_TIMEOUT_S = 3.0
+
+
 def test_stop_signals_every_child_first_then_shares_one_deadline(tmp_path):
-    stack = Stack(var_dir=tmp_path, with_triton=False, stop_timeout_s=1.0)
+    stack = Stack(var_dir=tmp_path, with_triton=False, stop_timeout_s=STOP_TIMEOUT_S)
     stubborn = [
         sys.executable,
         "-c",
@@ -105,8 +108,9 @@ def test_stop_signals_every_child_first_then_shares_one_deadline(tmp_path):
     started = time.monotonic()
     stack.stop()
     elapsed = time.monotonic() - started
-    # Four children ignoring SIGTERM cost one 1 s deadline together, not 1 s (or 20 s) each.
-    assert elapsed < 2.5, elapsed
+    # Four children ignoring SIGTERM cost one deadline together (3 s), not one each (12 s); the margin between
+    # is for a loaded host (a 1 s deadline against a 2.5 s bound left too little).
+    assert STOP_TIMEOUT_S <= elapsed < 2.5 * STOP_TIMEOUT_S, elapsed
     assert all(proc.returncode is not None for proc in procs)
     assert sorted(proc.returncode for proc in procs) == sorted([-signal.SIGKILL] * 4 + [-signal.SIGTERM])
     assert stack.procs == {}
