@@ -181,6 +181,37 @@ def test_the_callers_is_cancelled_is_asked_at_most_every_poll_interval_and_acted
     assert time.monotonic() - cancelled_at < poll_s + 0.7  # within the poll interval (+ a loaded host's step)
 
 
+def test_a_poll_asks_at_most_a_batch_of_requests_in_turn(hf_dir):
+    # With many requests in flight every poll asking all of them held the engine thread in IPC round trips; a
+    # poll asks cancel_poll_batch of them, round robin, so each is still asked every ceil(n / batch) polls.
+    from cb_engine import Engine
+
+    engine = Engine(str(hf_dir), kv_budget_tokens=4096, max_seqs=4, threads=1, cancel_poll_s=0, cancel_poll_batch=3)
+    asked: list[str] = []
+    doomed = {"r6"}  # waiting behind the 4 running: a waiting request is asked too
+
+    def is_cancelled(request_id: str):
+        return lambda: asked.append(request_id) or request_id in doomed
+
+    requests = [
+        engine.submit(
+            "count from 0 to 9 :",
+            params(max_tokens=40, ignore_eos=True),
+            request_id=f"r{i}",
+            on_update=lambda r: None,
+            is_cancelled=is_cancelled(f"r{i}"),
+        )
+        for i in range(8)
+    ]
+    engine.step()
+    assert len(asked) == 3
+    engine.step()
+    engine.step()
+    assert len(asked) == 9 and set(asked) == {f"r{i}" for i in range(8)}  # each asked once in 3 polls
+    assert requests[6].finished and requests[6].cancelled  # within ceil(8 / 3) = 3 polls
+    assert not any(r.finished for r in requests[:6])
+
+
 def test_kv_budget_bounds_what_runs(hf_dir):
     from cb_engine import Engine
 
