@@ -91,10 +91,13 @@ MODULES: dict[str, tuple[str, list[str]]] = {
 # Per mutant: a mutant that makes its tests hang (a loop that never ends) counts as killed at this limit. Each
 # test also gets pytest-timeout's limit of ten times its unmutated duration (at least a minute: the host is noisy).
 TIMEOUT_SECONDS = 600.0
+# Files git ignores that tests read: tinylm's tokenizer (written by `make install`) validates a chat batch.
+IGNORED_INPUTS = ["triton_models/tinylm/1/hf"]
 
 
 def _scratch_copy() -> Path:
-    """The tracked files and the untracked ones git does not ignore, as the working tree has them now."""
+    """The tracked files and the untracked ones git does not ignore, as the working tree has them now, and the
+    ignored inputs the tests need."""
     root = Path(tempfile.mkdtemp(prefix="mutation-"))
     listed = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
@@ -108,6 +111,9 @@ def _scratch_copy() -> Path:
             target = root / raw.decode()
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)
+    for path in IGNORED_INPUTS:
+        if (REPO / path).is_dir() and not (root / path).exists():
+            shutil.copytree(REPO / path, root / path)
     (root / ".venv").symlink_to((REPO / ".venv").resolve())
     return root
 

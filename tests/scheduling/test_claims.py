@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from controlplane.batches.models import Batch, Shard, ShardStatus
+from controlplane.batches.models import Batch, BatchEvent, Shard, ShardStatus
 from controlplane.core import dispatch
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import TokenCounts
@@ -143,6 +143,8 @@ def test_batch_at_deadline_risk_is_promoted(quiet, settings):
     # The low batch's remaining rows (12 s of work) need more than half of the 10 s it has left.
     Batch.objects.filter(id=low.id).update(expires_at=timezone.now() + timedelta(seconds=10))
     assert shard_claim_next(model=_identity(), owner="t").batch_id == low.id
+    promoted = BatchEvent.objects.filter(kind="deadline_promoted").values_list("batch_id", flat=True)
+    assert list(promoted) == [low.id]  # the audit trail says why it overtook the high batch, once
 
 
 def test_fifo_policy_serves_the_oldest_batch_first(quiet, settings):
@@ -240,7 +242,10 @@ def test_the_speed_estimate_counts_what_a_shard_cost_its_slot(quiet):
     assert settled(None) < before
 
 
-def test_settling_a_text_shard_corrects_the_charge_by_measured_minus_estimated(quiet, settings):
+# Measured above and below the estimate; a weight under 1; a weight of 0, which Tenant.clean refuses but a
+# plain UPDATE can write: it is charged as the smallest weight (1e-6) rather than failing every claim.
+@pytest.mark.parametrize(("weight", "delta"), [(2.0, 7), (0.5, -3), (0.0, 7)])
+def test_settling_a_text_shard_corrects_the_charge_by_measured_minus_estimated(quiet, settings, weight, delta):
     """A text shard is charged its estimated work units at claim; when it settles with the tokenizer's count,
     shard_settle moves the tenant's virtual time by (measured - estimated) / weight and its served work to the
     measured count."""
@@ -249,18 +254,20 @@ def test_settling_a_text_shard_corrects_the_charge_by_measured_minus_estimated(q
     from controlplane.scheduling.claims import shard_settle
 
     settings.SCHEDULER_HALF_LIFE_SECONDS = math.inf  # nothing decays between the claim and the settle
-    tenant = new_tenant("tokens", weight=2.0)
+    tenant = new_tenant("tokens", weight=weight)
+    charged_weight = max(weight, 1e-6)
     file = upload(tenant, jsonl([embedding_line(f"e{i}", f"a few words, line {i}") for i in range(2)]))
     batch = services.batch_create(
         tenant=tenant, input_file_id=file.id, endpoint="/v1/embeddings", completion_window="24h", priority=None
     )
     services.batch_validate(batch_id=batch.id)
     shard = shard_claim_next(model=CatalogueModel.objects.get(name="all-MiniLM-L6-v2"), owner="t")
-    assert shard is not None and shard.work_units > 0
+    assert shard is not None and shard.work_units > 3
     charged = TenantShare.objects.get(tenant_id=tenant.id)
     assert charged.served_work_units == shard.work_units
-    assert charged.vtime == pytest.approx(shard.work_units / 2.0)  # the first claim: the system clock starts at 0
-    measured = shard.work_units + 7
+    # The first claim: the system clock starts at 0.
+    assert charged.vtime == pytest.approx(shard.work_units / charged_weight)
+    measured = shard.work_units + delta
     summary = PartSummary("p", 2, 0, TokenCounts(input=measured), False)
     assert shard_commit(shard_id=shard.id, attempt=shard.attempt, summary=summary)
 
@@ -268,7 +275,7 @@ def test_settling_a_text_shard_corrects_the_charge_by_measured_minus_estimated(q
 
     settled = TenantShare.objects.get(tenant_id=tenant.id)
     assert settled.served_work_units == measured
-    assert settled.vtime == pytest.approx(charged.vtime + 7 / 2.0)
+    assert settled.vtime == pytest.approx(charged.vtime + delta / charged_weight)
 
 
 def test_settling_folds_completion_per_choice_into_the_models_expectation(quiet):
@@ -302,3 +309,51 @@ def test_settling_a_shard_that_has_not_succeeded_changes_nothing(quiet):
 
     assert TenantShare.objects.values("vtime", "served_work_units").get(tenant_id=shard.batch.tenant_id) == charged
     assert _identity().seconds_per_work_unit == speed
+
+
+def test_settling_a_chat_shard_weighs_completion_tokens_by_the_pinned_model(quiet, settings):
+    """A generation shard's measured work is prompt + completion_weight × completion tokens, with the weight of
+    the catalogue entry the batch was validated against (its snapshot), not the live entry edited since."""
+    from controlplane.batches import services
+    from controlplane.batches.run.shards import PartSummary, shard_commit
+    from controlplane.scheduling.claims import shard_settle
+
+    settings.SCHEDULER_HALF_LIFE_SECONDS = math.inf
+    tenant = new_tenant("chat")
+    line = {"model": "tinylm", "messages": [{"role": "user", "content": "count to five"}], "max_tokens": 8}
+    file = upload(tenant, jsonl([{"custom_id": "c0", "method": "POST", "url": "/v1/chat/completions", "body": line}]))
+    batch = services.batch_create(
+        tenant=tenant, input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h", priority=None
+    )
+    services.batch_validate(batch_id=batch.id)
+    assert Batch.objects.get(id=batch.id).model_snapshot["completion_weight"] == 20.0  # the shipped entry's
+    CatalogueModel.objects.filter(name="tinylm").update(completion_weight=5.0)  # edited while the batch runs
+    shard = shard_claim_next(model=CatalogueModel.objects.get(name="tinylm"), owner="t")
+    assert shard is not None
+    summary = PartSummary("p", 1, 0, TokenCounts(input=30, output=4, choices=1), False)
+    assert shard_commit(shard_id=shard.id, attempt=shard.attempt, summary=summary)
+
+    shard_settle(shard_id=shard.id)
+
+    assert TenantShare.objects.get(tenant_id=tenant.id).served_work_units == 30 + 20.0 * 4
+
+
+def test_a_negative_or_zero_shard_time_leaves_the_speed_estimate_alone(quiet):
+    """A shard's finished_at before its started_at (clocks skewed across hosts) or a zero cycle measures
+    nothing: the model's seconds per work unit stays as it was."""
+    from controlplane.batches.run.shards import PartSummary, shard_commit
+    from controlplane.scheduling.claims import shard_settle
+
+    runnable_batch(new_tenant("skew"), 4)  # two shards of two rows
+    CatalogueModel.objects.filter(name="identity").update(seconds_per_work_unit=0.5)
+    for cycle_seconds in [None, 0.0]:
+        shard = shard_claim_next(model=_identity(), owner="t")
+        assert shard_commit(
+            shard_id=shard.id, attempt=shard.attempt, summary=PartSummary("p", 2, 0, TokenCounts(), False)
+        )
+        finished = Shard.objects.get(id=shard.id).finished_at
+        Shard.objects.filter(id=shard.id).update(started_at=finished + timedelta(seconds=5))
+
+        shard_settle(shard_id=shard.id, cycle_seconds=cycle_seconds)
+
+        assert _identity().seconds_per_work_unit == 0.5
