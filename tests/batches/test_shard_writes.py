@@ -168,6 +168,27 @@ def test_a_shard_past_its_lease_budget_dies_when_its_lease_next_expires(sent, se
     assert sent == [(dispatch.FINALIZE, [shard.batch_id])]
 
 
+def test_a_rescue_leaves_alone_a_shard_its_slow_worker_gave_back_meanwhile(sent, monkeypatch):
+    """The rescuer reads the expired shards first and then takes each with a conditional UPDATE: a worker that
+    was only slow may release its shard in between, and the rescue must then neither record nor report it."""
+    batch = runnable_batch(new_tenant("race"), 4)  # two shards
+    for shard in Shard.objects.filter(batch=batch):
+        _expire(_claim(shard))
+    given_back: list[int] = []
+
+    def send(task_name: str, args: list) -> None:
+        if not given_back:  # the first rescue has committed (its top-up goes out): the other's worker releases
+            [late] = Shard.objects.filter(batch=batch, status=ShardStatus.RUNNING)
+            given_back.append(late.index)
+            assert shard_release(shard_id=late.id, attempt=1, error="unavailable", content_failure=False)
+
+    monkeypatch.setattr(dispatch, "send", send)
+    [rescued] = shards_rescue()
+    assert given_back == [1 - Shard.objects.get(id=rescued).index]
+    rescues = BatchEvent.objects.filter(batch=batch, kind__startswith="shard_rescued")
+    assert list(rescues.values_list("shard_index", flat=True)) == [1 - given_back[0]]
+
+
 def test_a_stranded_pending_shard_of_a_stopping_batch_is_closed_once(sent):
     batch = runnable_batch(new_tenant("stranded"), 4)
     first = Shard.objects.get(batch=batch, index=0)
