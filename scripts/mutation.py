@@ -62,6 +62,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "tests/batches/test_dead_letters.py",
             "tests/batches/test_rescue_deadlines.py",
             "tests/batches/test_lifecycle.py",
+            "tests/batches/test_shard_writes.py",
         ],
     ),
     "finalize": (
