@@ -1,6 +1,6 @@
 """Finalization's merge (batches/results/finalize.py) of a shard's part with the lines the part lacks, on parts
 the test writes itself, as a worker would: a shard stopped midway holds results for some lines anywhere in its
-range, and finalization relies on a part being in line order."""
+range, a succeeded one for all of them, and finalization relies on a part being in line order."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from controlplane.batches.run.parts import encode_entry
 from controlplane.batches.run.records import failed_response_record, output_record
 from controlplane.batches.run.shards import PartSummary, shard_commit
 from controlplane.core import dispatch
-from controlplane.files.storage import blob_save
+from controlplane.files.models import File
+from controlplane.files.storage import blob_delete, blob_save
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import TokenCounts
 from controlplane.scheduling.claims import shard_claim_next
@@ -85,6 +86,20 @@ def test_a_stopped_shard_keeps_its_results_and_reports_each_other_line_once_in_i
     ]
     expected = [(f"r{n}", 400 if n == 257 else "batch_cancelled") for n in range(1, 301) if n not in (2, 100, 258, 300)]
     assert errors == expected
+
+
+def test_a_succeeded_shard_is_copied_from_its_part_without_reading_the_input_again(tenant, one_shard):
+    """Its part holds every line, so the input (which may be gigabytes) is read again only for shards whose part
+    lacks lines. Deleting it before finalization shows whether it is read."""
+    shard = _claimed(tenant, [embedding_line(f"r{n}", "text") for n in (1, 2, 3)])
+    _commit(shard, [(1, "out"), (2, "err"), (3, "out")], stopped=False)
+    batch = Batch.objects.get(id=shard.batch_id)
+    blob_delete(File.objects.get(id=batch.input_file_id).storage_name)
+    assert batch_try_finalize(batch_id=batch.id) is True
+    batch = Batch.objects.get(id=batch.id)
+    assert (batch.status, batch.completed_lines, batch.failed_lines) == (BatchStatus.COMPLETED, 2, 1)
+    assert [r["custom_id"] for r in _read(batch.output_file_id)] == ["r1", "r3"]
+    assert [r["custom_id"] for r in _read(batch.error_file_id)] == ["r2"]
 
 
 @pytest.mark.parametrize(("order", "message"), [([1, 3, 2], "2 after 3"), ([1, 2, 2, 3], "2 after 2")])
