@@ -17,6 +17,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
+from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard, ShardStatus
 from controlplane.batches.results import finalize
 from controlplane.batches.run.shards import (
@@ -29,6 +30,7 @@ from controlplane.batches.run.shards import (
 )
 from controlplane.core import dispatch
 from controlplane.files.models import File
+from controlplane.files.services import file_delete
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import TokenCounts
 from controlplane.scheduling.claims import shard_claim_next
@@ -142,6 +144,23 @@ def test_a_finalizer_overtaken_by_its_restart_leaves_nothing_behind(settings, mo
     assert list(outputs.values_list("id", flat=True)) == [batch.output_file_id]
     blobs = sorted(path.name for path in (storage_dir / "results").rglob("*.jsonl"))
     assert blobs == [outputs.get().storage_name.rsplit("/", 1)[1]], "the losing finalizer's blob is left behind"
+
+
+def test_a_finalizer_that_finds_its_batch_finished_reads_nothing(settings, monkeypatch, catalogue, storage_dir):
+    """A finalizer that moved its batch to finalizing may stall past FINALIZE_STALE_SECONDS: the restart finishes
+    the batch, whose tenant may then delete the input file. When the stalled one goes on, it stops at the
+    batch's status rather than read the parts and the input again (the input is gone: that would fail)."""
+    monkeypatch.setattr(dispatch, "send", lambda task_name, args: None)
+    settings.SHARD_MAX_LINES = 2
+    batch = runnable_batch(new_tenant("stalled"), 4)
+    services.batch_cancel(batch=batch)  # both shards are skipped: their lines are read from the input
+    assert finalize.batch_try_finalize(batch_id=batch.id) is True  # the restart
+    file_delete(file=File.objects.get(id=batch.input_file_id))
+    finished, stored = Batch.objects.get(id=batch.id), sorted(storage_dir.rglob("*"))
+    finalize.batch_finalize(batch_id=batch.id)  # the stalled finalizer goes on
+    assert sorted(storage_dir.rglob("*")) == stored
+    batch.refresh_from_db()
+    assert (batch.status, batch.error_file_id) == (BatchStatus.CANCELLED, finished.error_file_id)
 
 
 def _wait_until_this_transaction_is_waited_for(seconds: float = 60) -> bool:
