@@ -67,7 +67,14 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     ),
     "finalize": (
         "controlplane/batches/results/finalize.py",
-        ["tests/batches/test_fences.py", "tests/batches/test_rescue_deadlines.py", "tests/batches/test_lifecycle.py"],
+        [
+            "tests/batches/test_fences.py",
+            "tests/batches/test_rescue_deadlines.py",
+            "tests/batches/test_lifecycle.py",
+            "tests/batches/test_finalize_merge.py",
+            # The dead shard of a cancelled batch: its lines are internal_error, not batch_cancelled.
+            "tests/batches/test_dead_letters.py",
+        ],
     ),
     "policy": (
         "controlplane/scheduling/policy.py",

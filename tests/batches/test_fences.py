@@ -4,22 +4,33 @@ one write is removed: the stale worker's call would then match the row the curre
 
 Finalization has its fence too (batches/results/finalize.py): a finalizer presumed dead is restarted, and
 only one of the two may finish the batch (``status=FINALIZING`` in transitions.batch_finish); the slower
-one leaves no file, row or event behind."""
+one leaves no file, row or event behind. Nor can a finalization and an operator's requeue of a dead shard both
+win: the finalizer checks for open shards again under the batch row lock that the requeue takes."""
 
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
+from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard, ShardStatus
 from controlplane.batches.results import finalize
-from controlplane.batches.run.shards import PartSummary, shard_commit, shard_release, shard_renew, shards_rescue
+from controlplane.batches.run.shards import (
+    PartSummary,
+    shard_commit,
+    shard_release,
+    shard_renew,
+    shard_requeue,
+    shards_rescue,
+)
 from controlplane.core import dispatch
 from controlplane.files.models import File
+from controlplane.files.services import file_delete
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import TokenCounts
 from controlplane.scheduling.claims import shard_claim_next
@@ -133,3 +144,75 @@ def test_a_finalizer_overtaken_by_its_restart_leaves_nothing_behind(settings, mo
     assert list(outputs.values_list("id", flat=True)) == [batch.output_file_id]
     blobs = sorted(path.name for path in (storage_dir / "results").rglob("*.jsonl"))
     assert blobs == [outputs.get().storage_name.rsplit("/", 1)[1]], "the losing finalizer's blob is left behind"
+
+
+def test_a_finalizer_that_finds_its_batch_finished_reads_nothing(settings, monkeypatch, catalogue, storage_dir):
+    """A finalizer that moved its batch to finalizing may stall past FINALIZE_STALE_SECONDS: the restart finishes
+    the batch, whose tenant may then delete the input file. When the stalled one goes on, it stops at the
+    batch's status rather than read the parts and the input again (the input is gone: that would fail)."""
+    monkeypatch.setattr(dispatch, "send", lambda task_name, args: None)
+    settings.SHARD_MAX_LINES = 2
+    batch = runnable_batch(new_tenant("stalled"), 4)
+    services.batch_cancel(batch=batch)  # both shards are skipped: their lines are read from the input
+    assert finalize.batch_try_finalize(batch_id=batch.id) is True  # the restart
+    file_delete(file=File.objects.get(id=batch.input_file_id))
+    finished, stored = Batch.objects.get(id=batch.id), sorted(storage_dir.rglob("*"))
+    finalize.batch_finalize(batch_id=batch.id)  # the stalled finalizer goes on
+    assert sorted(storage_dir.rglob("*")) == stored
+    batch.refresh_from_db()
+    assert (batch.status, batch.error_file_id) == (BatchStatus.CANCELLED, finished.error_file_id)
+
+
+def _wait_until_this_transaction_is_waited_for(seconds: float = 60) -> bool:
+    """Whether another session came to wait for a lock this transaction holds (Postgres' pg_locks: a waiter
+    on a row lock waits on the holder's transaction id), polled until ``seconds`` pass."""
+    deadline = time.monotonic() + seconds
+    with connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'transactionid' AND NOT granted"
+                " AND transactionid::text::bigint = txid_current() % 4294967296)"
+            )
+            if cursor.fetchone()[0]:
+                return True
+            time.sleep(0.01)
+    return False
+
+
+@pytest.mark.row_locks
+def test_a_shard_requeued_while_the_finalizer_waits_for_the_batch_row_keeps_the_batch_open(
+    settings, monkeypatch, catalogue
+):
+    """The batch's one shard is dead, so the finalizer sees no open shard; an operator requeues it meanwhile,
+    under the batch row lock, and commits once the finalizer waits for that lock. Checking again under the lock,
+    the finalizer leaves the batch open: the requeued shard is not left pending in a finished batch."""
+    monkeypatch.setattr(dispatch, "send", lambda task_name, args: None)  # the rescuer's finalize message is lost
+    settings.SHARD_MAX_LINES = 2
+    settings.SHARD_MAX_LEASE_EXPIRIES = 1
+    batch = runnable_batch(new_tenant("requeued"), 2)
+    shard = shard_claim_next(model=CatalogueModel.objects.get(name="identity"), owner="w1")
+    assert shard is not None
+    Shard.objects.filter(id=shard.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    shards_rescue()
+    assert _row(shard).status == ShardStatus.DEAD
+    requeued, waited = threading.Event(), []
+
+    def operator() -> None:
+        try:
+            with transaction.atomic():
+                shard_requeue(shard_id=shard.id, actor="ops")
+                requeued.set()
+                waited.append(_wait_until_this_transaction_is_waited_for())
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=operator)
+    thread.start()
+    try:
+        assert requeued.wait(60)
+        assert finalize.batch_try_finalize(batch_id=batch.id) is False
+    finally:
+        thread.join(60)
+    assert waited == [True], "the finalizer never waited for the batch row"
+    assert Batch.objects.get(id=batch.id).status == BatchStatus.IN_PROGRESS
+    assert _row(shard).status == ShardStatus.PENDING

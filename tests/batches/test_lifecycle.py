@@ -135,9 +135,11 @@ def test_cancel_keeps_finished_lines_and_accounts_for_the_rest(tenant, eager):
     batch = _create(tenant, lines)
     services.batch_validate(batch_id=batch.id)
     assert run_shard(Shard.objects.get(batch=batch, index=0), FakeBackend()) == "succeeded"
+    assert batch_try_finalize(batch_id=batch.id) is False  # two shards are still pending
     services.batch_cancel(batch=Batch.objects.get(id=batch.id))
     assert Batch.objects.get(id=batch.id).status == BatchStatus.CANCELLING
-    batch_try_finalize(batch_id=batch.id)
+    assert batch_try_finalize(batch_id=batch.id) is True
+    assert batch_try_finalize(batch_id=batch.id) is False  # finalized already: a late message does nothing
     batch = Batch.objects.get(id=batch.id)
     assert batch.status == BatchStatus.CANCELLED and batch.cancelled_at is not None
     output, errors = _read(batch.output_file_id), _read(batch.error_file_id)

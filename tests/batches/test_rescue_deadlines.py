@@ -121,7 +121,7 @@ def test_beat_rescuer_covers_validating(tenant, sent):
 # --- finalizing -------------------------------------------------------------------------------------------
 
 
-def test_missing_part_becomes_part_lost_lines_not_an_endless_retry(tenant, sent):
+def test_missing_part_becomes_part_lost_lines_not_an_endless_retry(tenant, sent, caplog):
     batch = _validated(tenant, 8)  # two shards of four
     first, second = Shard.objects.filter(batch=batch).order_by("index")
     assert _run(first) == "succeeded"
@@ -135,6 +135,9 @@ def test_missing_part_becomes_part_lost_lines_not_an_endless_retry(tenant, sent)
     assert "lost in storage" in errors[0]["error"]["message"]
     assert [o["custom_id"] for o in _read(batch.output_file_id)] == [f"r{i}" for i in range(4, 8)]
     assert BatchEvent.objects.get(batch=batch, kind="part_lost").shard_index == 0
+    # The log says which part and carries storage's own error, for whoever looks for where it went.
+    [warning] = [record for record in caplog.records if "is lost" in record.getMessage()]
+    assert warning.exc_info and warning.exc_info[0] is FileNotFoundError
 
 
 def test_dead_finalizer_is_restarted_after_the_setting(tenant, sent, settings):
@@ -179,6 +182,16 @@ def test_cancelling_batch_with_a_lost_finalize_message_is_finalized(tenant, sent
     assert Batch.objects.get(id=batch.id).status == BatchStatus.CANCELLING
     tasks.shards_rescue_task()
     assert Batch.objects.get(id=batch.id).status == BatchStatus.CANCELLED
+
+
+def test_the_rescuer_finalizes_the_batches_whose_shards_are_all_closed_and_names_them(tenant, sent):
+    lost = _validated(tenant, 4)
+    services.batch_cancel(batch=lost)  # the finalize message it sends is never delivered
+    running = _validated(tenant, 4)  # its shard is pending
+    assert batches_finalize_stuck() == [lost.id]
+    assert Batch.objects.get(id=lost.id).status == BatchStatus.CANCELLED
+    assert Batch.objects.get(id=running.id).status == BatchStatus.IN_PROGRESS
+    assert batches_finalize_stuck() == []
 
 
 class _SlowStream:
