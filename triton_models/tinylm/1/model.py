@@ -51,7 +51,7 @@ class _Outbox:
     (docs/PERFORMANCE.md, session 14), which the engine thread spent idle, between steps, for every answer."""
 
     def __init__(self, engine):
-        from cb_engine import name_os_thread
+        from cb_threads import name_os_thread
 
         self._engine, self._name = engine, name_os_thread
         self._queue = queue.SimpleQueue()
