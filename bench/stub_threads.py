@@ -2,8 +2,8 @@
 
 A tritonserver of its own serves tinylm alone (no control plane); the corpus goes over one gRPC stream as the
 shard worker sends it (one non-streamed response per line). Before and after each round the CPU seconds of
-every thread of the stub are read from /proc/<stub>/task/<tid>/stat. The model's threads name themselves
-(`cb-engine`: the step loop; `tinylm-send`: the response sender); the stub's main thread (tid = pid) runs
+every thread of the stub are read from /proc/<stub>/task/<tid>/stat. The engine's step loop names itself
+(`cb-engine`); the stub's main thread (tid = pid) runs
 `execute`; the rest keep the stub's name (the busy one is the stub-to-parent thread that carries each
 `is_cancelled()` to tritonserver). The same prompts then run through the engine in this process, timed by
 `time.thread_time`. Rounds alternate. Compare CPU seconds: the wall-time ratio is the scheduler's as much as
@@ -61,7 +61,7 @@ def stub_pid(server_pid: int) -> int:
 def role(pid: int, tid: int, name: str) -> str:
     if tid == pid:
         return "main (execute)"
-    # The engine's threads name themselves (cb-engine, tinylm-send); the stub's own keep its process name.
+    # The engine's step loop names itself (cb-engine); the stub's own threads keep its process name.
     return f"stub thread {tid - pid:+d}" if name.startswith("triton_python") else name
 
 

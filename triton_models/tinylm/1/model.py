@@ -11,9 +11,7 @@ final. A request the engine cannot take gets its own error response; its neighbo
 """
 
 import json
-import queue
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -45,62 +43,31 @@ def _error(message, code_name="INVALID_ARG"):
     return pb_utils.TritonError(message, code)
 
 
-class _Outbox:
-    """Sends the engine's responses from a thread of its own, in the order given. A response sender's `send`
-    waits until tritonserver has taken the response: ~0.06 ms of CPU but 1-2 ms of wall time on a loaded host
-    (docs/PERFORMANCE.md, session 14), which the engine thread spent idle, between steps, for every answer."""
-
-    def __init__(self, engine):
-        from cb_threads import name_os_thread
-
-        self._engine, self._name = engine, name_os_thread
-        self._queue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="tinylm-send", daemon=True)
-        self._thread.start()
-
-    def send(self, request_id, sender, response, flags=0):
-        self._queue.put((request_id, sender, response, flags))
-
-    def _run(self):
-        self._name("tinylm-send")
-        while (item := self._queue.get()) is not None:
-            request_id, sender, response, flags = item
-            try:
-                sender.send(response, flags=flags)
-            except Exception as exc:  # noqa: BLE001 - as a failed on_update did: this request stops, no other
-                pb_utils.Logger.log_error(f"tinylm could not answer {request_id}: {exc}; cancelling it")
-                self._engine.cancel(request_id)
-
-    def close(self):
-        """Send what is queued, then stop."""
-        self._queue.put(None)
-        self._thread.join(timeout=10)
-
-
 class _Stream:
     """What has been sent to one Triton request so far (the deltas of the next streamed response)."""
 
-    def __init__(self, outbox, sender, engine, prompt, stream, prepend, flags):
-        self.outbox, self.sender, self.engine, self.prompt = outbox, sender, engine, prompt
+    def __init__(self, sender, engine, prompt, stream, prepend, flags):
+        self.sender, self.engine, self.prompt = sender, engine, prompt
         self.stream, self.prepend, self.flags = stream, prepend, flags
         self.sent_chars, self.sent_tokens = {}, {}
 
     def on_update(self, request):
-        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         if request.error is not None:
-            self._send(request, pb_utils.InferenceResponse(error=_error(request.error, "INTERNAL")), final)
+            self.sender.send(
+                pb_utils.InferenceResponse(error=_error(request.error, "INTERNAL")),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )
         elif request.cancelled:
             generated = max(len(c.token_ids) for c in request.choices)
             pb_utils.Logger.log_info(f"tinylm cancelled {request.request_id} after {generated} tokens")
-            self._send(request, pb_utils.InferenceResponse(error=_error("Request was cancelled", "CANCELLED")), final)
+            self.sender.send(
+                pb_utils.InferenceResponse(error=_error("Request was cancelled", "CANCELLED")),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )
         elif request.finished:
-            self._send(request, self._response(request), final)
+            self.sender.send(self._response(request), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         elif self.stream:
-            self._send(request, self._response(request))
-
-    def _send(self, request, response, flags=0):
-        # Built here, on the engine thread that owns the request; sent by the outbox's thread.
-        self.outbox.send(request.request_id, self.sender, response, flags)
+            self.sender.send(self._response(request))
 
     def _response(self, request):
         texts, reasons, logprobs, counts = [], [], [], []
@@ -183,20 +150,12 @@ class TritonPythonModel:
             device=device,
             threads=int(_parameter(config, "INTRA_OP_THREADS", "1")),
         )
-        self._outbox = _Outbox(self.engine)
         self.engine.start()
         self._counter = 0
         pb_utils.Logger.log_info(
             f"tinylm instance {args['model_instance_name']} loaded {hf_dir} on {device} in "
             f"{time.monotonic() - started:.2f}s: KV budget {self.engine.kv_budget_tokens} tokens, "
             f"max {self.engine.max_seqs} sequences, context {self.engine.context_length}"
-        )
-        import torch
-
-        # The settings the engine thread runs under, for comparing the stub with the engine in one process.
-        pb_utils.Logger.log_info(
-            f"tinylm torch: intra-op {torch.get_num_threads()}, inter-op {torch.get_num_interop_threads()}, "
-            f"grad {torch.is_grad_enabled()}; stub main thread {threading.get_native_id()}"
         )
 
     def execute(self, requests):
@@ -225,7 +184,7 @@ class TritonPythonModel:
         raw = pb_utils.get_input_tensor_by_name(request, "sampling_parameters")
         params = self._sampling_params.from_json(raw.as_numpy().reshape(-1)[0] if raw is not None else None)
         flags = {name for name in _FLAGS if _bool_input(request, name, False)}
-        state = _Stream(self._outbox, sender, self.engine, prompt, stream, not exclude, flags)
+        state = _Stream(sender, self.engine, prompt, stream, not exclude, flags)
         self._counter += 1
         self.engine.submit(
             prompt,
@@ -238,4 +197,3 @@ class TritonPythonModel:
 
     def finalize(self):
         self.engine.stop()
-        self._outbox.close()
