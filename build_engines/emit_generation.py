@@ -268,6 +268,9 @@ def generation_manifest(
         "structured_outputs": True,
         "dtype": serving_dtype(spec, facts),
         "hf_dir": spec.served_hf_path(),
+        # As the spec names it: relative to the model repository on every machine (the control plane finds the
+        # tokenizer in its own copy of the repository with it), or absolute.
+        "hf_model": spec.hf_model,
         "tokenizer_dir": spec.served_hf_path(),  # the service tokenizes and applies the chat template from it
         "estimate": figures,
         "model_checks": "passed" if facts is not None else f"not run: no config.json in {spec.hf_dir(folder.parent)}",

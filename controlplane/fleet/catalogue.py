@@ -1,4 +1,5 @@
-"""Catalogue entries for models built by `python -m build_engines`.
+"""Catalogue entries for models built by `python -m build_engines`: embeddings models (here) and generation
+models (the fields: catalogue_generation.py).
 
 The manifest that `export` writes beside every artefact is the contract: this module reads it as plain
 JSON, checks that the file Triton will serve is the one the manifest describes, and takes the interface
@@ -15,6 +16,7 @@ from django.conf import settings
 from django.db import transaction
 
 from controlplane.core.errors import ValidationFailed
+from controlplane.fleet.catalogue_generation import generation_interface, generation_profile
 from controlplane.fleet.models import CatalogueModel, ModelKind
 from controlplane.triton.client import repository_model_config
 
@@ -32,17 +34,26 @@ DEFAULT_LOAD_SECONDS = 15.0
 
 
 def catalogue_register_from_manifest(
-    *, manifest_path: Path, name: str, triton_name: str, model_repository: Path | None = None
+    *,
+    manifest_path: Path,
+    name: str,
+    triton_name: str,
+    model_repository: Path | None = None,
+    tokenizer_dir: Path | None = None,
 ) -> CatalogueModel:
     """Create or update the catalogue entry `name` served by Triton model `triton_name`.
 
-    Invariants: the artefact beside the manifest and the copy in `model_repository/<triton_name>/1/`
-    both hash to the manifest's sha256 (else ValidationFailed, nothing written); the emitted config
-    declares the embeddings interface. Updating an entry refreshes its interface but keeps its placement
-    profile, which the planner may have measured since, and its is_enabled, which an operator may have set.
+    Invariants: what Triton will serve is what the manifest describes (an embeddings model: the artefact beside
+    the manifest and the copy in `model_repository/<triton_name>/1/` hash to its sha256; a generation model:
+    its config.pbtxt and model.json hash to the manifest's served_files), else ValidationFailed and nothing
+    written; the emitted config declares the interface its kind sends. Updating an entry refreshes its
+    interface but keeps its placement profile, which the planner may have measured since, and its is_enabled,
+    which an operator may have set.
     """
     repository = Path(model_repository or settings.TRITON_MODEL_REPOSITORY)
     manifest = _read_manifest(manifest_path, triton_name)
+    if manifest.get("kind") == "generation":
+        return _register_generation(manifest, manifest_path, name, triton_name, repository, tokenizer_dir)
     rebuild = f"run `python -m build_engines all {manifest['model']}`"
     artefact = str(manifest["artefact"])
     served = repository / triton_name / TRITON_VERSION / artefact
@@ -56,7 +67,7 @@ def catalogue_register_from_manifest(
         "triton_name": triton_name,
         "kind": ModelKind.EMBEDDINGS,
         # Protobuf JSON omits zero values; a model without batching gets one row per call.
-        "max_batch_size": int(config.get("max_batch_size", 0)) or 1,
+        "max_batch_size": max(1, int(config.get("max_batch_size", 0))),
         "inputs": inputs,
         "outputs": outputs,
         "embedding_dimensions": next(t["dims"][-1] for t in outputs if t["name"] == "EMBEDDING"),
@@ -65,6 +76,43 @@ def catalogue_register_from_manifest(
         "memory_per_instance_bytes": 2 * int(manifest.get("bytes") or served.stat().st_size) + RUNTIME_OVERHEAD_BYTES,
         "load_seconds": DEFAULT_LOAD_SECONDS,
     }
+    return _save(name, triton_name, interface, profile)
+
+
+def _register_generation(
+    manifest: dict[str, Any],
+    manifest_path: Path,
+    name: str,
+    triton_name: str,
+    repository: Path,
+    tokenizer_dir: Path | None,
+) -> CatalogueModel:
+    rebuild = f"run `python -m build_engines emit {manifest.get('spec', {}).get('path', 'SPEC')}`"
+    if manifest.get("triton_name") != triton_name:
+        raise ValidationFailed(
+            f"{manifest_path} describes Triton model {manifest.get('triton_name')!r}, not {triton_name!r}; pass "
+            f"--triton-name {manifest.get('triton_name')}.",
+            param="triton_name",
+        )
+    served_files = manifest.get("served_files") or {}
+    if "config.pbtxt" not in served_files:
+        raise ValidationFailed(f"{manifest_path} lists no served config.pbtxt; {rebuild} to write it again.")
+    for relative, sha256 in served_files.items():
+        _check_sha256(repository / triton_name / relative, str(sha256), rebuild)
+    config = _emitted_config(repository, triton_name, rebuild)
+    inputs, outputs = _tensors(config.get("input", [])), _tensors(config.get("output", []))
+    interface = generation_interface(
+        manifest,
+        triton_name=triton_name,
+        inputs=inputs,
+        outputs=outputs,
+        repository=repository,
+        tokenizer_dir=tokenizer_dir,
+    )
+    return _save(name, triton_name, interface, generation_profile(manifest))
+
+
+def _save(name: str, triton_name: str, interface: dict[str, Any], profile: dict[str, Any]) -> CatalogueModel:
     with transaction.atomic():
         taken = CatalogueModel.objects.filter(triton_name=triton_name).exclude(name=name).first()
         if taken is not None:
@@ -79,38 +127,6 @@ def catalogue_register_from_manifest(
     return model
 
 
-# What a generation manifest (build_engines emit of a [generation] spec) records that CatalogueModel has no
-# field for yet; registration refuses such a manifest rather than enter it under a kind that would mis-serve it.
-GENERATION_FIELDS_MISSING = (
-    "kind 'generation' (ModelKind has embeddings and tensor only)",
-    "context_length (the manifest's max_model_len)",
-    "endpoints (/v1/chat/completions, /v1/completions)",
-)
-
-
-def generation_profile(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The existing CatalogueModel fields a generation manifest fills: the planner's placement profile.
-
-    memory_per_instance_bytes is per GPU, as the planner reads it (a gang instance holds that much on each
-    of its gpus_per_instance GPUs), and includes the KV budget the engine preallocates."""
-    return {
-        "triton_name": manifest["triton_name"],
-        "memory_per_instance_bytes": int(manifest["memory_per_gpu_bytes"]),
-        "gpus_per_instance": int(manifest["gpus_per_instance"]),
-        "pool": str(manifest["pool"]),
-        # One request is one sequence: the engine batches between decode steps, not per Triton call.
-        "max_batch_size": 1,
-    }
-
-
-def _refuse_generation(path: Path, manifest: dict[str, Any]) -> None:
-    profile = ", ".join(f"{key}={value}" for key, value in generation_profile(manifest).items())
-    raise ValidationFailed(
-        f"{path} describes a generation model ({manifest.get('engine')}); the catalogue cannot register it "
-        f"yet: it has no {'; no '.join(GENERATION_FIELDS_MISSING)}. The existing fields it would take: {profile}."
-    )
-
-
 def _read_manifest(path: Path, triton_name: str) -> dict[str, Any]:
     # Before the manifest is read, the triton name is the best guess at the spec (`minilm_ort` -> minilm).
     rebuild = f"run `python -m build_engines all {triton_name.rsplit('_', 1)[0]}`"
@@ -121,7 +137,7 @@ def _read_manifest(path: Path, triton_name: str) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValidationFailed(f"Cannot read the manifest {path}: {exc}; {rebuild} to write it again.") from exc
     if isinstance(manifest, dict) and manifest.get("kind") == "generation":
-        _refuse_generation(path, manifest)
+        return manifest
     missing = [key for key in ("artefact", "sha256", "model") if not isinstance(manifest, dict) or key not in manifest]
     if missing:
         raise ValidationFailed(f"{path} is not a build_engines manifest (no {', '.join(missing)}); {rebuild}.")

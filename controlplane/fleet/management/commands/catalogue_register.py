@@ -7,12 +7,14 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from controlplane.core.errors import DomainError
 from controlplane.fleet.catalogue import catalogue_register_from_manifest
+from controlplane.fleet.models import ModelKind
 
 
 class Command(BaseCommand):
     help = (
         "Add (or update) a catalogue entry for a model built by `python -m build_engines`, after checking "
-        "that the artefact the manifest describes is the one in the Triton model repository."
+        "that what the manifest describes is what the Triton model repository serves (an embeddings model's "
+        "artefact; a generation model's config.pbtxt and model.json, and its tokenizer readable here)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -20,6 +22,12 @@ class Command(BaseCommand):
         parser.add_argument("--name", default="all-MiniLM-L6-v2-onnx", help="the model name tenants use")
         parser.add_argument("--triton-name", default="minilm_ort", help="the emitted Triton model folder")
         parser.add_argument("--model-repository", type=Path, help="default: settings.TRITON_MODEL_REPOSITORY")
+        parser.add_argument(
+            "--tokenizer-dir",
+            type=Path,
+            help="a generation model's Hugging Face directory as this machine sees it (its tokenizer and chat "
+            "template); default: the manifest's hf_model in the model repository",
+        )
 
     def handle(self, *args: Any, manifest: Path, name: str, triton_name: str, **options: Any) -> None:
         try:
@@ -28,10 +36,15 @@ class Command(BaseCommand):
                 name=name,
                 triton_name=triton_name,
                 model_repository=options.get("model_repository"),
+                tokenizer_dir=options.get("tokenizer_dir"),
             )
         except DomainError as exc:
             raise CommandError(exc.message) from exc
-        self.stdout.write(
-            f"Registered {model.name!r} -> Triton model {model.triton_name!r} "
-            f"({model.embedding_dimensions} dimensions, up to {model.max_batch_size} rows per call)."
-        )
+        if model.kind == ModelKind.GENERATION:
+            shape = (
+                f"generation, {model.context_length}-token context, {model.gpus_per_instance} GPU(s) per instance "
+                f"in pool {model.pool!r}, tokenizer {model.tokenizer_dir}"
+            )
+        else:
+            shape = f"{model.embedding_dimensions} dimensions, up to {model.max_batch_size} rows per call"
+        self.stdout.write(f"Registered {model.name!r} -> Triton model {model.triton_name!r} ({shape}).")
