@@ -4,6 +4,9 @@ from typing import Any
 
 import pytest
 
+# SUITE_CPU_LOG=<dir>: CPU seconds per test, for finding where the suite's time goes (off otherwise).
+pytest_plugins = ["tests.cpu_ledger"]
+
 
 @pytest.fixture
 def catalogue(db):
