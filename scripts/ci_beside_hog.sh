@@ -23,6 +23,7 @@ clone=${CLONE:-}
 
 for run in $(seq "$FIRST" $((FIRST + RUNS - 1))); do
     if [ "$REUSE" = 1 ] && [ -n "$clone" ]; then
+        git -C "$clone" pull -q --ff-only  # this checkout's HEAD, on the venv the first run installed
         rm -rf "$clone/var" "$clone/.pytest_cache"
     else
         clone=$(mktemp -d /tmp/hogrun.XXXXXX)
