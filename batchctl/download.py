@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from openai import OpenAI
-from openai.types import Batch
+if TYPE_CHECKING:
+    from openai import OpenAI
+    from openai.types import Batch
+
 
 # Bytes per write: large enough for few syscalls, small enough to stay flat in memory.
 CHUNK_BYTES = 1024 * 1024

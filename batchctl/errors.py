@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-import openai
 import typer
 from rich.markup import escape
 
 from batchctl.config import ConfigError
 from batchctl.console import err
+
+if TYPE_CHECKING:
+    import openai
 
 # Exit codes (README, "CLI"): scripts tell a refused request from a batch that ended badly.
 EXIT_OK = 0
@@ -24,13 +27,21 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def api_error_text(error: openai.APIStatusError) -> str:
+class APIRefused(Exception):
+    """The API refused a request made without the SDK (batchctl follow); the text is error_text's."""
+
+
+def error_text(status_code: int, body: dict[str, Any], text: str, *, fallback: str = "", code: Any = None) -> str:
     """The server's own message and code (OpenAI's error shape), not the SDK's "Error code: 409 - {...}"."""
-    body = error.body if isinstance(error.body, dict) else {}
-    message = body.get("message") or error.response.text.strip() or error.message
-    code = body.get("code") or error.code
-    detail = f"HTTP {error.status_code}" + (f", code {code}" if code else "")
+    message = body.get("message") or text.strip() or fallback or f"HTTP {status_code}"
+    code = body.get("code") or code
+    detail = f"HTTP {status_code}" + (f", code {code}" if code else "")
     return f"{message} ({detail})"
+
+
+def api_error_text(error: openai.APIStatusError) -> str:
+    body = error.body if isinstance(error.body, dict) else {}
+    return error_text(error.status_code, body, error.response.text, fallback=error.message, code=error.code)
 
 
 def fail(message: str, code: int = EXIT_API_ERROR) -> typer.Exit:
@@ -46,12 +57,17 @@ def reports_api_errors(command: Callable[P, R]) -> Callable[P, R]:
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return command(*args, **kwargs)
-        except ConfigError as error:
+        except (ConfigError, APIRefused) as error:
             raise fail(str(error)) from None
-        except openai.APIStatusError as error:
-            raise fail(api_error_text(error)) from None
-        except openai.APIConnectionError as error:
-            url = error.request.url if error.request is not None else "the API"
-            raise fail(f"cannot reach {url}: {error.__cause__ or error}") from None
+        except Exception as error:
+            # The SDK is imported by the commands that use it, not at start (`batchctl follow` never does): when
+            # it was not imported, no error of its can have been raised.
+            openai = sys.modules.get("openai")
+            if openai is not None and isinstance(error, openai.APIStatusError):
+                raise fail(api_error_text(error)) from None
+            if openai is not None and isinstance(error, openai.APIConnectionError):
+                url = error.request.url if error.request is not None else "the API"
+                raise fail(f"cannot reach {url}: {error.__cause__ or error}") from None
+            raise
 
     return wrapper

@@ -4,7 +4,10 @@
 Each file keeps its cursor beside it (``<file>.cursor``: the batch, the lines and the bytes written), saved
 after the lines it counts are flushed to disk. A dropped connection costs nothing (the next poll asks for the
 lines after those kept), and a follow killed at any moment resumes from the saved cursor: the file is cut back
-to the bytes the cursor counts, so a line written after the last save is fetched again, never twice."""
+to the bytes the cursor counts, so a line written after the last save is fetched again, never twice.
+
+It speaks plain HTTP (httpx2) rather than through the openai SDK, whose import alone costs a follower ~0.5–0.7 s
+of CPU: a follow usually runs beside the batch it follows (docs/PERFORMANCE.md, following a running batch)."""
 
 from __future__ import annotations
 
@@ -12,24 +15,21 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import quote
 
 import httpx2
-import openai
-from openai import APIResponse, OpenAI
-from openai.types import Batch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from batchctl.render import TERMINAL_STATUSES, counts
+from batchctl.config import REQUEST_TIMEOUT_SECONDS, Settings
+from batchctl.errors import APIRefused, error_text
+from batchctl.render import TERMINAL_STATUSES
 from batchctl.waiting import RateMeter, eta_text, rate_text
 
-# Ask the SDK to hand over the response unread, so its body is written as it arrives.
-_STREAM_BODY = {"X-Stainless-Raw-Response": "stream"}
 STREAMS = ("output", "errors")
 # The Batch object feeds only the display (total, tokens/s, status), so it is read every few seconds, not every
 # poll: it is the dearest of the three reads for the API (its queue position ranks the model's runnable shards),
@@ -39,6 +39,75 @@ BATCH_READ_SECONDS = 5.0
 
 class CursorMismatch(Exception):
     """The file's saved cursor belongs to another batch or stream, or the file has no cursor."""
+
+
+class ServerUnavailable(Exception):
+    """The API answered 5xx: it is restarting or overloaded, and the follow rides it out."""
+
+
+@dataclass(frozen=True)
+class BatchState:
+    """What a follow reads of the Batch object (OpenAI's fields; usage is this service's for generation)."""
+
+    id: str
+    status: str
+    completed: int = 0
+    failed: int = 0
+    total: int = 0
+    total_tokens: int = 0
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> BatchState:
+        counts = body.get("request_counts") or {}
+        usage = body.get("usage") or {}
+        return cls(
+            id=str(body["id"]),
+            status=str(body["status"]),
+            completed=int(counts.get("completed") or 0),
+            failed=int(counts.get("failed") or 0),
+            total=int(counts.get("total") or 0),
+            total_tokens=int(usage.get("total_tokens") or 0),
+        )
+
+
+def _check(response: httpx2.Response) -> None:
+    if response.status_code < 400:
+        return
+    response.read()
+    if response.status_code >= 500:
+        raise ServerUnavailable(f"HTTP {response.status_code} from {response.request.url}")
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    error = body.get("error", body) if isinstance(body, dict) else None
+    raise APIRefused(error_text(response.status_code, error if isinstance(error, dict) else {}, response.text))
+
+
+class FollowAPI:
+    """The two reads a follow makes: the Batch object and a stream's lines after a cursor."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._http = httpx2.Client(
+            base_url=settings.base_url,
+            headers={"Authorization": f"Bearer {settings.api_key}", "User-Agent": "batchctl-follow"},
+            timeout=REQUEST_TIMEOUT_SECONDS,
+        )
+
+    def batch(self, batch_id: str) -> BatchState:
+        response = self._http.get(f"/batches/{quote(batch_id, safe='')}")
+        _check(response)
+        return BatchState.from_json(response.json())
+
+    @contextlib.contextmanager
+    def lines(self, batch_id: str, stream: str, after: int) -> Iterator[httpx2.Response]:
+        url = f"/batches/{quote(batch_id, safe='')}/{stream}"
+        with self._http.stream("GET", url, params={"after": str(after)}) as response:
+            _check(response)
+            yield response
+
+    def close(self) -> None:
+        self._http.close()
 
 
 @dataclass
@@ -102,24 +171,19 @@ def sink_open(path: Path, *, batch_id: str, stream: str) -> Sink:
     return sink
 
 
-def stream_fetch(client: OpenAI, sink: Sink) -> str:
+def stream_fetch(api: FollowAPI, sink: Sink) -> str:
     """Append the lines after the sink's cursor that the batch has now; returns the batch status the server
     reported. A connection dropped mid-body keeps the whole lines that arrived (httpx2 errors propagate)."""
-    response = client.get(
-        f"/batches/{quote(sink.batch_id, safe='')}/{sink.stream}",
-        cast_to=APIResponse[bytes],
-        options={"params": {"after": str(sink.cursor)}, "headers": _STREAM_BODY},
-    )
     pending = b""
     try:
-        for chunk in response.iter_bytes():
-            data = pending + chunk
-            cut = data.rfind(b"\n") + 1
-            if cut:
-                sink.append(data[:cut])
-            pending = data[cut:]
+        with api.lines(sink.batch_id, sink.stream, sink.cursor) as response:
+            for chunk in response.iter_bytes():
+                data = pending + chunk if pending else chunk
+                cut = data.rfind(b"\n") + 1
+                if cut:
+                    sink.append(data[:cut])
+                pending = data[cut:]
     finally:
-        response.close()
         sink.save()
     expected = int(response.headers["X-Next-Cursor"])
     if pending or sink.cursor != expected:
@@ -129,15 +193,15 @@ def stream_fetch(client: OpenAI, sink: Sink) -> str:
     return response.headers.get("X-Batch-Status", "")
 
 
-def may_have_lines(batch: Batch | None, sink: Sink) -> bool:
+def may_have_lines(batch: BatchState | None, sink: Sink) -> bool:
     """Whether the stream may hold lines after the sink's cursor. An in-progress batch's error lines are its
     committed failures (``request_counts.failed``, counted at each shard's commit), so while the batch last read
     shows no more than the file holds, asking costs the API a request for nothing. A stopped batch's error
     stream also holds the lines it never ran: from the next status on (cancelling, finalizing, an end), and at
     the end (the streams must say they are complete), it is asked every poll."""
-    if sink.stream != "errors" or batch is None or batch.status != "in_progress" or batch.request_counts is None:
+    if sink.stream != "errors" or batch is None or batch.status != "in_progress":
         return True
-    return batch.request_counts.failed > sink.cursor
+    return batch.failed > sink.cursor
 
 
 class FollowDisplay:
@@ -165,12 +229,12 @@ class FollowDisplay:
             self.progress.start()
         console.print(f"following {batch_id}")
 
-    def update(self, batch: Batch | None, sinks: list[Sink], note: str = "") -> None:
+    def update(self, batch: BatchState | None, sinks: list[Sink], note: str = "") -> None:
         now = time.monotonic()
         saved = sum(sink.cursor for sink in sinks)
         self.lines.add(now, saved)
-        total = counts(batch)[2] if batch is not None else 0
-        tokens = batch.usage.total_tokens if batch is not None and batch.usage is not None else 0
+        total = batch.total if batch is not None else 0
+        tokens = batch.total_tokens if batch is not None else 0
         if tokens:
             self.tokens.add(now, tokens)
         token_rate = self.tokens.rate()
@@ -207,11 +271,11 @@ class FollowDisplay:
 
 
 # Transport failures a follow rides out: the server restarting, a dropped connection, a cut body.
-RECOVERABLE = (openai.APIConnectionError, openai.InternalServerError, httpx2.TransportError)
+RECOVERABLE = (ServerUnavailable, httpx2.TransportError)
 
 
 def follow(
-    client: OpenAI,
+    api: FollowAPI,
     batch_id: str,
     sinks: list[Sink],
     *,
@@ -219,12 +283,12 @@ def follow(
     poll_seconds: float,
     give_up_after: float,
     sleep: Callable[[float], None] = time.sleep,
-) -> Batch | None:
+) -> BatchState | None:
     """Poll the batch and its streams until every stream is complete; returns the batch's last state. Gives up
     (returns None) after ``give_up_after`` seconds without one successful poll."""
     display = FollowDisplay(console, batch_id)
     last_ok = time.monotonic()
-    batch: Batch | None = None
+    batch: BatchState | None = None
     batch_read_at = 0.0
     try:
         while True:
@@ -232,13 +296,13 @@ def follow(
             before = [sink.cursor for sink in sinks]
             try:
                 if batch is None or time.monotonic() - batch_read_at >= BATCH_READ_SECONDS:
-                    batch, batch_read_at = client.batches.retrieve(batch_id), time.monotonic()
+                    batch, batch_read_at = api.batch(batch_id), time.monotonic()
                 for sink in sinks:  # output first: its status is news for the error stream's test
                     if sink.complete or not may_have_lines(batch, sink):
                         continue
-                    status = stream_fetch(client, sink)
+                    status = stream_fetch(api, sink)
                     if batch is not None and status and status != batch.status:
-                        batch, batch_read_at = client.batches.retrieve(batch_id), time.monotonic()
+                        batch, batch_read_at = api.batch(batch_id), time.monotonic()
                 last_ok = time.monotonic()
             except RECOVERABLE as exc:
                 if [sink.cursor for sink in sinks] != before:
@@ -255,7 +319,7 @@ def follow(
                     # The streams completed after the retrieve above (the batch ended in between): its state then
                     # is stale, and the exit code must say how it really ended.
                     with contextlib.suppress(*RECOVERABLE):
-                        batch = client.batches.retrieve(batch_id)
+                        batch = api.batch(batch_id)
                 display.update(batch, sinks, note)
                 return batch
             if batch is not None and batch.status in TERMINAL_STATUSES and not note:

@@ -9,16 +9,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from json import dumps
 from pathlib import Path
-from typing import Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any, cast
 from urllib.parse import quote
 
-import openai
 import typer
-from openai import OpenAI
-from openai.types import Batch
 from rich.markup import escape
 
-from batchctl.config import DEFAULT_BASE_URL, client_create, settings_resolve
+from batchctl.config import DEFAULT_BASE_URL, Settings, client_create, settings_resolve
 from batchctl.console import out
 from batchctl.download import results_download
 from batchctl.errors import (
@@ -28,11 +25,15 @@ from batchctl.errors import (
     fail,
     reports_api_errors,
 )
-from batchctl.follow import STREAMS, CursorMismatch, follow, sink_open
+from batchctl.follow import STREAMS, CursorMismatch, FollowAPI, follow, sink_open
 from batchctl.options import BatchStatus, BucketWidth, Priority, UsageReport, idempotency_headers, metadata_parse
 from batchctl.outcome import downloads_report, wait_and_conclude
 from batchctl.render import TERMINAL_STATUSES, as_json, batch_panel, batches_table, models_table
 from batchctl.usage import REPORT_PATHS, time_parse, usage_buckets, usage_csv, usage_table
+
+if TYPE_CHECKING:
+    from openai import OpenAI
+    from openai.types import Batch
 
 app = typer.Typer(
     name="batchctl",
@@ -56,8 +57,11 @@ class Connection:
     api_key: str | None
     base_url: str | None
 
+    def settings(self) -> Settings:
+        return settings_resolve(api_key=self.api_key, base_url=self.base_url, environ=os.environ)
+
     def client(self) -> OpenAI:
-        return client_create(settings_resolve(api_key=self.api_key, base_url=self.base_url, environ=os.environ))
+        return client_create(self.settings())
 
 
 def _client(ctx: typer.Context) -> OpenAI:
@@ -87,6 +91,8 @@ def submit(
     poll_interval: PollInterval = 1.0,
 ) -> None:
     """Upload FILE and create a batch from it; with --wait, follow it and download its results."""
+    import openai
+
     tags = metadata_parse(metadata)
     client = _client(ctx)
     with file.open("rb") as stream:
@@ -197,7 +203,7 @@ def follow_batch(
     errors = errors or output.with_name(f"{batch_id}_errors.jsonl")
     if output.resolve() == errors.resolve():
         raise typer.BadParameter("--output and --errors must be two files.")
-    client = _client(ctx)
+    api = FollowAPI(cast(Connection, ctx.obj).settings())
     try:
         sinks = [
             sink_open(path, batch_id=batch_id, stream=s) for s, path in zip(STREAMS, (output, errors), strict=True)
@@ -205,13 +211,14 @@ def follow_batch(
     except CursorMismatch as mismatch:
         raise fail(str(mismatch)) from None
     try:
-        batch = follow(client, batch_id, sinks, console=out, poll_seconds=poll_interval, give_up_after=give_up_after)
+        batch = follow(api, batch_id, sinks, console=out, poll_seconds=poll_interval, give_up_after=give_up_after)
     except KeyboardInterrupt:
         out.print(f"\nstopped following; run the same command again to resume ({batch_id} keeps running).")
         raise typer.Exit(EXIT_INTERRUPTED) from None
     finally:
         for sink in sinks:
             sink.close()
+        api.close()
     if batch is None:
         raise fail(f"the API could not be reached for {give_up_after:.0f} s; run the same command again to resume.")
     for sink in sinks:
@@ -235,6 +242,8 @@ def retry_failed(
     poll_interval: PollInterval = 1.0,
 ) -> None:
     """Re-run an ended batch's failed lines as a new batch (POST /v1/batches/{id}/rerun)."""
+    from openai.types import Batch
+
     client = _client(ctx)
     body: dict[str, Any] = {}
     if error_code:
@@ -278,6 +287,8 @@ def usage(
 ) -> None:
     """Your usage or costs per time bucket (GET /v1/organization/usage/embeddings, …/usage/tensors or
     /v1/organization/costs: OpenAI's organization usage API shape)."""
+    import openai
+
     now = datetime.now(UTC)
     try:
         start_time = time_parse(start, now=now)

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from openai import OpenAI
-from openai.types import Batch
 from rich.markup import escape
 
 from batchctl.console import err, out
@@ -13,6 +12,10 @@ from batchctl.download import results_download
 from batchctl.errors import EXIT_BATCH_NOT_COMPLETED, EXIT_INTERRUPTED, EXIT_OK
 from batchctl.render import batch_errors, counts
 from batchctl.waiting import batch_wait
+
+if TYPE_CHECKING:
+    from openai import OpenAI
+    from openai.types import Batch
 
 
 def downloads_report(downloaded: list[tuple[str, Path, int]]) -> None:

@@ -5,15 +5,17 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from openai import BaseModel
-from openai.types import Batch, BatchError, Model
 from rich.console import Group, RenderableType
 from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from openai import BaseModel
+    from openai.types import Batch, BatchError, Model
 
 TERMINAL_STATUSES = frozenset({"completed", "failed", "expired", "cancelled"})
 STATUS_STYLES = {
@@ -182,6 +184,8 @@ def _tensor(spec: dict[str, Any]) -> str:
 
 def as_json(value: BaseModel | Iterable[BaseModel]) -> str:
     """The objects as the server sent them (extra fields included), for scripts and jq."""
+    from openai import BaseModel  # the SDK's models: only the commands that hold them come here
+
     if isinstance(value, BaseModel):
         return json.dumps(value.to_dict(), indent=2)
     return json.dumps([item.to_dict() for item in value], indent=2)

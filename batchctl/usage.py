@@ -7,12 +7,14 @@ import csv
 import io
 import re
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from openai import OpenAI
 from rich.table import Table
 
 from batchctl.render import timestamp
+
+if TYPE_CHECKING:
+    from openai import OpenAI
 
 USAGE_PATH = "/organization/usage/embeddings"
 # The reports `--report` picks: OpenAI's embeddings usage and costs, and this service's tensor usage.

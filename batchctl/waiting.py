@@ -7,13 +7,16 @@ import time
 from collections import deque
 from collections.abc import Callable
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
-from openai import OpenAI
-from openai.types import Batch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from batchctl.render import TERMINAL_STATUSES, counts
+
+if TYPE_CHECKING:
+    from openai import OpenAI
+    from openai.types import Batch
 
 # Lines/s is measured over this trailing window: long enough to smooth shard-sized steps (a shard
 # commits many lines at once), short enough to follow a change of pace.

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from batchctl.follow import sink_open
-from tests.cli.fake_api import Reply, batch_json
+from tests.cli.fake_api import Reply, batch_json, error_json
 
 OUT = [b'{"custom_id": "a"}\n', b'{"custom_id": "b"}\n', b'{"custom_id": "c"}\n']
 ERR = b'{"custom_id": "x", "error": {"code": "bad"}}\n'
@@ -86,3 +86,34 @@ def test_a_cursor_file_is_rewritten_only_when_its_lines_moved(tmp_path):
     assert cursor_file.stat().st_ino != first
     assert json.loads(cursor_file.read_text()) == {"batch_id": "batch_1", "stream": "output", "cursor": 1, "bytes": 19}
     sink.close()
+
+
+def test_following_never_imports_the_openai_sdk(fake_api, tmp_path):
+    """A follow often runs on the host of the batch it follows; the SDK's import alone is ~0.5–0.7 s of CPU it
+    would take from that batch (docs/PERFORMANCE.md). The other commands still use the SDK."""
+    import subprocess
+    import sys
+
+    fake_api.on("GET", "/batches/batch_1", Reply(body=batch_json(status="completed", done=1, total=1)))
+    fake_api.on("GET", "/batches/batch_1/output", _lines(OUT[0], 1, "completed", complete=True))
+    fake_api.on("GET", "/batches/batch_1/errors", _lines(b"", 0, "completed", complete=True))
+    script = (
+        "import sys; from batchctl.main import app; "
+        "app(['--api-key', 'k', '--base-url', sys.argv[1], 'follow', 'batch_1', '-o', sys.argv[2]], "
+        "standalone_mode=False); print('openai imported:', 'openai' in sys.modules)"
+    )
+    out = tmp_path / "out.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-c", script, fake_api.base_url, str(out)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes() == OUT[0]
+    assert done.stdout.strip().endswith("openai imported: False"), done.stdout
+
+
+def test_a_refused_follow_prints_the_servers_message_and_exits_1(cli, fake_api, tmp_path):
+    fake_api.on("GET", "/batches/batch_1", Reply(404, error_json("No batch batch_1 for this key.", "not_found")))
+    result, out, _ = _follow(cli, tmp_path)
+    assert result.exit_code == 1
+    assert "No batch batch_1 for this key. (HTTP 404, code not_found)" in result.stderr
+    assert out.read_bytes() == b""
