@@ -273,11 +273,16 @@ def test_servers_follow_a_flood_out_and_back_in(scaled):
         f"scale_in_s={results['scale_in_s']} failed=0"
     )
     # The order of events, not a wall-clock window (issue 24: on a loaded 2-core host the window's figure moves with
-    # the load, as the drain time of 47.6 s against a 40 s window did once): a server was added, served a line,
-    # the backlog drained, then the extra servers went. The times are reported above and in results-*.json.
-    order = ["first_server_added_s", "first_line_on_added_server_s", "backlog_drained_s", "extra_servers_removed_s"]
-    times = [results[name] for name in order]
-    assert all(t is not None for t in times) and times == sorted(times), dict(zip(order, times, strict=True))
+    # the load, as the drain time of 47.6 s against a 40 s window did once): a server was added and served a line
+    # before the backlog drained and before the extra servers went. Which of those two comes first is not fixed:
+    # the need falls with the backlog, so the fleet may shrink while the tail runs on the server that stays (each
+    # added server drained before it stopped, and no line failed: asserted above); beside a CPU hog it did, 3 s
+    # before the batch completed (2026-12-02). The times are reported above and in results-*.json.
+    order = ["first_server_added_s", "first_line_on_added_server_s"]
+    ends = ["backlog_drained_s", "extra_servers_removed_s"]
+    times = {name: results[name] for name in order + ends}
+    assert all(t is not None for t in times.values()), times
+    assert times[order[0]] <= times[order[1]] <= min(times[end] for end in ends), times
 
 
 def test_the_management_commands_register_and_drain_a_server(scaled):

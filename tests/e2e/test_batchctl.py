@@ -142,7 +142,21 @@ def test_ctrl_c_leaves_the_batch_running_then_cancel_download_and_retry_failed(e
         waiting.send_signal(signal.SIGINT)
         # A hang guard: the exit code is the point. At load 20 beside a CPU hog, 30 s was once not enough.
         interrupted_at = time.monotonic()
-        code = waiting.wait(timeout=180)
+        try:
+            code = waiting.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            # Once (beside a CPU hog) it was still running 180 s later: say where it was.
+            stack = subprocess.run(
+                [str(BATCHCTL.parent / "py-spy"), "dump", "--pid", str(waiting.pid)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            waiting.kill()
+            pytest.fail(
+                f"batchctl still running 180 s after SIGINT; its threads:\n{stack.stdout}{stack.stderr}\n"
+                f"its stderr:\n{waiting.stderr.read()[-4000:]}"
+            )
         assert code == 130, f"exit {code} {time.monotonic() - interrupted_at:.1f} s after SIGINT"
     finally:
         waiting.kill()
