@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import transaction
 
 from controlplane.core.errors import ValidationFailed
-from controlplane.fleet.catalogue_generation import generation_interface, generation_profile
+from controlplane.fleet.catalogue_generation import generation_interface, generation_profile, interface_gaps
 from controlplane.fleet.models import CatalogueModel, ModelKind
 from controlplane.triton.client import repository_model_config
 
@@ -177,16 +177,7 @@ def _tensors(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _check_embeddings_interface(triton_name: str, inputs: list[dict[str, Any]], outputs: list[dict[str, Any]]) -> None:
-    declared = {
-        "inputs": {t["name"]: t["datatype"] for t in inputs},
-        "outputs": {t["name"]: t["datatype"] for t in outputs},
-    }
-    wrong = [
-        f"{side[:-1]} {tensor} {datatype}"
-        for side, tensors in EMBEDDINGS_INTERFACE.items()
-        for tensor, datatype in tensors.items()
-        if declared[side].get(tensor) != datatype
-    ]
+    wrong = interface_gaps(EMBEDDINGS_INTERFACE, inputs, outputs)
     if wrong:
         raise ValidationFailed(
             f"Triton model {triton_name!r} lacks the embeddings interface ({', '.join(wrong)}); register the "

@@ -85,17 +85,24 @@ def generation_interface(
     }
 
 
-def _check_interface(triton_name: str, inputs: list[dict[str, Any]], outputs: list[dict[str, Any]]) -> None:
+def interface_gaps(
+    interface: dict[str, dict[str, str]], inputs: list[dict[str, Any]], outputs: list[dict[str, Any]]
+) -> list[str]:
+    """The tensors of ``interface`` (side -> name -> datatype) that the config does not declare as such."""
     declared = {
         "inputs": {t["name"]: t["datatype"] for t in inputs},
         "outputs": {t["name"]: t["datatype"] for t in outputs},
     }
-    wrong = [
+    return [
         f"{side[:-1]} {tensor} {datatype}"
-        for side, tensors in GENERATION_INTERFACE.items()
+        for side, tensors in interface.items()
         for tensor, datatype in tensors.items()
         if declared[side].get(tensor) != datatype
     ]
+
+
+def _check_interface(triton_name: str, inputs: list[dict[str, Any]], outputs: list[dict[str, Any]]) -> None:
+    wrong = interface_gaps(GENERATION_INTERFACE, inputs, outputs)
     if wrong:
         raise ValidationFailed(
             f"Triton model {triton_name!r} lacks the generation interface ({', '.join(wrong)}); emit it again "
