@@ -9,6 +9,7 @@ import gzip
 import json
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -90,6 +91,9 @@ def decode(request: ExportTraceServiceRequest) -> list[ReceivedSpan]:
 class OtlpReceiver:
     spans: list[ReceivedSpan] = field(default_factory=list)
     requests: int = 0
+    # Posts the receiver could not decode (the exporter is answered 400 and drops them): a test that waits
+    # for spans says so instead of only timing out.
+    refused: list[str] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _server: ThreadingHTTPServer | None = None
 
@@ -112,10 +116,16 @@ class OtlpReceiver:
                     self.send_error(404)
                     return
                 request = ExportTraceServiceRequest()
-                if "json" in (self.headers.get("Content-Type") or ""):
-                    json_format.ParseDict(_ids_as_base64(json.loads(body)), request)
-                else:
-                    request.ParseFromString(body)
+                try:
+                    if "json" in (self.headers.get("Content-Type") or ""):
+                        json_format.ParseDict(_ids_as_base64(json.loads(body)), request)
+                    else:
+                        request.ParseFromString(body)
+                except Exception as exc:  # noqa: BLE001 - any undecodable post is recorded, then refused
+                    with receiver._lock:
+                        receiver.refused.append(f"{type(exc).__name__}: {exc}; body {body[:300]!r}")
+                    self.send_error(400)
+                    return
                 with receiver._lock:
                     receiver.spans.extend(decode(request))
                     receiver.requests += 1
@@ -151,9 +161,25 @@ class OtlpReceiver:
             if predicate(spans):
                 return spans
             if time.monotonic() > deadline:
-                names = sorted({(span.service, span.name) for span in spans})
-                raise AssertionError(f"spans never matched in {timeout_s}s; received {len(spans)}: {names}")
+                with self._lock:
+                    refused = list(self.refused)
+                raise AssertionError(
+                    f"spans never matched in {timeout_s}s; received {len(spans)} in {self.requests} posts, "
+                    f"refused {len(refused)} {refused[:3]}; by trace: {describe(spans)}"
+                )
             time.sleep(0.2)
+
+
+def describe(spans: list[ReceivedSpan]) -> str:
+    """Each trace's spans as service:name counts, with each span's parent named: what a failed wait shows."""
+    by_id = {span.span_id: span for span in spans}
+    traces: dict[str, Counter[str]] = {}
+    for span in spans:
+        parent = by_id.get(span.parent_id)
+        under = parent.name if parent else ("root" if not span.parent_id else f"missing {span.parent_id}")
+        error = " ERROR" if span.status_code == 2 else ""
+        traces.setdefault(span.trace_id, Counter())[f"{span.service}:{span.name}<{under}{error}"] += 1
+    return "; ".join(f"{trace_id[:8]} {dict(counts)}" for trace_id, counts in traces.items())
 
 
 def one_span(spans: list[ReceivedSpan], name: str) -> ReceivedSpan:

@@ -72,6 +72,24 @@ def _traced_stack(tmp_path_factory, db_url: str, receiver: OtlpReceiver) -> Iter
         stack.stop()
 
 
+def _triton_requests(spans: list[ReceivedSpan], trace_id: str) -> list[ReceivedSpan]:
+    """Triton's InferRequest spans of the batch's calls: those that continue its trace, and the roots Triton
+    started instead while the batch ran. Triton's gRPC frontend (the pip-installed server) starts a new root
+    trace for a few percent of calls that carry a valid traceparent (measured: 4-20 of 300 fresh traceparents,
+    none over HTTP; resending a lost one continues it: scripts/triton_trace_probe.py), so a call's span may
+    land in a trace of its own; docs/ARCHITECTURE.md, "Tracing"."""
+    calls = [span for span in spans if span.trace_id == trace_id and span.name == "triton.infer"]
+    if not calls:
+        return []
+    first, last = min(span.start_ns for span in calls), max(span.end_ns for span in calls)
+    return [
+        span
+        for span in spans
+        if span.name == "InferRequest"
+        and (span.trace_id == trace_id or (not span.parent_id and first <= span.start_ns <= last))
+    ]
+
+
 def _children(spans: list[ReceivedSpan], parent: ReceivedSpan, name: str) -> list[ReceivedSpan]:
     return [span for span in spans if span.parent_id == parent.span_id and span.name == name]
 
@@ -92,9 +110,9 @@ def test_a_batch_is_one_trace_across_processes_and_into_triton(traced: TracedSta
     def whole(spans: list[ReceivedSpan]) -> bool:
         names = [span.name for span in spans if span.trace_id == trace_id]
         calls = names.count("triton.infer")
-        return "batch.finalize" in names and calls >= 3 and names.count("InferRequest") >= calls
+        return "batch.finalize" in names and calls >= 3 and len(_triton_requests(spans, trace_id)) >= calls
 
-    traced.receiver.wait_for(whole, timeout_s=120)
+    received = traced.receiver.wait_for(whole, timeout_s=120)
     spans = traced.receiver.trace(trace_id)
 
     # The API: Django's server span of POST /v1/batches, the root, in the web process.
@@ -117,9 +135,13 @@ def test_a_batch_is_one_trace_across_processes_and_into_triton(traced: TracedSta
         assert calls, f"shard {shard.attributes['shard.index']} has no Triton call span"
         for call in calls:
             assert call.kind == CLIENT and call.attributes["model"] == "identity"
-            # Triton's own span continues the call's traceparent inside the server.
-            [inside] = _children(spans, call, "InferRequest")
-            assert inside.service == "triton"
+            assert len(_children(spans, call, "InferRequest")) <= 1
+    # Triton's own span continues the calls' traceparent inside the server: every call is answered by one
+    # InferRequest span, in this trace or (Triton's gRPC frontend, a few percent of calls) a root of its own.
+    continued = [span for span in spans if span.name == "InferRequest"]
+    assert continued and all(span.service == "triton" for span in continued)
+    calls = [span for span in spans if span.name == "triton.infer"]
+    assert len(_triton_requests(received, trace_id)) >= len(calls)
     assert sum(span.attributes.get("rows", 0) for span in spans if span.name == "triton.infer") >= LINES - 1
     [(event, fields)] = [event for shard in shards for event in shard.events]
     assert event == "line_error" and fields["line"] == 21 and shards[1].attributes["batch.line_errors"] == 1
