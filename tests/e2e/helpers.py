@@ -101,3 +101,25 @@ def assert_exactly_once(client, batch, lines: list[dict]) -> tuple[list[dict], l
     assert batch.request_counts.completed == len(output)
     assert batch.request_counts.failed == len(errors)
     return output, errors
+
+
+# A catalogue entry for a sleeping model (triton_models/sleep_per_row*), its interface taken from config.pbtxt.
+# Throughput is declared until measured: a dispatch slot's seconds per row, with the slots sharing one instance.
+_REGISTER_SLEEPING = """
+from controlplane.fleet.models import CatalogueModel
+from controlplane.triton.client import repository_model_config
+from django.conf import settings
+c = repository_model_config(settings.TRITON_MODEL_REPOSITORY, "{triton}")
+t = lambda es: [{{"name": e["name"], "datatype": e["data_type"].removeprefix("TYPE_"), "dims": [int(d) for d in e["dims"]]}} for e in es]
+s = float(c["parameters"]["seconds_per_row"]["string_value"])
+CatalogueModel.objects.update_or_create(name="{name}", defaults=dict(
+    triton_name="{triton}", kind="tensor", max_batch_size=int(c["max_batch_size"]), inputs=t(c["input"]),
+    outputs=t(c["output"]), memory_per_instance_bytes={memory}, load_seconds=2.0, max_instances={max_instances},
+    seconds_per_work_unit=s * settings.SCHEDULER_CALLS_PER_INSTANCE / settings.DISPATCH_INFLIGHT_CALLS))
+"""
+
+
+def register_sleeping_model(stack, *, name: str, triton: str, memory_bytes: int, max_instances: int) -> None:
+    """Register a sleeping model in the stack's catalogue (the scenarios that need demand without CPU)."""
+    code = _REGISTER_SLEEPING.format(name=name, triton=triton, memory=memory_bytes, max_instances=max_instances)
+    stack.manage("shell", "-c", code)

@@ -28,7 +28,7 @@ import redis
 
 from deploy.local.stack import REPO_ROOT, Stack, find_free_port
 from tests.e2e.conftest import broker_env, fresh_database
-from tests.e2e.helpers import assert_exactly_once, submit, tensor_lines
+from tests.e2e.helpers import assert_exactly_once, register_sleeping_model, submit, tensor_lines
 
 pytestmark = [pytest.mark.e2e, pytest.mark.scale]
 
@@ -69,21 +69,9 @@ def seconds_per_row() -> float:
     return float(config["parameters"]["seconds_per_row"]["string_value"])
 
 
-# The catalogue entry, its interface taken from config.pbtxt. One instance fills a server's declared
-# 16 GiB GPU (12 GiB each), so a server is one instance, as a GPU-bound model is one per card. Throughput
-# is declared until measured: a dispatch slot's seconds per row, with the slots sharing one instance.
-REGISTER = """
-from controlplane.fleet.models import CatalogueModel
-from controlplane.triton.client import repository_model_config
-from django.conf import settings
-c = repository_model_config(settings.TRITON_MODEL_REPOSITORY, "{triton}")
-t = lambda es: [{{"name": e["name"], "datatype": e["data_type"].removeprefix("TYPE_"), "dims": [int(d) for d in e["dims"]]}} for e in es]
-s = float(c["parameters"]["seconds_per_row"]["string_value"])
-CatalogueModel.objects.update_or_create(name="{name}", defaults=dict(
-    triton_name="{triton}", kind="tensor", max_batch_size=int(c["max_batch_size"]), inputs=t(c["input"]),
-    outputs=t(c["output"]), memory_per_instance_bytes=12 * 1024**3, load_seconds=2.0, max_instances=8,
-    seconds_per_work_unit=s * settings.SCHEDULER_CALLS_PER_INSTANCE / settings.DISPATCH_INFLIGHT_CALLS))
-"""
+# One instance fills a server's declared 16 GiB GPU (12 GiB each), so a server is one instance, as a GPU-bound
+# model is one per card.
+INSTANCE_BYTES = 12 * 1024**3
 
 
 @dataclass
@@ -140,7 +128,7 @@ def _scaled_stack(tmp_path_factory, db_url: str) -> Iterator[Scaled]:
     )
     try:
         stack.start()
-        stack.manage("shell", "-c", REGISTER.format(name=MODEL, triton=TRITON_MODEL, rows=PROFILE.rows_per_line))
+        register_sleeping_model(stack, name=MODEL, triton=TRITON_MODEL, memory_bytes=INSTANCE_BYTES, max_instances=8)
         key = stack.manage("tenant_create", "scale-tenant").stdout.strip().splitlines()[-1]
         yield Scaled(stack, db_url, key)
     finally:

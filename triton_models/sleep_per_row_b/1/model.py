@@ -1,0 +1,1 @@
+../../sleep_per_row/1/model.py
