@@ -71,11 +71,26 @@ def _nice_of(pid: int) -> tuple[int, str | None]:
     return os.getpriority(os.PRIO_PROCESS, pid), group
 
 
+def _past_the_wrapper(pid: int, timeout_s: float = 60.0) -> None:
+    """Wait until the child's ``sh -c '…; exec nice -n 10 …'`` wrapper has exec'd its command: until then the
+    process is the shell at the runner's own niceness (a child the supervisor restarted a moment ago is)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if Path(argv[0].decode()).name not in ("sh", "nice"):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"pid {pid} still runs {argv[:3]} after {timeout_s}s")
+
+
 def test_control_plane_children_yield_the_cpu_to_the_model_server(stack):
-    # Before the crash tests: every child is the first of its name.
     assert stack.control_plane_nice == 10, "the runner's default"
     own = os.getpriority(os.PRIO_PROCESS, 0)  # nice -n adds to it; the autogroup value is absolute
+    # A child that crashed while the stack started (a CI host at load 15 once lost the control worker at
+    # start-up) is already back under a new pid: what is checked is the process running now.
+    print(f"restarts before the crash tests: {stack.restarts}")
     for name, proc in stack.procs.items():
+        _past_the_wrapper(proc.pid)
         nice, group = _nice_of(proc.pid)
         assert nice == min(19, own + 10), name
         assert group in (None, "10"), name  # plain nice alone would not reach across sessions
@@ -124,9 +139,12 @@ def test_crashed_worker_and_beat_are_restarted_with_backoff_and_work_completes(s
 
 
 def test_a_process_the_runner_kills_on_purpose_is_not_restarted(stack):
+    killed_at = time.monotonic()
     stack.kill("control")
     time.sleep(1.6)
-    assert "control" not in stack.procs and all(r.name != "control" for r in stack.restarts)
+    # Restarts from before the kill (a start-up crash the supervisor rightly repaired) are not this test's.
+    after = [r for r in stack.restarts if r.name == "control" and r.at >= killed_at]
+    assert "control" not in stack.procs and after == [], after
     stack.start_control_worker()  # put it back for whatever runs next
 
 
