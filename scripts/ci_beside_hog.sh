@@ -53,7 +53,8 @@ for run in $(seq "$FIRST" $((FIRST + RUNS - 1))); do
     kill "${hogs[@]}" "$watcher" 2>/dev/null
     wait "${hogs[@]}" "$watcher" 2>/dev/null
     hogs=()
-    result=$(grep -E "^[0-9]+ (passed|failed)|passed|failed" "$clone/ci.log" | tail -1)
+    # pytest's own summary line (make lint's output now follows it in the log).
+    result=$(grep -E "(passed|failed).* in [0-9.]+s" "$clone/ci.log" | tail -1)
     echo "HOGRUN run=$run commit=$commit hogs=$HOGS rc=$rc seconds=$seconds load1_max=$(cat "$clone/.load_peak" 2>/dev/null) result=\"$result\"" | tee -a "$SUMMARY"
     cp "$clone/ci.log" "$(dirname "$SUMMARY")/run-$run.log"
     rm -rf "$(dirname "$SUMMARY")/run-$run-cpu" && cp -r "$clone/.cpu-ledger" "$(dirname "$SUMMARY")/run-$run-cpu" 2>/dev/null
