@@ -49,6 +49,7 @@ from controlplane.kinds.generation_columns import GenerationColumnCollector, gen
 from controlplane.kinds.generation_render import EngineResult, render_completion
 from controlplane.kinds.generation_run import inflight_limit, run_generation
 from controlplane.kinds.generation_schema import check_schema_compiles
+from controlplane.kinds.generation_tokenizer import file_tokenizer
 from controlplane.kinds.generation_units import GenerationLine, estimated_charge, fair_share_charge
 
 __all__ = ["ChatCompletionsKind", "CompletionsKind", "GenerationLine", "model_tokenizer", "tokenizers_preload"]
@@ -74,8 +75,9 @@ def tokenizer_path(model: CatalogueModel) -> Path:
 
 
 def model_tokenizer(model: CatalogueModel) -> ChatTokenizer:
-    """The model's Hugging Face tokenizer (with its chat_template), loaded once per process per directory.
-    Offline: the directory is the model's own, never a hub name."""
+    """The model's Hugging Face tokenizer (with its chat_template), loaded once per process per directory: read
+    from its files where that gives what transformers gives (kinds/generation_tokenizer.py), else transformers'
+    AutoTokenizer. Offline: the directory is the model's own, never a hub name."""
     tokenizer = _tokenizers_by_setting.get(model.tokenizer_dir)
     if tokenizer is not None:
         return tokenizer
@@ -90,11 +92,16 @@ def model_tokenizer(model: CatalogueModel) -> ChatTokenizer:
                         f"catalogue model {model.name!r}: no tokenizer at {path} (for the shipped tinylm, "
                         "`make install` trains and writes it)"
                     )
-                from transformers import AutoTokenizer  # heavy: only processes that see a generation line
-
-                tokenizer = _tokenizers[path] = AutoTokenizer.from_pretrained(path, local_files_only=True)
+                tokenizer = _tokenizers[path] = file_tokenizer(path) or _auto_tokenizer(path)
     _tokenizers_by_setting[model.tokenizer_dir] = tokenizer
     return tokenizer
+
+
+def _auto_tokenizer(path: Path) -> ChatTokenizer:
+    """transformers' own loader, for a directory file_tokenizer does not read exactly (it imports torch: ~3.6 s)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)  # type: ignore[no-any-return]
 
 
 def tokenizers_preload() -> list[str]:

@@ -159,7 +159,7 @@ def test_a_completions_batch(tenant, tinylm, triton_server, settings, monkeypatc
     assert (a.choices[0].text, a.choices[0].finish_reason) == (count(6, 11), "stop")
     assert (b.choices[0].text, b.choices[0].finish_reason) == (count(6, 21), "length")
     tokenizer = model_tokenizer(CatalogueModel.objects.get(name="tinylm"))
-    prompt_tokens = len(tokenizer("count from 6 to 30 :", add_special_tokens=True)["input_ids"])
+    prompt_tokens = len(tokenizer.encode("count from 6 to 30 :", add_special_tokens=True))
     assert b.usage.completion_tokens == 16 and b.usage.prompt_tokens == prompt_tokens
 
 
