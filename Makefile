@@ -5,10 +5,15 @@ PY := $(VENV)/bin/python
 # The test suite's real services (started by scripts/ensure_services.sh when down).
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/controlplane
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
-# pytest-xdist workers: the shared stack with the chaos suite, the scenarios on fleets of their own, and the
-# tritonserver modules each run as one group on a worker while the rest spread over all (tests/conftest.py);
-# most of that time is spent waiting on processes, so three workers pay on two cores.
-TEST_WORKERS ?= 3
+# The suite writes bytecode even where the shell says not to (PYTHONDONTWRITEBYTECODE=1 on this machine): with
+# none written, each pytest worker rewrote and compiled all 558 test modules' asserts again (~9 of its 20 CPU-s of
+# collection) and every process the suite starts (stacks, manage.py, nested pytest) compiled the project again.
+TEST_ENV := PYTHONDONTWRITEBYTECODE= DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL)
+# pytest-xdist workers: the shared stack, the chaos suite, the scenarios on fleets of their own and the
+# tritonserver modules each run as one group on a worker (four groups), the rest spread over the fifth and over
+# each group's worker once its group is done (tests/conftest.py); the groups mostly wait on the processes they
+# start, so five workers pay on two cores.
+TEST_WORKERS ?= 5
 
 .PHONY: install demo serve test test-fast test-unit lint chaos scale bench bench-quick bench-generation bench-1g bench-follow clean mutation
 
@@ -52,7 +57,7 @@ test: install
 	bash scripts/ensure_browser.sh
 	@mkdir -p $(dir $(LINT_LOG))
 	@nice -n 19 $(MAKE) --no-print-directory lint >$(LINT_LOG) 2>&1 & linting=$$!; \
-	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m pytest -q -n $(TEST_WORKERS); \
+	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS); \
 	tested=$$?; wait $$linting; linted=$$?; \
 	echo "--- make lint (ran beside the suite; exit $$linted) ---"; cat $(LINT_LOG); \
 	test $$tested -eq 0 && test $$linted -eq 0
@@ -63,7 +68,7 @@ test: install
 # try (2026-12-02, before _FAST_LEAVES_OUT) ran at load 25-40 on the 2 cores and did not end in 25 min.
 test-fast: install
 	bash scripts/ensure_services.sh
-	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m pytest -q -n $(TEST_WORKERS) --fast
+	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --fast
 
 test-unit: install
 	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) -m pytest -q -m "not e2e"
