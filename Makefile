@@ -64,11 +64,14 @@ test: install
 
 # The edit loop: unit and API tests (Postgres, Redis, the in-process fake backend); left out (tests/conftest.py
 # `--fast`): the stack, chaos and e2e suites, the tritonserver modules, and the modules that start processes of
-# their own (_FAST_LEAVES_OUT). `make test` runs everything. Time not yet measured on an idle machine: the last
-# try (2026-12-02, before _FAST_LEAVES_OUT) ran at load 25-40 on the 2 cores and did not end in 25 min.
+# their own (_FAST_LEAVES_OUT). `make test` runs everything (docs/PERFORMANCE.md has both times).
+# Fewer property examples and claim-race rounds than `make test` runs (the knobs in tests/fleet/*_strategies.py,
+# tests/scheduling/policy_sim.py and test_claims.py), and three workers: with no groups to wait on, more workers
+# only add collections (~10 CPU-s each).
+FAST_ENV := PLANNER_EXAMPLES=30 SIZING_EXAMPLES=40 POLICY_EXAMPLES=30 CLAIM_RACE_ROUNDS=200
 test-fast: install
 	bash scripts/ensure_services.sh
-	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --fast
+	$(TEST_ENV) $(FAST_ENV) $(PY) -m pytest -q -n 3 --fast
 
 test-unit: install
 	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) -m pytest -q -m "not e2e"

@@ -4,6 +4,7 @@ tenants, priorities, pauses and deferrals."""
 from __future__ import annotations
 
 import math
+import os
 import threading
 from datetime import timedelta
 
@@ -46,8 +47,9 @@ def _claim_tenants(n: int) -> list[str]:
 
 
 def test_two_claimers_never_win_the_same_shard(quiet):
-    """1,000 rounds: two threads released together by a barrier race for the one runnable shard."""
-    rounds = 1000
+    """1,000 rounds: two threads released together by a barrier race for the one runnable shard (CLAIM_RACE_ROUNDS:
+    fewer in `make test-fast`, the edit loop)."""
+    rounds = int(os.environ.get("CLAIM_RACE_ROUNDS", "1000"))
     tenant = new_tenant("race")
     batch = runnable_batch(tenant, rounds * 2)  # 1,000 shards of two lines
     shard_ids = list(Shard.objects.filter(batch=batch).order_by("index").values_list("id", flat=True))
