@@ -302,6 +302,9 @@ def main(args: list[str]) -> int:
     names = [a for a in args if a != "--fresh"]
     os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/controlplane")
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    # No bytecode cache (make test writes one): a mutant written within the same second as the source it replaces
+    # and of the same size would be run from the other's cached bytecode.
+    os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
     for name in names or list(MODULES):
         killed, survived, pending = run(name, fresh=fresh)
         score = killed / (killed + survived) if killed + survived else 0.0
