@@ -109,6 +109,9 @@ _GROUPS = (
     ("tests/metrics/", "processes"),
     ("tests/console/test_samples.py", "processes"),
     ("tests/kinds/test_generation_batch.py", "processes"),
+    # On the same session tritonserver as test_generation_batch.py, with tinylm loaded once, not on a server of
+    # its own wherever it fell among the spread tests (and in `make test-fast`, which starts none).
+    ("tests/kinds/test_generation_cancel.py", "processes"),
 )
 
 
