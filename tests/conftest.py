@@ -91,11 +91,12 @@ _GROUPS = (
     ("tests/e2e/test_placement.py", "fleets"),
     ("tests/e2e/test_consolidation.py", "fleets"),
     ("tests/e2e/test_observability.py", "fleets"),
-    # Chaos on its own stacks, beside the shared one: together they were the suite's critical path (767 s of an
-    # 801 s run, 2026-12-03), and both mostly wait (outages, restarts: 473 CPU-s in those 767 s). A group of its
-    # own needs a worker of its own: on three workers the four groups held every worker and the ~1,600 other
-    # tests waited until one ended (8 % done after 13 min, 2026-12-02), hence TEST_WORKERS=5 in the Makefile.
-    ("tests/chaos/", "chaos"),
+    # Chaos stays with the shared stack. As a group of its own on five workers (session 17) the suite passed on
+    # a quiet host in 11m47s instead of 13m21s, but two clean-clone runs beside a mutation session each had a
+    # batch expire before its validation ran (docs/RELIABILITY.md, session 17): back to the layout of the five
+    # clean runs beside a busy loop until that is understood. As a fourth group on three workers it left no
+    # worker for the other tests until a group ended (8 % done after 13 min, 2026-12-02).
+    ("tests/chaos/", "stack"),
     ("tests/e2e/", "stack"),
     ("tests/triton/", "processes"),
     ("tests/build_engines/test_serving.py", "processes"),
