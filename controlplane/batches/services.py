@@ -25,7 +25,7 @@ from controlplane.batches.models import Batch, BatchStatus, Shard, StopReason
 from controlplane.batches.run.shards import shards_skip_pending
 from controlplane.batches.selectors import batch_input_name
 from controlplane.batches.transitions import (
-    batch_end_validating,
+    batch_cancel_validating,
     batch_fail,
     batch_start,
     batch_stop_running,
@@ -237,15 +237,21 @@ def _batch_validate_input(batch: Batch, attempt: int) -> None:
                 body_errors=result.body_errors,
             )
             if not started:
-                # Cancelled or expired while we validated (its shards went with it), or superseded.
+                # Cancelled while we validated (its shards went with it), or superseded.
                 transaction.on_commit(columns.discard)
                 return
             storage_reserve(tenant_id=batch.tenant_id, batch_id=batch.id, expected=expected_output)
             # The shards not yet added early.
             Shard.objects.bulk_create(shard_rows(batch.id, result.shards[early.added :]))
-            # The batch is runnable: the dispatcher decides when its shards run (Postgres is the queue).
-            dispatch.slots_topup_enqueue(result.model)
-            if early.added:
+            # Expired while it validated (batches_expire): none of its shards runs any more, and it finalizes
+            # now, answering each line that did not finish with batch_expired.
+            expired = Batch.objects.filter(id=batch.id, stop_reason=StopReason.EXPIRE).exists()
+            if expired:
+                shards_skip_pending(batch_id=batch.id)
+            else:
+                # The batch is runnable: the dispatcher decides when its shards run (Postgres is the queue).
+                dispatch.slots_topup_enqueue(result.model)
+            if early.added or expired:
                 # Its last shard may have closed (committed, or dead) while it validated: nobody else would look.
                 dispatch.batch_finalize_enqueue(batch.id)
     if refused is not None:
@@ -272,7 +278,7 @@ def batch_cancel(*, batch: Batch) -> Batch:
     """Stop a batch, keeping every line already finished. Idempotent for a batch already stopping."""
     now = timezone.now()
     with transaction.atomic():
-        if batch_end_validating(batch_id=batch.id, reason=StopReason.CANCEL, now=now):
+        if batch_cancel_validating(batch_id=batch.id, now=now):
             shards_discard(batch_id=batch.id, charge=True)
         elif batch_stop_running(batch_id=batch.id, reason=StopReason.CANCEL, now=now):
             shards_skip_pending(batch_id=batch.id)
@@ -288,19 +294,18 @@ def batch_cancel(*, batch: Batch) -> Batch:
 
 def batches_expire() -> list[str]:
     """Batches past expires_at stop: finished lines stay in the output, the rest become
-    ``batch_expired`` lines in the error file."""
+    ``batch_expired`` lines in the error file. A batch still validating keeps validating (the error file
+    needs its lines' ids) and finalizes as soon as its file is valid (batch_validate)."""
     now = timezone.now()
     expired: list[str] = []
     for batch_id in Batch.objects.filter(
         expires_at__lt=now, status__in=(BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS), stop_reason__isnull=True
     ).values_list("id", flat=True):
         with transaction.atomic():
-            if batch_end_validating(batch_id=batch_id, reason=StopReason.EXPIRE, now=now):
-                shards_discard(batch_id=batch_id)
-            elif batch_stop_running(batch_id=batch_id, reason=StopReason.EXPIRE, now=now):
-                shards_skip_pending(batch_id=batch_id)
-                dispatch.batch_finalize_enqueue(batch_id)
-            else:
+            if not batch_stop_running(batch_id=batch_id, reason=StopReason.EXPIRE, now=now):
                 continue
+            shards_skip_pending(batch_id=batch_id)
+            if Batch.objects.filter(id=batch_id, status=BatchStatus.IN_PROGRESS).exists():
+                dispatch.batch_finalize_enqueue(batch_id)
         expired.append(batch_id)
     return expired

@@ -9,7 +9,9 @@ fails when a status is written anywhere else.
     validating ──► in_progress ──► finalizing ──► completed
         │              │  (stop_reason cancel: cancelling; expire: stays in_progress)
         │              └──► cancelling ──► finalizing ──► cancelled / expired
-        └──► failed / cancelled / expired (terminal at once: nothing ran that shows)"""
+        ├──► failed / cancelled (terminal at once: nothing ran that shows)
+        └─ expire: stays validating with its stop reason; once valid it starts and finalizes at once, so that
+           every line is answered (finished ones in the output, the rest ``batch_expired``)"""
 
 from __future__ import annotations
 
@@ -105,37 +107,37 @@ def batch_fail(*, batch_id: str, errors: list[dict[str, Any]], attempt: int | No
     return moved == 1
 
 
-def batch_end_validating(*, batch_id: str, reason: StopReason, now: datetime) -> bool:
-    """validating → cancelled / expired at once: none of its lines shows yet, so there is nothing to finalize."""
-    if reason == StopReason.CANCEL:
-        status, stamps, kind = BatchStatus.CANCELLED, {"cancelling_at": now, "cancelled_at": now}, "cancelled"
-    else:
-        status, stamps, kind = BatchStatus.EXPIRED, {"expired_at": now}, "expired"
+def batch_cancel_validating(*, batch_id: str, now: datetime) -> bool:
+    """validating → cancelled at once: the tenant asked, and none of its lines shows yet, so there is nothing to
+    finalize (an expiry is not this: the service ran out of time, and still answers every line)."""
     moved = Batch.objects.filter(id=batch_id, status=BatchStatus.VALIDATING).update(
-        status=status, stop_reason=reason, **stamps
+        status=BatchStatus.CANCELLED, stop_reason=StopReason.CANCEL, cancelling_at=now, cancelled_at=now
     )
     if moved == 1:
-        event_record(batch_id=batch_id, kind=kind, message=f"{kind} before validation finished")
-        _terminal_notify(batch_id=batch_id, status=status, at=now)
+        event_record(batch_id=batch_id, kind="cancelled", message="cancelled before validation finished")
+        _terminal_notify(batch_id=batch_id, status=BatchStatus.CANCELLED, at=now)
     return moved == 1
 
 
 def batch_stop_running(*, batch_id: str, reason: StopReason, now: datetime) -> bool:
-    """An in_progress batch stops: a cancel makes it ``cancelling`` (also over an expiry already under way:
-    the tenant asked), an expiry keeps it ``in_progress`` with its stop reason (OpenAI shows no ``expiring``).
+    """A batch stops: a cancel makes an in_progress batch ``cancelling`` (also over an expiry already under
+    way: the tenant asked); an expiry keeps an in_progress batch ``in_progress`` with its stop reason (OpenAI
+    shows no ``expiring``), and a validating one ``validating``: its validation goes on, because the error
+    file answers each line by its ``custom_id`` (services.batch_validate starts it and finalizes it at once).
     Its running shards stop between calls; it finalizes once they are closed."""
     if reason == StopReason.CANCEL:
         moved = Batch.objects.filter(id=batch_id, status=BatchStatus.IN_PROGRESS).update(
             status=BatchStatus.CANCELLING, stop_reason=reason, cancelling_at=now
         )
-        kind = "cancelling"
+        kind, message = "cancelling", ""
     else:
-        moved = Batch.objects.filter(id=batch_id, status=BatchStatus.IN_PROGRESS, stop_reason__isnull=True).update(
-            stop_reason=reason
-        )
-        kind = "expiring"
+        kind, message = "expiring", "while validating: its lines are answered once the file is checked"
+        stoppable = Batch.objects.filter(id=batch_id, stop_reason__isnull=True)
+        moved = stoppable.filter(status=BatchStatus.VALIDATING).update(stop_reason=reason)
+        if moved == 0:  # (a batch that started in between is caught here)
+            moved, message = stoppable.filter(status=BatchStatus.IN_PROGRESS).update(stop_reason=reason), ""
     if moved == 1:
-        event_record(batch_id=batch_id, kind=kind)
+        event_record(batch_id=batch_id, kind=kind, message=message)
     return moved == 1
 
 

@@ -237,6 +237,55 @@ def test_cancel_while_validating_charges_the_finished_shards_toward_the_spend_ca
     assert refused.value.code == "spend_cap_exceeded"
 
 
+def test_a_batch_that_expires_while_validating_answers_every_line(tenant, eager, monkeypatch, on_flush):
+    """OpenAI's expiry: finished lines in the output, every other line batch_expired. The expiry comes after the
+    first early shard finished: validation goes on, the second early shard never runs, and the batch
+    finalizes as soon as the file is valid."""
+    from django.utils import timezone
+
+    from controlplane.batches.models import StopReason
+
+    backend = FakeBackend()
+
+    def worker(batch_id, flush):
+        if flush == 1:
+            (shard,) = Shard.objects.filter(batch_id=batch_id, status=ShardStatus.PENDING)
+            assert _run(shard, backend) == "succeeded"
+            Batch.objects.filter(id=batch_id).update(expires_at=timezone.now())
+            assert services.batches_expire() == [batch_id]
+            batch = Batch.objects.get(id=batch_id)
+            assert (batch.status, batch.stop_reason) == (BatchStatus.VALIDATING, StopReason.EXPIRE)
+
+    on_flush(worker)
+    finalize_sent = []
+    monkeypatch.setattr(dispatch, "batch_finalize_enqueue", finalize_sent.append)
+    batch = _create(tenant, _lines(10))
+    services.batch_validate(batch_id=batch.id)
+
+    batch.refresh_from_db()
+    assert batch.status == BatchStatus.IN_PROGRESS and batch.total_lines == 10
+    assert finalize_sent == [batch.id]  # nothing else would finalize it: no shard is left to close
+    assert sorted(Shard.objects.filter(batch=batch).values_list("status", flat=True)) == [
+        ShardStatus.SKIPPED,
+        ShardStatus.SKIPPED,
+        ShardStatus.SUCCEEDED,
+    ]
+    assert shard_claim_next(model=CatalogueModel.objects.get(name="identity"), owner="late-worker") is None
+    assert batch_try_finalize(batch_id=batch.id)
+    batch.refresh_from_db()
+    assert batch.status == BatchStatus.EXPIRED
+    assert batch_render(batch)["request_counts"] == {"total": 10, "completed": 4, "failed": 6}
+    with blob_open(File.objects.get(id=batch.output_file_id).storage_name) as fh:
+        assert [json.loads(line)["custom_id"] for line in fh] == [f"r-{i}" for i in range(4)]
+    with blob_open(File.objects.get(id=batch.error_file_id).storage_name) as fh:
+        errors = [json.loads(line) for line in fh]
+    assert [e["custom_id"] for e in errors] == [f"r-{i}" for i in range(4, 10)]
+    assert {e["error"]["code"] for e in errors} == {"batch_expired"}
+    # The finished shard is charged, as any expired batch's finished lines are (not as discarded work).
+    (charged,) = UsageRecord.objects.filter(batch_id=batch.id)
+    assert not charged.discarded and charged.completed_lines == 4
+
+
 def test_a_newer_attempt_supersedes_the_running_one(tenant, eager, monkeypatch, on_flush):
     """A rescued or redelivered validation starts while the first still runs: the first stops adding
     shards and cannot settle the batch; the newest attempt's shards are the batch's."""

@@ -101,9 +101,14 @@ def test_cancelled_in_progress(tenant, endpoint, eager):
 
 
 def test_expired_while_validating(tenant, endpoint, eager):
+    """It keeps validating (its lines are answered by custom_id), so batch.expired is sent when it finalizes."""
     batch = _create(tenant, _lines(2))
     Batch.objects.filter(id=batch.id).update(expires_at=timezone.now())
     assert services.batches_expire() == [batch.id]
+    assert _events(batch) == []
+    services.batch_validate(batch_id=batch.id)
+    batch_try_finalize(batch_id=batch.id)
+    assert Batch.objects.get(id=batch.id).status == BatchStatus.EXPIRED
     assert _events(batch) == ["batch.expired"]
 
 

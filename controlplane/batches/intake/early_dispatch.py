@@ -9,12 +9,15 @@ time, on one core, with the other idle. Nothing of it shows before the whole fil
 - a shard that commits while its batch validates writes no ledger row (shards.shard_commit): the rows are
   written when validation succeeds (``usage_rows.held_usage_record``), in the transaction that makes the batch
   ``in_progress``, so a tenant is never charged for a batch that then fails;
-- if the file turns out invalid, or the batch is cancelled or expires while validating, its shards are
-  deleted with the terminal state (``shards_discard``): a running shard's commit and lease renewals then
-  match no row, so it publishes nothing, and its part is deleted (or collected by batches/retention.py's parts_collect). When the file
-  was invalid or the tenant cancelled, the shards that had finished are charged first: ledger rows marked
-  ``discarded`` (the GPU time was spent; the spend cap counts them). An expiry or a superseded attempt is the
-  service's doing and charges nothing;
+- if the file turns out invalid, or the batch is cancelled while validating, its shards are deleted with the
+  terminal state (``shards_discard``): a running shard's commit and lease renewals then match no row, so it
+  publishes nothing, and its part is deleted (or collected by batches/retention.py's parts_collect). The
+  shards that had finished are charged first: ledger rows marked ``discarded`` (the GPU time was spent; the
+  spend cap counts them). A superseded attempt is the service's doing and charges nothing;
+- a batch that expires while validating keeps its shards: the pending ones are skipped, a running one stops
+  between calls and commits what it finished, and validation goes on; once the file is valid the batch starts
+  (its finished shards charged, as any expired batch's finished lines are) and finalizes at once, every other
+  line ``batch_expired`` (services.batch_validate);
 - each validation attempt takes a number (Batch.validation_attempt): a redelivered or rescued attempt
   discards the shards of the one it supersedes, and the superseded one can add and settle nothing.
 
