@@ -9,10 +9,11 @@ TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
 # none written, each pytest worker rewrote and compiled all 558 test modules' asserts again (~9 of its 20 CPU-s of
 # collection) and every process the suite starts (stacks, manage.py, nested pytest) compiled the project again.
 TEST_ENV := PYTHONDONTWRITEBYTECODE= DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL)
-# pytest-xdist workers: the shared stack with the chaos suite, the scenarios on fleets of their own, and the
-# tritonserver modules each run as one group on a worker while the rest spread over all (tests/conftest.py);
-# most of that time is spent waiting on processes, so three workers pay on two cores.
-TEST_WORKERS ?= 3
+# pytest-xdist workers: the shared stack, the chaos suite, the scenarios on fleets of their own and the
+# tritonserver modules each run as one group on a worker (four groups), the rest spread over the fifth and over
+# each group's worker once its group is done (tests/conftest.py); the groups mostly wait on the processes they
+# start, so five workers pay on two cores.
+TEST_WORKERS ?= 5
 
 .PHONY: install demo serve test test-fast test-unit lint chaos scale bench bench-quick bench-generation bench-1g bench-follow clean mutation
 
