@@ -5,7 +5,7 @@ next): gunicorn, the Celery workers (a prefork shard worker among them) and beat
 deploy.local.stack.Stack, over a throwaway Postgres cluster and `redis-server --save ""` on free ports
 (tests/chaos/services.py), with the runner's own Triton registered as the managed server, so a Triton
 restart goes through the heartbeat and the reconciler as in production. Product defaults throughout (leases, rescue, heartbeat, reconcile),
-except: small shards (many per batch), a 10 s completion window to exercise expiry, and the expiry check
+except: small shards (many per batch), a 20 s completion window to exercise expiry, and the expiry check
 every 2 s instead of 30 s so that scenario stays short. Nothing supervises the children: the suite kills
 on purpose and restarts what it killed itself.
 
@@ -52,7 +52,7 @@ def chaos_stack() -> Iterator[Chaos]:
             "DATABASE_URL": db_url,
             "CELERY_BROKER_URL": broker.url(0),
             "SHARD_MAX_LINES": "50",
-            "BATCH_COMPLETION_WINDOWS": "24h,10s",
+            "BATCH_COMPLETION_WINDOWS": "24h,20s",
             "EXPIRY_INTERVAL_SECONDS": "2",
         }
         var_dir = Path(tempfile.mkdtemp(prefix="chaos-stack-"))

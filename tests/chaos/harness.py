@@ -280,6 +280,11 @@ class Chaos(E2E):
             self.stack.procs.pop("worker", None)
             self.stack.start_worker()
         self.ensure_serving()
+        # A failed scenario's batches would hold the slots the next one's need (its 2 shards in 60 s).
+        for client in self.clients.values():
+            for batch in client.batches.list(limit=100):
+                if batch.status in ("validating", "in_progress"):
+                    client.batches.cancel(batch.id)
 
     def rescue_seconds(self, shard_id: int, attempt: int, killed_at: float) -> float:
         """Seconds from a worker's kill to its orphan's next claim, after checking that its own lease expiry

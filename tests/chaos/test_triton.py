@@ -21,7 +21,9 @@ from tests.chaos.harness import PROFILE, RESUME_TARGET_S, STOP_TARGET_S, Figures
 
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e]
 
-EXPIRY_WINDOW = "10s"  # in the chaos stack's BATCH_COMPLETION_WINDOWS
+# In the chaos stack's BATCH_COMPLETION_WINDOWS. 20 s, not 10 s: on a loaded host (five pytest workers, load 17)
+# the batch expired before its first shard had run, so the outage never met a running batch.
+EXPIRY_WINDOW = "20s"
 
 
 def test_triton_killed_then_restarted(chaos, recorder):
