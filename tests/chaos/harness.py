@@ -280,8 +280,10 @@ class Chaos(E2E):
             self.stack.procs.pop("worker", None)
             self.stack.start_worker()
         self.ensure_serving()
-        # A failed scenario's batches would hold the slots the next one's need (its 2 shards in 60 s).
-        for client in self.clients.values():
+        # A failed scenario's batches would hold the slots the next one's need (its 2 shards in 60 s). Straight to
+        # the stack: a scenario's client may have gone through a proxy that is gone now.
+        for key in {client.api_key for client in self.clients.values()}:
+            client = self.sdk(key)
             for batch in client.batches.list(limit=100):
                 if batch.status in ("validating", "in_progress"):
                     client.batches.cancel(batch.id)
