@@ -86,6 +86,8 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "tests/fleet/test_planner_scenarios.py",
             "tests/fleet/test_planner_properties.py",
             "tests/fleet/test_planner_gang_properties.py",
+            "tests/fleet/test_planner_consolidation.py",
+            "tests/fleet/test_planner_consolidation_properties.py",
         ],
     ),
     "sizing": (
