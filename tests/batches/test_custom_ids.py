@@ -85,3 +85,38 @@ def test_records_spilled_to_bucket_files_find_the_same_duplicates(monkeypatch, s
         table.add(custom_id, line)
     assert table._buffers is not None  # it did spill
     assert table.duplicates() == _reference(ids)
+
+
+def test_memory_stays_bounded_past_the_largest_bitmap_and_across_bucket_flushes(monkeypatch):
+    """What the module is for (its docstring): little, bounded memory. The bitmap stops doubling at _MAX_BITS
+    (shrunk here so a test reaches it), and once spilled each bucket's buffer holds under BUCKET_BUFFER bytes
+    plus one record, written out in BUCKET_BUFFER-sized pieces rather than record by record."""
+    from controlplane.batches.intake import custom_ids
+
+    monkeypatch.setattr(custom_ids, "_MAX_BITS", 2**18)  # reached after 16,384 lines (16 bits a line)
+    monkeypatch.setattr(custom_ids, "SPILL_AT", 20_000)
+    monkeypatch.setattr(custom_ids, "BUCKETS", 4)
+    monkeypatch.setattr(custom_ids, "BUCKET_BUFFER", 1_000)  # 50 records
+    writes: list[int] = []
+    original_flush = custom_ids.CustomIds._flush
+
+    def flush(self, index):
+        writes.append(len(self._buffers[index]))
+        original_flush(self, index)
+
+    monkeypatch.setattr(custom_ids.CustomIds, "_flush", flush)
+    rng = random.Random(5)
+    ids = [f"req-{i}" for i in range(30_000)]
+    for line in rng.sample(range(1, len(ids)), 200):
+        ids[line] = ids[rng.randrange(line)]
+    table = CustomIds()
+    for line, custom_id in enumerate(ids, start=1):
+        table.add(custom_id, line)
+        assert len(table._seen) * 8 <= 2**18
+        if table._buffers is not None:
+            assert max(len(b) for b in table._buffers) < 1_000 + 20
+    assert len(table._seen) * 8 == 2**18
+    spilled = (len(ids) - 20_000) * 20
+    assert writes and all(size >= 1_000 for size in writes)  # whole buffers, not single records
+    assert len(writes) <= spilled // 1_000
+    assert table.duplicates() == _reference(ids)
