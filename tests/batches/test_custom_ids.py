@@ -122,3 +122,33 @@ def test_memory_stays_bounded_past_the_largest_bitmap_and_across_bucket_flushes(
     assert writes and all(size >= 1_000 for size in writes)  # whole buffers, not single records
     assert len(writes) <= spilled // 1_000
     assert table.duplicates() == _reference(ids)
+
+
+def test_a_file_of_two_lines_with_one_id():
+    table = CustomIds()
+    table.add("x", 1)
+    table.add("x", 2)
+    assert table.duplicates() == [(2, 1, "x")]
+
+
+def test_two_different_ids_sharing_the_first_eight_bytes_are_no_duplicate(monkeypatch):
+    """One pair of distinct ids whose digests share the sorted-on 8 bytes, sorted second and third (an odd
+    place): the check of the other 8 bytes must compare each member with its neighbour, or the pair would be
+    reported as a duplicate."""
+    from controlplane.batches.intake import custom_ids
+
+    digests = {b"first": bytes(16), b"a": bytes(7) + b"\x01" + bytes(8), b"b": bytes(7) + b"\x01" + b"\x01" * 8}
+
+    class Digest:
+        def __init__(self, data: bytes) -> None:
+            self.data = data
+
+        def digest(self) -> bytes:
+            return digests[self.data]
+
+    monkeypatch.setattr(custom_ids, "_blake2b", lambda data, digest_size: Digest(data))
+    table = CustomIds()
+    for line, custom_id in enumerate(["a", "first", "b"], start=1):
+        table.add(custom_id, line)
+    assert table._maybe  # the three digests share their low bits: duplicates() cannot answer from the bitmap
+    assert table.duplicates() == []
