@@ -113,6 +113,7 @@ def test_memory_stays_bounded_past_the_largest_bitmap_and_across_bucket_flushes(
     for line, custom_id in enumerate(ids, start=1):
         table.add(custom_id, line)
         assert len(table._seen) * 8 <= 2**18
+        assert (table._buffers is not None) == (line >= 20_000)  # in memory up to SPILL_AT lines
         if table._buffers is not None:
             assert max(len(b) for b in table._buffers) < 1_000 + 20
     assert len(table._seen) * 8 == 2**18
