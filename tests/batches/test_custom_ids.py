@@ -21,6 +21,13 @@ def _reference(ids: list[str]) -> list[tuple[int, int, str]]:
     return found
 
 
+def _assert_bitmap_sized(table: CustomIds, lines: int, *, largest: int = 2**27) -> None:
+    """The bitmap's promise (custom_ids.py): at least 16 bits a line up to its largest size (2**27 bits, 16 MiB),
+    so chance hits stay under ~6 % of lines; and it starts small (2**17 bits), doubling only as the file grows."""
+    bits = len(table._seen) * 8
+    assert min(largest, 16 * lines) <= bits <= min(largest, max(2**17, 32 * lines)), (lines, bits)
+
+
 def test_duplicates_across_the_bitmap_growth_equal_a_plain_dict():
     rng = random.Random(7)
     ids = [f"req-{i}" for i in range(40_000)]
@@ -29,6 +36,7 @@ def test_duplicates_across_the_bitmap_growth_equal_a_plain_dict():
     table = CustomIds()
     for line, custom_id in enumerate(ids, start=1):
         table.add(custom_id, line)
+        _assert_bitmap_sized(table, line)
     assert table.duplicates() == _reference(ids)
 
 
@@ -112,7 +120,7 @@ def test_memory_stays_bounded_past_the_largest_bitmap_and_across_bucket_flushes(
     table = CustomIds()
     for line, custom_id in enumerate(ids, start=1):
         table.add(custom_id, line)
-        assert len(table._seen) * 8 <= 2**18
+        _assert_bitmap_sized(table, line, largest=2**18)
         assert (table._buffers is not None) == (line >= 20_000)  # in memory up to SPILL_AT lines
         if table._buffers is not None:
             assert max(len(b) for b in table._buffers) < 1_000 + 20
