@@ -25,7 +25,10 @@ def _assert_bitmap_sized(table: CustomIds, lines: int, *, largest: int = 2**27) 
     """The bitmap's promise (custom_ids.py): at least 16 bits a line up to its largest size (2**27 bits, 16 MiB),
     so chance hits stay under ~6 % of lines; and it starts small (2**17 bits), doubling only as the file grows."""
     bits = len(table._seen) * 8
-    assert min(largest, 16 * lines) <= bits <= min(largest, max(2**17, 32 * lines)), (lines, bits)
+    if table._buffers is not None:  # spilled: it took its largest size then, since it cannot grow after
+        assert bits == largest, (lines, bits)
+    else:
+        assert min(largest, 16 * lines) <= bits <= min(largest, max(2**17, 32 * lines)), (lines, bits)
 
 
 def test_duplicates_across_the_bitmap_growth_equal_a_plain_dict():
@@ -91,6 +94,7 @@ def test_records_spilled_to_bucket_files_find_the_same_duplicates(monkeypatch, s
     table = CustomIds()
     for line, custom_id in enumerate(ids, start=1):
         table.add(custom_id, line)
+        _assert_bitmap_sized(table, line)
     assert table._buffers is not None  # it did spill
     assert table.duplicates() == _reference(ids)
 
