@@ -218,9 +218,10 @@ def _batch_validate_input(batch: Batch, attempt: int) -> None:
         return
     now = timezone.now()
     with transaction.atomic():
-        # The batch row first, then the tenant's: the order of a cancel or a finalizer (batch row, then the
-        # tenant's row at their commit's foreign-key checks). Tenant first deadlocked with a cancel (2026-12-03).
-        Batch.objects.select_for_update().filter(id=batch.id).values_list("id", flat=True).first()
+        # The batch row first (NO KEY UPDATE, as batch_start's own UPDATE takes), then the tenant's: the order of
+        # a cancel or a finalizer (batch row, then the tenant's row at their commit's foreign-key checks). Tenant
+        # first deadlocked with a cancel (2026-12-03).
+        Batch.objects.select_for_update(no_key=True).filter(id=batch.id).values_list("id", flat=True).first()
         # The tenant row is locked from here to the commit: a concurrent validation of the same tenant counts
         # this batch's lines, tokens and reserved results once it is in progress (batches/intake/admission.py).
         refused, expected_output = batch_admit_validated(
