@@ -221,7 +221,13 @@ def _batch_validate_input(batch: Batch, attempt: int) -> None:
         # The batch row first (NO KEY UPDATE, as batch_start's own UPDATE takes), then the tenant's: the order of
         # a cancel or a finalizer (batch row, then the tenant's row at their commit's foreign-key checks). Tenant
         # first deadlocked with a cancel (2026-12-03).
-        Batch.objects.select_for_update(no_key=True).filter(id=batch.id).values_list("id", flat=True).first()
+        # Its stop reason cannot change from here to the commit (an expiry's UPDATE waits for this lock).
+        stop_reason = (
+            Batch.objects.select_for_update(no_key=True)
+            .filter(id=batch.id)
+            .values_list("stop_reason", flat=True)
+            .first()
+        )
         # The tenant row is locked from here to the commit: a concurrent validation of the same tenant counts
         # this batch's lines, tokens and reserved results once it is in progress (batches/intake/admission.py).
         refused, expected_output = batch_admit_validated(
@@ -249,7 +255,7 @@ def _batch_validate_input(batch: Batch, attempt: int) -> None:
             Shard.objects.bulk_create(shard_rows(batch.id, result.shards[early.added :]))
             # Expired while it validated (batches_expire): none of its shards runs any more, and it finalizes
             # now, answering each line that did not finish with batch_expired.
-            expired = Batch.objects.filter(id=batch.id, stop_reason=StopReason.EXPIRE).exists()
+            expired = stop_reason == StopReason.EXPIRE
             if expired:
                 shards_skip_pending(batch_id=batch.id)
             else:
