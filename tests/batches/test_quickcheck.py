@@ -242,3 +242,35 @@ def test_the_good_cases_above_are_taken():
 def _with(line: dict, path: tuple, value: Any) -> dict:
     body = {**line["body"], path[-1]: value}
     return {**line, "body": body}
+
+
+# Nested one level past the limit in each way brackets can add up: the guard counts both kinds, so any other
+# arithmetic of the two counts lets one of these through (and the checked parse refuses all three).
+_TOO_DEEP = {
+    "arrays": b"[" * 65 + b"]" * 65,
+    "objects": b'{"a": ' * 65 + b"1" + b"}" * 65,
+    "alternating": b'{"a": [' * 33 + b"1" + b"]}" * 33,
+}
+
+
+@pytest.mark.parametrize("shape", sorted(_TOO_DEEP))
+def test_a_line_nested_past_the_limit_is_left_to_the_checked_parse(shape):
+    model = _model("FP16", 2)
+    raw = json.dumps(_GOOD_TENSOR).encode().replace(b'"POST"', b'"POST", "x": ' + _TOO_DEEP[shape], 1)
+    assert _checked(raw, "/v2/infer", model) is None, "the checked parse refuses it"
+    assert quick_check(raw, endpoint="/v2/infer", model=model) is None
+
+
+def test_a_model_of_another_kind_than_the_endpoints_is_never_taken():
+    """The same line for two models that differ only in kind: taken for the model of the endpoint's kind, left
+    to the checked parse (which says which endpoint the model serves) for the other."""
+    tensor_twin = CatalogueModel(
+        name="emb", triton_name="emb", kind="tensor", max_batch_size=8, inputs=EMBEDDER.inputs, outputs=EMBEDDER.outputs
+    )
+    text = json.dumps({**_GOOD_TEXT, "body": {"model": "emb", "input": "hello"}}).encode()
+    assert quick_check(text, endpoint="/v1/embeddings", model=EMBEDDER) is not None
+    assert quick_check(text, endpoint="/v1/embeddings", model=tensor_twin) is None
+    body = {"model": "emb", "inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": ["hi"]}]}
+    tensor = json.dumps({**_GOOD_TENSOR, "body": body}).encode()
+    assert quick_check(tensor, endpoint="/v2/infer", model=tensor_twin) is not None
+    assert quick_check(tensor, endpoint="/v2/infer", model=EMBEDDER) is None
