@@ -359,6 +359,17 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": timedelta(seconds=CONSOLE_SAMPLES_INTERVAL_SECONDS),
     },
 }
+# A beat message older than its own interval is superseded by the next one beat has already sent, so the worker
+# drops it (Celery's `expires`) instead of running it. Without that, a control worker slower than beat (a loaded
+# host) fell behind for good: the suite saw 173 rescue, expiry and relay runs queued and growing, and new batches'
+# validations waiting minutes behind them (2026-12-04). Every beat job is idempotent and re-sent on its interval.
+# At least 10 s: beat and the workers may run on hosts whose clocks differ by a few seconds, and a message that
+# expired on arrival would never run.
+BEAT_MESSAGE_MIN_EXPIRY_SECONDS = 10.0
+for _entry in CELERY_BEAT_SCHEDULE.values():
+    _every = _entry["schedule"]
+    _seconds = _every.total_seconds() if isinstance(_every, timedelta) else float(_every)
+    _entry["options"] = {"expires": max(_seconds, BEAT_MESSAGE_MIN_EXPIRY_SECONDS)}
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 # Prometheus (controlplane/metrics, docs/OPERATIONS.md). /metrics on the web tier answers only a request with
