@@ -8,6 +8,10 @@ import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+# A held answer goes out after this long even if the test never releases it (a failed test must not leave the
+# server thread waiting for ever).
+HOLD_LIMIT_SECONDS = 120.0
+
 
 @dataclass(frozen=True)
 class Received:
@@ -18,8 +22,9 @@ class Received:
 
 class Receiver:
     """Records every request (path, lower-cased headers, body). The first ``fail_first`` requests get
-    ``fail_status``; every answer waits ``delay`` seconds first (a slow receiver); with ``trickle`` the answer
-    goes out one byte every ``trickle`` seconds (a receiver that never lets a per-read timeout fire)."""
+    ``fail_status``; every answer waits ``delay`` seconds first (a slow receiver), and until ``hold`` is set when
+    given (a receiver that answers when the test says so; ``answered`` counts the answers sent); with ``trickle``
+    the answer goes out one byte every ``trickle`` seconds (a receiver that never lets a per-read timeout fire)."""
 
     def __init__(
         self,
@@ -27,6 +32,7 @@ class Receiver:
         fail_first: int = 0,
         fail_status: int = 500,
         delay: float = 0.0,
+        hold: threading.Event | None = None,
         trickle: float | None = None,
         host: str = "127.0.0.1",
         tls: ssl.SSLContext | None = None,
@@ -34,6 +40,8 @@ class Receiver:
         self.fail_first = fail_first
         self.fail_status = fail_status
         self.delay = delay
+        self.hold = hold
+        self.answered = 0
         self.trickle = trickle
         self.requests: list[Received] = []
         self._lock = threading.Lock()
@@ -46,6 +54,8 @@ class Receiver:
                     receiver.requests.append(Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body))
                     failing = len(receiver.requests) <= receiver.fail_first
                 time.sleep(receiver.delay)
+                if receiver.hold is not None:
+                    receiver.hold.wait(HOLD_LIMIT_SECONDS)
                 status = receiver.fail_status if failing else 200
                 payload = b'{"error": "not now"}' if failing else b"ok"
                 if receiver.trickle is not None:
@@ -55,6 +65,8 @@ class Receiver:
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)
+                with receiver._lock:
+                    receiver.answered += 1
 
             def _trickle(self, answer: bytes) -> None:
                 self.close_connection = True
