@@ -46,7 +46,7 @@ DJANGO_PLUGIN = ["-p", "django", "--reuse-db"]
 HYPOTHESIS_PLUGIN = ["-p", "hypothesispytest"]
 # Modules with no Django in them: their tests run without it (tests/conftest.py allows `-p no:django`), which
 # saves the settings, the apps and the test database on every run.
-PURE = {"policy", "planner", "sizing"}
+PURE = {"policy", "planner"}  # not sizing: tests/fleet/test_size_plans.py reads the catalogue
 
 # name → (module, the tests that state its rules)
 MODULES: dict[str, tuple[str, list[str]]] = {

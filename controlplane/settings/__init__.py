@@ -10,6 +10,7 @@ Production sets DATABASE_URL, CELERY_BROKER_URL and storage variables; see docs/
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import dj_database_url
 
@@ -301,7 +302,7 @@ CELERY_TASK_DEFAULT_QUEUE = queues.DEFAULT_QUEUE
 CELERY_TASK_ROUTES = {task: {"queue": queue} for task, queue in queues.TASK_QUEUES.items()}
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_BEAT_SCHEDULE = {
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "rescue-expired-leases": {
         "task": "batches.shards_rescue",
         "schedule": timedelta(seconds=RESCUE_INTERVAL_SECONDS),

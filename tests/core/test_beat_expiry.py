@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-import pytest
 from celery.beat import Scheduler
 from django.conf import settings
 from kombu import Connection
@@ -27,26 +26,18 @@ def test_every_beat_job_expires_after_its_interval_never_sooner_than_the_floor()
         assert entry["options"]["expires"] == max(_interval(entry), floor), name
 
 
-@pytest.fixture
-def broker(monkeypatch):
-    """An in-memory broker for the sends (the app's own transport would reach the test Redis)."""
-    with Connection("memory://") as connection:
-        monkeypatch.setattr(app, "connection_for_write", lambda *a, **kw: connection)
-        yield connection
-
-
-def test_beat_sends_each_job_with_an_absolute_expiry_that_far_ahead(broker):
+def test_beat_sends_each_job_with_an_absolute_expiry_that_far_ahead():
     scheduler = Scheduler(app, lazy=True)
-    for name, conf in settings.CELERY_BEAT_SCHEDULE.items():
-        entry = scheduler.Entry(name=name, app=app, **conf)
-        with app.producer_or_acquire() as producer:
+    # An in-memory broker of the test's own: the app's producer pool would reach the test Redis.
+    with Connection("memory://") as broker:
+        for name, conf in settings.CELERY_BEAT_SCHEDULE.items():
+            entry = scheduler.Entry(name=name, app=app, **conf)
+            queue = broker.SimpleQueue(app.amqp.router.route({}, entry.task)["queue"].name)  # declared and bound
             before = datetime.now().astimezone()
-            result = scheduler.apply_async(entry, producer=producer)
-        queue = broker.SimpleQueue(app.amqp.router.route({}, entry.task)["queue"].name)
-        message = queue.get(timeout=5)
-        expires = datetime.fromisoformat(message.headers["expires"])
-        message.ack()
-        queue.close()
-        assert message.headers["id"] == result.id, name
-        ahead = (expires - before).total_seconds()
-        assert entry.options["expires"] - 5 <= ahead <= entry.options["expires"] + 5, (name, ahead)
+            result = scheduler.apply_async(entry, producer=broker.Producer())
+            message = queue.get(timeout=5)
+            message.ack()
+            queue.close()
+            assert message.headers["id"] == result.id, name
+            ahead = (datetime.fromisoformat(message.headers["expires"]) - before).total_seconds()
+            assert entry.options["expires"] - 5 <= ahead <= entry.options["expires"] + 5, (name, ahead)
