@@ -228,3 +228,23 @@ def test_a_one_input_line_naming_another_input_is_declined(name):
     assert parse_validated_tensor_line(json.dumps(line).encode(), model) is None
     right = {**line, "body": {**line["body"], "inputs": [_COMPLETE["body"]["inputs"][0]]}}
     assert parse_validated_tensor_line(json.dumps(right).encode(), model) is not None
+
+
+def test_big_integers_beside_a_bytes_input_keep_every_digit():
+    """Found by the stacking property once input B could be BYTES: a line with a BYTES input keeps one array per
+    input, and its integer input was cast from numpy's float64 inference, so 2**63 + 1 beside a 0 became 2**63.
+    It is cast as the checked parse casts now (tensor_values.exact_integers)."""
+    model = _model("UINT64", 2, b_datatype="BYTES")
+    body = {
+        "model": model.name,
+        "inputs": [
+            {"name": "A", "datatype": "UINT64", "shape": [1, 2], "data": [0.0, 2**63 + 1]},
+            {"name": "B", "datatype": "BYTES", "shape": [1, 1], "data": ["x"]},
+        ],
+    }
+    raw = json.dumps({"custom_id": "x", "method": "POST", "url": "/v2/infer", "body": body}).encode()
+    checked = parse_accepted(raw, endpoint="/v2/infer", resolver=ModelResolver(model))
+    fast = parse_validated_tensor_line(raw, model)
+    assert fast is not None
+    assert _arrays(checked.request)[0].ravel().tolist() == [0, 2**63 + 1]
+    _assert_same_arrays(_arrays(fast.request), _arrays(checked.request))
