@@ -248,3 +248,32 @@ def test_big_integers_beside_a_bytes_input_keep_every_digit():
     assert fast is not None
     assert _arrays(checked.request)[0].ravel().tolist() == [0, 2**63 + 1]
     _assert_same_arrays(_arrays(fast.request), _arrays(checked.request))
+
+
+def _sample(datatype: str) -> list:
+    return {
+        "BOOL": [True, False],
+        "BYTES": ["x", ""],
+        "FP16": [1.5, -2.0],
+        "FP32": [1.5, -2.0],
+        "FP64": [1.5, -2.0],
+    }.get(datatype, [1, 0])
+
+
+@pytest.mark.parametrize("other", [*DTYPES, "BYTES"])
+def test_a_line_with_a_bytes_input_parses_its_other_input_of_each_datatype_as_the_checked_parse(other):
+    """A line with a BYTES input keeps one array per input (no stacking from lists); its other input, of every
+    datatype, has the checked parse's values, type and shape (the property draws this pairing rarely)."""
+    model = _model("BYTES", 2, b_datatype=other)
+    body = {
+        "model": model.name,
+        "inputs": [
+            {"name": "A", "datatype": "BYTES", "shape": [1, 2], "data": ["a", "b"]},
+            {"name": "B", "datatype": other, "shape": [1, 2], "data": _sample(other)},
+        ],
+    }
+    raw = json.dumps({"custom_id": "x", "method": "POST", "url": "/v2/infer", "body": body}).encode()
+    checked = parse_accepted(raw, endpoint="/v2/infer", resolver=ModelResolver(model))
+    fast = parse_validated_tensor_line(raw, model)
+    assert fast is not None
+    _assert_same_arrays(_arrays(fast.request), _arrays(checked.request))
