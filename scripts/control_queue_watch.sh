@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Every few seconds, the length and the task names of each local stack's `control` queue on the suite's Redis
+# (tests/e2e/conftest.py: one key prefix per stack). It is how session 19 saw beat's housekeeping pile up ahead
+# of validations (docs/RELIABILITY.md, "Session 19"); run it beside `make test` or a hog run.
+# Usage: scripts/control_queue_watch.sh [seconds between looks (3)] [Redis databases ("14 15")] >> queues.log
+set -uo pipefail
+EVERY=${1:-3}
+DATABASES=${2:-14 15}
+while true; do
+    for db in $DATABASES; do
+        for key in $(redis-cli -n "$db" --scan --pattern 'stack-*:control'); do
+            length=$(redis-cli -n "$db" llen "$key" 2>/dev/null)
+            [ "${length:-0}" -gt 0 ] || continue
+            tasks=$(redis-cli -n "$db" lrange "$key" 0 -1 | python3 -c '
+import collections, json, sys
+counts = collections.Counter()
+for line in sys.stdin:
+    try:
+        counts[json.loads(line)["headers"]["task"]] += 1
+    except (ValueError, KeyError, TypeError):
+        pass
+print(dict(counts))')
+            echo "$(date +%T) db$db $key $length $tasks"
+        done
+    done
+    sleep "$EVERY"
+done
