@@ -24,7 +24,7 @@ import orjson
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import ParsedLine
 from controlplane.kinds.tensor_requests import RawTensorRequest, Signature, TensorInput, TensorRequest
-from controlplane.kinds.tensor_values import KSERVE_DTYPES, exact_integers
+from controlplane.kinds.tensor_values import cast_exactly
 
 _DIMS = itemgetter(slice(1, None))  # a shape's non-batch dims
 
@@ -103,7 +103,6 @@ def _with_arrays(
         if datatype == "BYTES":
             array = np.asarray(data, dtype=np.object_).reshape(shape)
         else:  # cast as the checked parse casts (big integers beside floats kept exact)
-            target = np.dtype(KSERVE_DTYPES[datatype])
-            array = exact_integers(data, np.asarray(data), target).astype(target).reshape(shape)
+            array = cast_exactly(data, datatype, shape)
         inputs.append(TensorInput(name=name, datatype=datatype, shape=shape, array=array))
     return TensorRequest(inputs=tuple(inputs), output_names=output_names)

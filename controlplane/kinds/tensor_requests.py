@@ -12,7 +12,7 @@ import numpy as np
 from controlplane.core.errors import quote
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import BodyIssue
-from controlplane.kinds.tensor_values import KSERVE_DTYPES, exact_integers, tensor_array
+from controlplane.kinds.tensor_values import cast_exactly, tensor_array
 
 # (name, datatype, non-batch dims) per input, then ("outputs", names, ()): lines that share one stack.
 Signature = tuple[tuple[str, str, tuple[int, ...]], ...]
@@ -62,9 +62,7 @@ class RawTensorRequest(NamedTuple):
     def arrays(self) -> tuple[np.ndarray, ...]:
         # Inferred first, then cast, exactly as the checked parse does (tensor_values.tensor_array).
         return tuple(
-            exact_integers(values, np.asarray(values), np.dtype(KSERVE_DTYPES[datatype]))
-            .astype(KSERVE_DTYPES[datatype])
-            .reshape(shape)
+            cast_exactly(values, datatype, shape)
             for values, datatype, shape in zip(self.values, self.datatypes, self.shapes, strict=True)
         )
 
