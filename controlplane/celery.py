@@ -55,7 +55,8 @@ class BrokerRestartTolerantConsumer(Consumer):
                 transport.client = client
 
 
-app = Celery("controlplane")
+# Every task's class: a beat message that a later run of its job has superseded is skipped (core/beat.py).
+app = Celery("controlplane", task_cls="controlplane.core.beat:BeatAwareTask")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.worker_consumer = f"{__name__}:{BrokerRestartTolerantConsumer.__name__}"
 app.autodiscover_tasks()

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from controlplane.core.audit import AuditedAdmin
-from controlplane.core.models import OutboxMessage
+from controlplane.core.audit import AuditedAdmin, ReadOnlyAdmin
+from controlplane.core.models import BeatRun, OutboxMessage
 
 
 @admin.register(OutboxMessage)
@@ -20,3 +20,13 @@ class OutboxMessageAdmin(AuditedAdmin, admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None) -> bool:  # type: ignore[no-untyped-def]
         return False
+
+
+@admin.register(BeatRun)
+class BeatRunAdmin(ReadOnlyAdmin, admin.ModelAdmin):
+    """When each beat job last started (core/beat.py): a start minutes older than the job's interval means the
+    control workers are far behind, or beat or every control worker is down."""
+
+    list_display = ("name", "started_at")
+    readonly_fields = list_display
+    ordering = ("name",)

@@ -92,3 +92,14 @@ class AuditEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.actor} {self.action} {self.app_label}.{self.model} {self.object_id}"
+
+
+class BeatRun(models.Model):
+    """When a beat job last started (controlplane/core/beat.py): a message of the job sent before that start is
+    superseded by it and skipped, so a backlog of beat messages costs one run per job, never none."""
+
+    name = models.CharField(max_length=200, primary_key=True)  # the task's name
+    started_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.name} started {self.started_at.isoformat()}"

@@ -360,17 +360,16 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
         "schedule": timedelta(seconds=CONSOLE_SAMPLES_INTERVAL_SECONDS),
     },
 }
-# A beat message older than its own interval is superseded by the next one beat has already sent, so the worker
-# drops it (Celery's `expires`) instead of running it. Without that, a control worker slower than beat (a loaded
-# host) fell behind for good: the suite saw 173 rescue, expiry and relay runs queued and growing, and new batches'
-# validations waiting minutes behind them (2026-12-04). Every beat job is idempotent and re-sent on its interval.
-# At least 10 s: beat and the workers may run on hosts whose clocks differ by a few seconds, and a message that
-# expired on arrival would never run.
-BEAT_MESSAGE_MIN_EXPIRY_SECONDS = 10.0
+# Beat stamps each message with an expiry; a worker skips a message that a later run of its job has superseded
+# (controlplane/core/beat.py says why, and how the sent time is read off the expiry). The expiry itself only bounds
+# the queue a stopped control worker finds when it comes back: an hour of sends, each skipped in a few ms. It is far
+# longer than any interval on purpose: expiring a message after its own interval (the rule before) dropped every
+# message once the queue was longer than that, and housekeeping stopped altogether (docs/RELIABILITY.md, session 20).
+BEAT_MESSAGE_EXPIRY_SECONDS = 3600.0
 for _entry in CELERY_BEAT_SCHEDULE.values():
     _every = _entry["schedule"]
     _seconds = _every.total_seconds() if isinstance(_every, timedelta) else float(_every)
-    _entry["options"] = {"expires": max(_seconds, BEAT_MESSAGE_MIN_EXPIRY_SECONDS)}
+    _entry["options"] = {"expires": max(BEAT_MESSAGE_EXPIRY_SECONDS, 2 * _seconds)}
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 # Prometheus (controlplane/metrics, docs/OPERATIONS.md). /metrics on the web tier answers only a request with
