@@ -314,6 +314,7 @@ class PlacementAdmin(ReadOnlyAdmin):
         "instances",
         "status",
         "failed_until",
+        "load_failures",
         "avg_queue_ms",
         "avg_compute_ms",
         "last_error_short",

@@ -138,6 +138,15 @@ class PlacementStatus(models.TextChoices):
     FAILED = "failed"
 
 
+def gpus_text(gpus: tuple[int, ...]) -> str:
+    """A planner's GPU set as a Placement row's ``gpus``."""
+    return ",".join(str(g) for g in gpus)
+
+
+def gpus_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(g) for g in text.split(",") if g != "")
+
+
 class Placement(models.Model):
     """Instances of one model on one server's GPU set, as the reconciler last applied them."""
 
@@ -148,6 +157,8 @@ class Placement(models.Model):
     status = models.CharField(max_length=16, choices=PlacementStatus.choices, default=PlacementStatus.LOADING)
     failed_until = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
+    # Loads that failed here in a row (fleet/reconciler.py: the backoff doubles with each); 0 after a good one.
+    load_failures = models.PositiveIntegerField(default=0)
     # Triton's own view, from its statistics API (averages since the model was loaded there).
     avg_queue_ms = models.FloatField(null=True, blank=True)
     avg_compute_ms = models.FloatField(null=True, blank=True)

@@ -26,6 +26,7 @@ from controlplane.core.metrics import CONSOLIDATION_MOVES
 from controlplane.fleet import planner
 from controlplane.fleet import planner_types as pt
 from controlplane.fleet.demand import activity_touch, demand_by_model, lines_per_second_per_instance
+from controlplane.fleet.load_failures import load_failure_record
 from controlplane.fleet.memory import measured_bytes_per_instance, planned_bytes_per_instance
 from controlplane.fleet.models import (
     CatalogueModel,
@@ -36,6 +37,8 @@ from controlplane.fleet.models import (
     PlacementStatus,
     ServerState,
     TritonServer,
+    gpus_text,
+    gpus_tuple,
 )
 from controlplane.fleet.moves import models_only_loading, move_action, move_history, moves_planned_record
 from controlplane.fleet.plan_changes import execution_phases
@@ -44,8 +47,6 @@ from controlplane.triton.client import TritonClient, TritonError, cpu_instances,
 
 logger = logging.getLogger(__name__)
 HOLDER = f"{socket.gethostname()}:{os.getpid()}"
-# A failed load is not retried on the same server for this long (the planner may still choose it again).
-LOAD_FAILURE_BACKOFF = timedelta(minutes=2)
 
 
 @dataclass
@@ -66,14 +67,6 @@ def lock_acquire(name: str, ttl_s: float) -> bool:
 
 def lock_release(name: str) -> None:
     FleetLock.objects.filter(name=name, holder=HOLDER).update(expires_at=None, holder="")
-
-
-def _gpus_text(gpus: tuple[int, ...]) -> str:
-    return ",".join(str(g) for g in gpus)
-
-
-def _gpus_tuple(text: str) -> tuple[int, ...]:
-    return tuple(int(g) for g in text.split(",") if g != "")
 
 
 def _client(server: TritonServer) -> TritonClient:
@@ -117,7 +110,7 @@ def _sync_actual_state(servers: list[TritonServer]) -> None:
 
 def _record_statistics(client: TritonClient, placement: Placement) -> None:
     stats = client.model_statistics(placement.model.triton_name)
-    measured = measured_bytes_per_instance(stats, instances=placement.instances, gpus=_gpus_tuple(placement.gpus))
+    measured = measured_bytes_per_instance(stats, instances=placement.instances, gpus=gpus_tuple(placement.gpus))
     if measured is not None and placement.server.real_gpus:
         Placement.objects.filter(id=placement.id).update(measured_memory_bytes=measured)
     for entry in stats.get("model_stats", []):
@@ -181,7 +174,7 @@ def planner_inputs(now: float) -> tuple:
             )
         )
     current = [
-        pt.Placement(p.model.triton_name, names[p.server_id], _gpus_tuple(p.gpus), p.instances)
+        pt.Placement(p.model.triton_name, names[p.server_id], gpus_tuple(p.gpus), p.instances)
         for p in Placement.objects.filter(
             status__in=(PlacementStatus.READY, PlacementStatus.LOADING), instances__gt=0, model__is_enabled=True
         ).select_related("model")
@@ -266,12 +259,12 @@ def _wait_ready(model: CatalogueModel, server: TritonServer) -> None:
 
 
 def _apply_group(model: CatalogueModel, server: TritonServer, changes: list[pt.Change], actor: str) -> tuple[bool, str]:
-    target = {_gpus_text(p.gpus): p.instances for p in _current_rows(model, server)}
+    target = {gpus_text(p.gpus): p.instances for p in _current_rows(model, server)}
     for change in changes:
-        target[_gpus_text(change.gpus)] = change.after
+        target[gpus_text(change.gpus)] = change.after
     target = {gpus: n for gpus, n in target.items() if n > 0}
     reason = "; ".join(c.reason or c.kind.value for c in changes)
-    summary = f"{model.triton_name}@{server.name}: {', '.join(f'{c.kind.value} gpus[{_gpus_text(c.gpus)}] {c.before}->{c.after}' for c in changes)}"
+    summary = f"{model.triton_name}@{server.name}: {', '.join(f'{c.kind.value} gpus[{gpus_text(c.gpus)}] {c.before}->{c.after}' for c in changes)}"
     client = _client(server)
     started = time.monotonic()
     try:
@@ -289,7 +282,7 @@ def _apply_group(model: CatalogueModel, server: TritonServer, changes: list[pt.C
             client.unload_model(model.triton_name)
     except TritonError as exc:
         if target:
-            _record_failure(model, server, changes, str(exc), actor)
+            load_failure_record(model, server, changes, str(exc), actor)
             return False, f"{summary}: {exc}"
         logger.warning(
             "unload of %s on %s failed (ignored, server may be gone): %s", model.triton_name, server.name, exc
@@ -309,6 +302,7 @@ def _apply_group(model: CatalogueModel, server: TritonServer, changes: list[pt.C
                     "status": PlacementStatus.READY,
                     "failed_until": None,
                     "last_error": "",
+                    "load_failures": 0,
                 },
             )
         if any(c.before == 0 for c in changes) and target:
@@ -318,7 +312,7 @@ def _apply_group(model: CatalogueModel, server: TritonServer, changes: list[pt.C
             PlacementEvent.objects.create(
                 model=model,
                 server=server,
-                gpus=_gpus_text(c.gpus),
+                gpus=gpus_text(c.gpus),
                 action=move_action(c),
                 before=c.before,
                 after=c.after,
@@ -331,7 +325,7 @@ def _apply_group(model: CatalogueModel, server: TritonServer, changes: list[pt.C
 
 def _current_rows(model: CatalogueModel, server: TritonServer) -> list[pt.Placement]:
     return [
-        pt.Placement(model.triton_name, server.name, _gpus_tuple(p.gpus), p.instances)
+        pt.Placement(model.triton_name, server.name, gpus_tuple(p.gpus), p.instances)
         for p in Placement.objects.filter(model=model, server=server, instances__gt=0).exclude(
             status=PlacementStatus.FAILED
         )
@@ -346,7 +340,7 @@ def _instance_groups(server: TritonServer, target: dict[str, int], *, cpu_per_in
     if server.real_gpus:
         groups = []
         for gpus, count in sorted(target.items()):
-            ids = list(_gpus_tuple(gpus))
+            ids = list(gpus_tuple(gpus))
             if len(ids) == 1:
                 groups.append({"count": count, "kind": "KIND_GPU", "gpus": ids})
             else:
@@ -358,34 +352,3 @@ def _instance_groups(server: TritonServer, target: dict[str, int], *, cpu_per_in
     # Declared GPUs on a CPU host: the instances exist as CPU instances; the memory accounting is the
     # planner's, against the declared inventory.
     return [{"count": sum(target.values()) * cpu_per_instance, "kind": "KIND_CPU"}]
-
-
-def _record_failure(
-    model: CatalogueModel, server: TritonServer, changes: list[pt.Change], error: str, actor: str
-) -> None:
-    until = timezone.now() + LOAD_FAILURE_BACKOFF
-    with transaction.atomic():
-        for c in changes:
-            Placement.objects.update_or_create(
-                model=model,
-                server=server,
-                gpus=_gpus_text(c.gpus),
-                defaults={
-                    "instances": c.before,
-                    "status": PlacementStatus.FAILED if c.before == 0 else PlacementStatus.READY,
-                    "failed_until": until,
-                    "last_error": error[:2000],
-                },
-            )
-            PlacementEvent.objects.create(
-                model=model,
-                server=server,
-                gpus=_gpus_text(c.gpus),
-                action=move_action(c),
-                before=c.before,
-                after=c.after,
-                ok=False,
-                move_for=c.move_for,
-                reason=error[:2000],
-                actor=actor,
-            )

@@ -93,6 +93,40 @@ def test_a_failing_load_marks_the_placement_failed(fleet, tenant):
     assert fleet_reconcile().failures == []  # backed off: not retried on that server at once
 
 
+def test_failed_loads_in_a_row_back_off_longer_and_a_good_load_starts_over(fleet, tenant):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    server, client = fleet
+    CatalogueModel.objects.filter(triton_name="scale2").update(triton_name="no_such_model")
+    _demand(tenant, "scale2")
+    backoffs = []
+    for _ in range(3):
+        before = timezone.now()
+        assert fleet_reconcile().failures
+        placement = Placement.objects.get(model__triton_name="no_such_model", server=server)
+        backoffs.append(round((placement.failed_until - before).total_seconds()))
+        # The backoff has passed: the next reconcile tries that server again.
+        Placement.objects.filter(id=placement.id).update(failed_until=timezone.now() - timedelta(seconds=1))
+    assert placement.load_failures == 3
+    assert backoffs == [10, 20, 40]
+    # The model's repository entry is fixed: the next load succeeds and the count starts over.
+    CatalogueModel.objects.filter(triton_name="no_such_model").update(triton_name="scale2")
+    report = fleet_reconcile()
+    assert not report.failures, report
+    placement = Placement.objects.get(model__triton_name="scale2", server=server)
+    assert (placement.status, placement.load_failures, placement.failed_until) == (PlacementStatus.READY, 0, None)
+    assert client.is_model_ready("scale2")
+
+
+def test_the_load_failure_backoff_doubles_from_10_s_up_to_2_min():
+    from controlplane.fleet.load_failures import load_failure_backoff
+
+    assert [load_failure_backoff(n).total_seconds() for n in range(1, 8)] == [10, 20, 40, 80, 120, 120, 120]
+    assert load_failure_backoff(10**6).total_seconds() == 120
+
+
 def test_a_recent_failed_load_is_passed_to_the_planner_as_a_server_to_avoid(catalogue):
     import time
     from datetime import timedelta
