@@ -12,12 +12,11 @@ from controlplane.fleet import planner_types as pt
 from controlplane.fleet.models import (
     CatalogueModel,
     Placement,
-    PlacementEvent,
     PlacementStatus,
     TritonServer,
     gpus_text,
 )
-from controlplane.fleet.moves import move_action
+from controlplane.fleet.moves import change_event_record
 
 # A failed load is not retried on the same server for a while (the planner may place the model elsewhere): 10 s
 # after the first failure, doubling with each one in a row up to 2 min. A flat 2 min kept a model off its only
@@ -57,15 +56,4 @@ def load_failure_record(
                     "load_failures": failures,
                 },
             )
-            PlacementEvent.objects.create(
-                model=model,
-                server=server,
-                gpus=gpus_text(c.gpus),
-                action=move_action(c),
-                before=c.before,
-                after=c.after,
-                ok=False,
-                move_for=c.move_for,
-                reason=error[:2000],
-                actor=actor,
-            )
+            change_event_record(model, server, c, reason=error[:2000], actor=actor, ok=False)

@@ -11,7 +11,14 @@ from django.db.models import Max, Sum
 from django.utils import timezone
 
 from controlplane.fleet import planner_types as pt
-from controlplane.fleet.models import CatalogueModel, Placement, PlacementEvent, PlacementStatus
+from controlplane.fleet.models import (
+    CatalogueModel,
+    Placement,
+    PlacementEvent,
+    PlacementStatus,
+    TritonServer,
+    gpus_text,
+)
 
 MOVE_IN, MOVE_OUT, CONSOLIDATE = "move_in", "move_out", "consolidate"
 
@@ -65,3 +72,21 @@ def move_action(change: pt.Change) -> str:
     if not change.move_for:
         return change.kind.value
     return MOVE_IN if change.after > change.before else MOVE_OUT
+
+
+def change_event_record(
+    model: CatalogueModel, server: TritonServer, change: pt.Change, *, reason: str, actor: str, ok: bool = True
+) -> None:
+    """The PlacementEvent of one applied (or failed) change of a plan."""
+    PlacementEvent.objects.create(
+        model=model,
+        server=server,
+        gpus=gpus_text(change.gpus),
+        action=move_action(change),
+        before=change.before,
+        after=change.after,
+        ok=ok,
+        move_for=change.move_for,
+        reason=reason,
+        actor=actor,
+    )

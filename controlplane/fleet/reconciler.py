@@ -40,7 +40,7 @@ from controlplane.fleet.models import (
     gpus_text,
     gpus_tuple,
 )
-from controlplane.fleet.moves import models_only_loading, move_action, move_history, moves_planned_record
+from controlplane.fleet.moves import change_event_record, models_only_loading, move_history, moves_planned_record
 from controlplane.fleet.plan_changes import execution_phases
 from controlplane.fleet.routing import ROUTE_CACHE_SECONDS
 from controlplane.triton.client import TritonClient, TritonError, cpu_instances, repository_model_config
@@ -309,17 +309,7 @@ def _apply_group(model: CatalogueModel, server: TritonServer, changes: list[pt.C
             # Measured load time feeds the planner's payback rule (smoothed: loads vary with host load).
             CatalogueModel.objects.filter(id=model.id).update(load_seconds=0.5 * model.load_seconds + 0.5 * elapsed)
         for c in changes:
-            PlacementEvent.objects.create(
-                model=model,
-                server=server,
-                gpus=gpus_text(c.gpus),
-                action=move_action(c),
-                before=c.before,
-                after=c.after,
-                reason=c.reason or reason,
-                actor=actor,
-                move_for=c.move_for,
-            )
+            change_event_record(model, server, c, reason=c.reason or reason, actor=actor)
     return True, f"{summary} ({elapsed:.1f}s)"
 
 
