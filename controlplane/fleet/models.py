@@ -43,6 +43,10 @@ class CatalogueModel(models.Model):
     # the planner derives its lines/s per instance from this at the pending work's lines per unit
     # (fleet/demand.py), and the fleet-size loop uses work units directly (fleet/size_plans.py).
     seconds_per_work_unit = models.FloatField(default=0.0005)
+    # What shards are cut by (batches/intake/validation.py): seconds per work unit with a Triton call in flight
+    # (scheduling/call_clock.py), smoothed like the above. Not the cycle: its fixed costs would shrink shards
+    # without end on a loaded host. 0 = not measured yet (generation streams are not): the cycle's figure is used.
+    model_seconds_per_work_unit = models.FloatField(default=0.0)
     paused = models.BooleanField(default=False, help_text="No new shard of this model is dispatched.")
     pin_server = models.ForeignKey("TritonServer", on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     pin_gpus = models.JSONField(default=list, blank=True)

@@ -94,12 +94,14 @@ def _charge(*, tenant_id: int, weight: float, work: float, now: datetime) -> Non
     SchedulerClock.objects.filter(name="default").update(vtime=new_system.vtime, vtime_at=now)
 
 
-def shard_settle(*, shard_id: int, cycle_seconds: float | None = None) -> None:
+def shard_settle(*, shard_id: int, cycle_seconds: float | None = None, model_seconds: float | None = None) -> None:
     """After a shard committed: correct the tenant's charge with the measured work (the tokenizer's count
     for text) and fold the shard's measured seconds per work unit into the model's estimate. ``cycle_seconds``
     is what the shard cost its slot, claim and commit included (the slot runner measures it): a slot's
     throughput is shards per cycle, and with small shards the claim and commit are a large part of it (an
-    e2e deadline test saw promotions come too late when only started → finished was counted)."""
+    e2e deadline test saw promotions come too late when only started → finished was counted). ``model_seconds``
+    is how long its Triton calls were in flight (scheduling/call_clock.py), folded into the figure shards are cut
+    by (None: not timed, that figure is left alone)."""
     row = (
         Shard.objects.filter(id=shard_id, status=ShardStatus.SUCCEEDED)
         .values(
@@ -150,19 +152,26 @@ def shard_settle(*, shard_id: int, cycle_seconds: float | None = None) -> None:
         seconds = (row["finished_at"] - row["started_at"]).total_seconds()
     if seconds is not None:
         _speed_update(model_name=row["batch__model"], seconds_per_unit=seconds / measured)
+    if model_seconds is not None:
+        _speed_update(
+            model_name=row["batch__model"],
+            seconds_per_unit=model_seconds / measured,
+            field="model_seconds_per_work_unit",
+        )
     if counts.choices:
         _completion_update(model_name=row["batch__model"], tokens_per_choice=counts.output / counts.choices)
 
 
-def _speed_update(*, model_name: str, seconds_per_unit: float) -> None:
-    model = CatalogueModel.objects.filter(name=model_name).only("id", "seconds_per_work_unit").first()
+def _speed_update(*, model_name: str, seconds_per_unit: float, field: str = "seconds_per_work_unit") -> None:
+    """Fold one shard's seconds per unit into the model's ``field`` (the slot's cycle, or its calls' time)."""
+    model = CatalogueModel.objects.filter(name=model_name).only("id", field).first()
     if model is None or seconds_per_unit <= 0:
         return
-    old = model.seconds_per_work_unit
+    old = getattr(model, field)
     if old > 0:
         seconds_per_unit = min(max(seconds_per_unit, old / SPEED_STEP_LIMIT), old * SPEED_STEP_LIMIT)
         seconds_per_unit = SPEED_SMOOTHING * seconds_per_unit + (1 - SPEED_SMOOTHING) * old
-    CatalogueModel.objects.filter(id=model.id).update(seconds_per_work_unit=seconds_per_unit)
+    CatalogueModel.objects.filter(id=model.id).update(**{field: seconds_per_unit})
 
 
 def _completion_update(*, model_name: str, tokens_per_choice: float) -> None:

@@ -19,6 +19,7 @@ from controlplane.core.database import when_database_answers
 from controlplane.core.logs import log_context_bind
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import Backend
+from controlplane.scheduling.call_clock import CallClock
 from controlplane.scheduling.claims import shard_claim_next, shard_settle
 from controlplane.scheduling.slots import slot_finish, slot_renew, slot_start, slots_topup
 from controlplane.triton.client import TransientTritonError
@@ -97,7 +98,7 @@ def shard_run_next(*, model: CatalogueModel, owner: str, backend_factory: Callab
     nothing of the model is runnable. The one way shards run, in workers and in tests alike."""
     started = time.monotonic()  # what a shard costs its slot: routing, claim, run, commit
     try:
-        backend = backend_factory(model.triton_name)
+        backend = CallClock(backend_factory(model.triton_name))
     except TransientTritonError as exc:
         logger.info("%s: model %s has nowhere to run: %s", owner, model.name, exc)
         return Cycle(UNROUTABLE)
@@ -107,7 +108,7 @@ def shard_run_next(*, model: CatalogueModel, owner: str, backend_factory: Callab
     log_context_bind(batch_id=shard.batch_id, shard_id=shard.id, shard_index=shard.index, attempt=shard.attempt)
     outcome = shard_execute(shard=shard, model=model, backend=backend)
     if outcome == "succeeded":
-        shard_settle(shard_id=shard.id, cycle_seconds=time.monotonic() - started)
+        shard_settle(shard_id=shard.id, cycle_seconds=time.monotonic() - started, model_seconds=backend.model_seconds)
     if outcome in SHARD_CLOSED_OUTCOMES:
         # Finalize runs here, inline in the slot that closed the batch's last shard: its output is assembled at
         # once by a worker already holding the batch's files, with no queue hop. The control queue's

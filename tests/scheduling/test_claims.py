@@ -244,6 +244,64 @@ def test_the_speed_estimate_counts_what_a_shard_cost_its_slot(quiet):
     assert settled(None) < before
 
 
+def test_the_calls_time_is_folded_into_the_figure_shards_are_cut_by_and_the_cycle_into_the_other(quiet):
+    """model_seconds (the calls in flight, scheduling/call_clock.py) moves model_seconds_per_work_unit; the
+    cycle moves seconds_per_work_unit; neither touches the other, and no model_seconds leaves it alone."""
+    from controlplane.batches.run.shards import PartSummary, shard_commit
+    from controlplane.scheduling.claims import shard_settle
+
+    runnable_batch(new_tenant("calls"), 10)  # five shards of two rows
+    CatalogueModel.objects.filter(name="identity").update(seconds_per_work_unit=0.5, model_seconds_per_work_unit=0)
+
+    def settled(cycle_seconds, model_seconds):
+        shard = shard_claim_next(model=_identity(), owner="t")
+        assert shard_commit(
+            shard_id=shard.id, attempt=shard.attempt, summary=PartSummary("p", 2, 0, TokenCounts(), False)
+        )
+        shard_settle(shard_id=shard.id, cycle_seconds=cycle_seconds, model_seconds=model_seconds)
+        model = _identity()
+        return model.seconds_per_work_unit, model.model_seconds_per_work_unit
+
+    # Unmeasured (0): the first calls' time is taken as it is, 0.02 s for 2 rows.
+    assert settled(2.0, 0.02) == pytest.approx((0.3 * 1.0 + 0.7 * 0.5, 0.01))
+    _, calls = settled(2.0, 0.04)
+    assert calls == pytest.approx(0.3 * 0.02 + 0.7 * 0.01)
+    assert settled(2.0, None)[1] == calls  # a generation stream, or no call: not measured
+
+
+def test_shards_cut_by_their_calls_time_stay_large_when_the_cycle_is_mostly_fixed_cost(quiet, monkeypatch):
+    """The loop a loaded host runs: validation cuts shards by the estimate, each shard's cycle costs 1.2 s of
+    claim, reading, writing and commit whatever its size plus 1 ms a row, and settling feeds the estimate back.
+    Cut by the cycle, shards shrink to the 4-row floor and stay there; cut by the calls' time (20 ms a call plus
+    1 ms a row), they settle far above it."""
+    from controlplane.batches.intake.validation import shard_seconds_per_unit
+    from controlplane.batches.run.shards import PartSummary, shard_commit
+    from controlplane.scheduling.claims import shard_settle
+
+    fixed_s, call_s, row_s, target_s, floor, cap = 1.2, 0.02, 0.001, 1.0, 4, 4096
+
+    runnable_batch(new_tenant("loop"), 240)  # 120 shards of two rows, each settled below as a shard of `rows`
+
+    def steady_size(timed_calls: bool) -> int:
+        CatalogueModel.objects.filter(name="identity").update(
+            seconds_per_work_unit=row_s, model_seconds_per_work_unit=0.0
+        )
+        rows = cap
+        for _ in range(60):  # the cycle-cut loop reaches the floor at about the 60th shard from 1,000 rows
+            rows = min(cap, max(floor, int(target_s / shard_seconds_per_unit(_identity()))))
+            shard = shard_claim_next(model=_identity(), owner="t")
+            assert shard_commit(
+                shard_id=shard.id, attempt=shard.attempt, summary=PartSummary("p", 2, 0, TokenCounts(), False)
+            )
+            Shard.objects.filter(id=shard.id).update(work_units=rows)  # as validation would have cut it
+            model_seconds = call_s + rows * row_s if timed_calls else None
+            shard_settle(shard_id=shard.id, cycle_seconds=fixed_s + rows * row_s, model_seconds=model_seconds)
+        return rows
+
+    assert steady_size(timed_calls=False) == floor
+    assert steady_size(timed_calls=True) >= 900  # 20 ms of fixed cost a call: ~980 rows
+
+
 # Measured above and below the estimate; a weight under 1; a weight of 0, which Tenant.clean refuses but a
 # plain UPDATE can write: it is charged as the smallest weight (1e-6) rather than failing every claim.
 @pytest.mark.parametrize(("weight", "delta"), [(2.0, 7), (0.5, -3), (0.0, 7)])

@@ -22,6 +22,12 @@ from controlplane.kinds.registry import kind_for
 MAX_REPORTED_ERRORS = 100
 
 
+def shard_seconds_per_unit(model: CatalogueModel) -> float:
+    """The model time per work unit shards are cut by: its calls' measured time, else (not measured yet, or a
+    generation model) the slot cycle's (fleet/models.py says why the calls' time comes first)."""
+    return model.model_seconds_per_work_unit or model.seconds_per_work_unit
+
+
 @dataclass(frozen=True)
 class ShardPlan:
     index: int
@@ -144,8 +150,8 @@ def validate_input(
                 if columns_for is not None:
                     columns = columns_for(model)
                     laned = lane.check(line.data) is not None  # the first line through the lane as well
-            if shard_seconds > 0 and model is not None and model.seconds_per_work_unit > 0:
-                shard_budget = shard_seconds / model.seconds_per_work_unit
+            if shard_seconds > 0 and model is not None and shard_seconds_per_unit(model) > 0:
+                shard_budget = shard_seconds / shard_seconds_per_unit(model)
             if model is not None:
                 min_shard_lines = max(min_shard_lines, kind_for(endpoint).min_shard_lines(model))
         elif facts.model_name != result.model:
