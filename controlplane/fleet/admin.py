@@ -101,7 +101,12 @@ class CatalogueModelAdmin(AuditedAdmin, admin.ModelAdmin):
     )
     list_filter = ("kind", "is_enabled", "paused")
     search_fields = ("name", "triton_name")
-    readonly_fields = ("seconds_per_work_unit", "last_active_at", "expected_completion_tokens")
+    readonly_fields = (
+        "seconds_per_work_unit",
+        "model_seconds_per_work_unit",
+        "last_active_at",
+        "expected_completion_tokens",
+    )
     # Pausing goes through the actions (fleet.services.model_set_paused): they write a PlacementEvent and top up slots.
     actions = ("pause_dispatch", "resume_dispatch")
     fieldsets = (
@@ -133,6 +138,7 @@ class CatalogueModelAdmin(AuditedAdmin, admin.ModelAdmin):
                     "load_seconds",
                     "gpus_per_instance",
                     "seconds_per_work_unit",
+                    "model_seconds_per_work_unit",
                     "last_active_at",
                     "pool",
                 ),
