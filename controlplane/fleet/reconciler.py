@@ -15,6 +15,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 
 from django.conf import settings
 from django.db import transaction
@@ -22,6 +23,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from controlplane.core import dispatch
+from controlplane.core.database import when_database_answers
 from controlplane.core.metrics import CONSOLIDATION_MOVES
 from controlplane.fleet import planner
 from controlplane.fleet import planner_types as pt
@@ -207,7 +209,10 @@ def fleet_reconcile(*, actor: str = "reconciler") -> ReconcileReport:
             dispatch.slots_topup_enqueue()  # capacity changed: the dispatcher resizes every model's slots
         return report
     finally:
-        lock_release("reconcile")
+        # Given back even when the run died on a database error (a Postgres restart closed its connection): left
+        # held, no reconcile ran for FLEET_RECONCILE_LOCK_SECONDS (5 min; a hog run's chaos stack never reloaded
+        # tinylm after a Triton restart that came right after a Postgres restart).
+        when_database_answers(partial(lock_release, "reconcile"), within_s=settings.FLEET_RECONCILE_RELEASE_SECONDS)
 
 
 def _apply(result: pt.Plan, actor: str) -> ReconcileReport:

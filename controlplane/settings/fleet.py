@@ -32,6 +32,8 @@ FLEET_HEARTBEAT_INTERVAL_SECONDS = env_float("FLEET_HEARTBEAT_INTERVAL_SECONDS",
 # Long enough for a load to finish inside one run; a model load here takes ~15 s.
 FLEET_RECONCILE_INTERVAL_SECONDS = env_float("FLEET_RECONCILE_INTERVAL_SECONDS", 10.0)
 FLEET_RECONCILE_LOCK_SECONDS = env_float("FLEET_RECONCILE_LOCK_SECONDS", 300.0)
+# How long a reconcile that failed on a database error keeps trying to give its lease back (a restart's length).
+FLEET_RECONCILE_RELEASE_SECONDS = env_float("FLEET_RECONCILE_RELEASE_SECONDS", 30.0)
 FLEET_PROBE_TIMEOUT_SECONDS = env_float("FLEET_PROBE_TIMEOUT_SECONDS", 2.0)
 # Idle models keep their instances this long after their last work, then scale to min_instances.
 FLEET_IDLE_TTL_SECONDS = env_float("FLEET_IDLE_TTL_SECONDS", 300.0)

@@ -227,3 +227,26 @@ def test_consolidation_moves_make_before_break_then_loads_the_model_it_made_room
     assert CONSOLIDATION_MOVES.labels("identity", "ok")._value.get() == before + 1
     # The next plan keeps it so: identity is in its cooldown and scale2 is placed.
     assert fleet_reconcile(actor="test").changes == []
+
+
+def test_a_reconcile_that_dies_on_a_closed_connection_still_gives_its_lease_back(catalogue, monkeypatch):
+    """Postgres restarting under a reconcile closes its connection: the run fails, and its lease is given back
+    on a new connection (left held, no reconcile ran for FLEET_RECONCILE_LOCK_SECONDS, 5 min)."""
+    from django.db import DatabaseError, connection
+
+    from controlplane.fleet import reconciler
+    from controlplane.fleet.models import FleetLock
+
+    def database_restarted(servers):
+        assert FleetLock.objects.get(name="reconcile").expires_at is not None  # the run holds the lease
+        with connection.cursor() as cursor:  # the server ends this session, as a restart does
+            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+
+    monkeypatch.setattr(reconciler, "_sync_actual_state", database_restarted)
+    with pytest.raises(DatabaseError):
+        fleet_reconcile(actor="test")
+    connection.close()
+    lock = FleetLock.objects.get(name="reconcile")
+    assert (lock.expires_at, lock.holder) == (None, "")
+    monkeypatch.undo()
+    assert fleet_reconcile(actor="test").ran  # and the next run gets it at once
