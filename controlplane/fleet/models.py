@@ -46,7 +46,7 @@ class CatalogueModel(models.Model):
     # What shards are cut by (batches/intake/validation.py): seconds per work unit with a Triton call in flight
     # (scheduling/call_clock.py), smoothed like the above. Not the cycle: its fixed costs would shrink shards
     # without end on a loaded host. 0 = not measured yet (generation streams are not): the cycle's figure is used.
-    model_seconds_per_work_unit = models.FloatField(default=0.0)
+    model_seconds_per_work_unit = models.FloatField(default=0.0, db_default=0.0)
     paused = models.BooleanField(default=False, help_text="No new shard of this model is dispatched.")
     pin_server = models.ForeignKey("TritonServer", on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     pin_gpus = models.JSONField(default=list, blank=True)
@@ -162,7 +162,7 @@ class Placement(models.Model):
     failed_until = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
     # Loads that failed here in a row (fleet/reconciler.py: the backoff doubles with each); 0 after a good one.
-    load_failures = models.PositiveIntegerField(default=0)
+    load_failures = models.PositiveIntegerField(default=0, db_default=0)
     # Triton's own view, from its statistics API (averages since the model was loaded there).
     avg_queue_ms = models.FloatField(null=True, blank=True)
     avg_compute_ms = models.FloatField(null=True, blank=True)
