@@ -52,7 +52,12 @@ PURE = {"policy", "planner"}  # not sizing: tests/fleet/test_size_plans.py reads
 MODULES: dict[str, tuple[str, list[str]]] = {
     "claims": (
         "controlplane/scheduling/claims.py",
-        ["tests/scheduling/test_claims.py", "tests/scheduling/test_claim_guards.py", "tests/batches/test_fences.py"],
+        [
+            "tests/scheduling/test_claims.py",
+            "tests/scheduling/test_settle.py",
+            "tests/scheduling/test_claim_guards.py",
+            "tests/batches/test_fences.py",
+        ],
     ),
     "shards": (
         "controlplane/batches/run/shards.py",
