@@ -150,28 +150,32 @@ def shard_settle(*, shard_id: int, cycle_seconds: float | None = None, model_sec
     seconds = cycle_seconds
     if seconds is None and row["started_at"] and row["finished_at"]:
         seconds = (row["finished_at"] - row["started_at"]).total_seconds()
+    samples = {}  # estimate → this shard's seconds per unit: the slot's cycle, and its calls' time
     if seconds is not None:
-        _speed_update(model_name=row["batch__model"], seconds_per_unit=seconds / measured)
+        samples["seconds_per_work_unit"] = seconds / measured
     if model_seconds is not None:
-        _speed_update(
-            model_name=row["batch__model"],
-            seconds_per_unit=model_seconds / measured,
-            field="model_seconds_per_work_unit",
-        )
+        samples["model_seconds_per_work_unit"] = model_seconds / measured
+    _speed_update(model_name=row["batch__model"], samples=samples)
     if counts.choices:
         _completion_update(model_name=row["batch__model"], tokens_per_choice=counts.output / counts.choices)
 
 
-def _speed_update(*, model_name: str, seconds_per_unit: float, field: str = "seconds_per_work_unit") -> None:
-    """Fold one shard's seconds per unit into the model's ``field`` (the slot's cycle, or its calls' time)."""
-    model = CatalogueModel.objects.filter(name=model_name).only("id", field).first()
-    if model is None or seconds_per_unit <= 0:
+def _speed_update(*, model_name: str, samples: dict[str, float]) -> None:
+    """Fold one shard's seconds per unit into each named estimate of the model (one read, one write)."""
+    samples = {field: value for field, value in samples.items() if value > 0}
+    if not samples:
         return
-    old = getattr(model, field)
-    if old > 0:
-        seconds_per_unit = min(max(seconds_per_unit, old / SPEED_STEP_LIMIT), old * SPEED_STEP_LIMIT)
-        seconds_per_unit = SPEED_SMOOTHING * seconds_per_unit + (1 - SPEED_SMOOTHING) * old
-    CatalogueModel.objects.filter(id=model.id).update(**{field: seconds_per_unit})
+    model = CatalogueModel.objects.filter(name=model_name).only("id", *samples).first()
+    if model is None:
+        return
+    updates = {}
+    for field, value in samples.items():
+        old = getattr(model, field)
+        if old > 0:
+            value = min(max(value, old / SPEED_STEP_LIMIT), old * SPEED_STEP_LIMIT)
+            value = SPEED_SMOOTHING * value + (1 - SPEED_SMOOTHING) * old
+        updates[field] = value
+    CatalogueModel.objects.filter(id=model.id).update(**updates)
 
 
 def _completion_update(*, model_name: str, tokens_per_choice: float) -> None:

@@ -150,8 +150,9 @@ def validate_input(
                 if columns_for is not None:
                     columns = columns_for(model)
                     laned = lane.check(line.data) is not None  # the first line through the lane as well
-            if shard_seconds > 0 and model is not None and shard_seconds_per_unit(model) > 0:
-                shard_budget = shard_seconds / shard_seconds_per_unit(model)
+            per_unit = shard_seconds_per_unit(model) if model is not None else 0.0
+            if shard_seconds > 0 and per_unit > 0:
+                shard_budget = shard_seconds / per_unit
             if model is not None:
                 min_shard_lines = max(min_shard_lines, kind_for(endpoint).min_shard_lines(model))
         elif facts.model_name != result.model:
