@@ -85,11 +85,6 @@ class ValidatedTensorLines:
         return key
 
 
-def parse_validated_tensor_line(raw: bytes, model: CatalogueModel) -> ParsedLine | None:
-    """One line on its own (tests); a shard parses through one ValidatedTensorLines."""
-    return ValidatedTensorLines(model).parse(raw)
-
-
 def _with_arrays(
     names: tuple[str, ...],
     datatypes: list[str],

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from controlplane.batches.intake.requests import ModelResolver
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import LineIssue
-from controlplane.kinds.tensor_fast import ValidatedTensorLines, parse_validated_tensor_line
+from controlplane.kinds.tensor_fast import ValidatedTensorLines
 from controlplane.kinds.tensor_packing import pack_tensors
 from controlplane.kinds.tensor_requests import RawTensorRequest
 from controlplane.kinds.tensor_values import KSERVE_DTYPES
@@ -90,7 +90,7 @@ def test_fast_parse_equals_checked_parse(case):
         checked = parse_accepted(raw, endpoint="/v2/infer", resolver=ModelResolver(model))
     except LineIssue:
         assume(False)  # validation refuses it (e.g. 2**63 - 1 next to a float): never reaches a shard
-    fast = parse_validated_tensor_line(raw, model)
+    fast = ValidatedTensorLines(model).parse(raw)
     assert fast is not None
     assert (fast.custom_id, fast.model_name) == (checked.custom_id, checked.model_name)
     assert fast.request.output_names == checked.request.output_names
@@ -183,7 +183,7 @@ def test_big_integers_beside_floats_keep_every_digit(datatype, data, exact):
         return
     checked = parse_accepted(raw, endpoint="/v2/infer", resolver=ModelResolver(model))
     assert _arrays(checked.request)[0].ravel().tolist() == exact
-    fast = parse_validated_tensor_line(raw, model)
+    fast = ValidatedTensorLines(model).parse(raw)
     assert fast is not None and _arrays(fast.request)[0].ravel().tolist() == exact
 
 
@@ -202,7 +202,7 @@ _COMPLETE = {
 
 
 def test_a_complete_line_is_taken():
-    assert parse_validated_tensor_line(json.dumps(_COMPLETE).encode(), _model("INT64", 1)) is not None
+    assert ValidatedTensorLines(_model("INT64", 1)).parse(json.dumps(_COMPLETE).encode()) is not None
 
 
 @pytest.mark.parametrize(
@@ -216,7 +216,7 @@ def test_a_complete_line_is_taken():
     ids=["bom", "missing-input", "no-body", "not-json"],
 )
 def test_anything_unexpected_is_declined_for_the_checked_parse(raw):
-    assert parse_validated_tensor_line(raw, _model("INT64", 1)) is None
+    assert ValidatedTensorLines(_model("INT64", 1)).parse(raw) is None
 
 
 @pytest.mark.parametrize("name", ["0", "Z", "a"])
@@ -225,9 +225,9 @@ def test_a_one_input_line_naming_another_input_is_declined(name):
     another name is not guessed at: validation would have refused it, so the caller's checked parse decides."""
     model = _model("INT64", 1, b_datatype=None)
     line = {**_COMPLETE, "body": {"model": model.name, "inputs": [{**_COMPLETE["body"]["inputs"][0], "name": name}]}}
-    assert parse_validated_tensor_line(json.dumps(line).encode(), model) is None
+    assert ValidatedTensorLines(model).parse(json.dumps(line).encode()) is None
     right = {**line, "body": {**line["body"], "inputs": [_COMPLETE["body"]["inputs"][0]]}}
-    assert parse_validated_tensor_line(json.dumps(right).encode(), model) is not None
+    assert ValidatedTensorLines(model).parse(json.dumps(right).encode()) is not None
 
 
 def test_big_integers_beside_a_bytes_input_keep_every_digit():
@@ -244,7 +244,7 @@ def test_big_integers_beside_a_bytes_input_keep_every_digit():
     }
     raw = json.dumps({"custom_id": "x", "method": "POST", "url": "/v2/infer", "body": body}).encode()
     checked = parse_accepted(raw, endpoint="/v2/infer", resolver=ModelResolver(model))
-    fast = parse_validated_tensor_line(raw, model)
+    fast = ValidatedTensorLines(model).parse(raw)
     assert fast is not None
     assert _arrays(checked.request)[0].ravel().tolist() == [0, 2**63 + 1]
     _assert_same_arrays(_arrays(fast.request), _arrays(checked.request))
@@ -274,6 +274,6 @@ def test_a_line_with_a_bytes_input_parses_its_other_input_of_each_datatype_as_th
     }
     raw = json.dumps({"custom_id": "x", "method": "POST", "url": "/v2/infer", "body": body}).encode()
     checked = parse_accepted(raw, endpoint="/v2/infer", resolver=ModelResolver(model))
-    fast = parse_validated_tensor_line(raw, model)
+    fast = ValidatedTensorLines(model).parse(raw)
     assert fast is not None
     _assert_same_arrays(_arrays(fast.request), _arrays(checked.request))
