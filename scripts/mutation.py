@@ -7,10 +7,16 @@ when a test fails (or the run times out), survived when all pass. Prints, per mo
     MUTATION module=<path> killed=<n> survived=<n> score=<killed / (killed + survived)>
 
 and keeps the sessions in var/mutation/<name>.sqlite (`cosmic-ray dump` / `cr-report` show each survivor).
-Usage: python scripts/mutation.py [--fresh] [name ...]   (names below; all when none). An interrupted session
-(var/mutation/<name>.sqlite) goes on where it stopped, and the line then adds ``not_run=<n>``; --fresh starts
-over. Needs Postgres and Redis like `make test` (DATABASE_URL, CELERY_BROKER_URL). Not part of `make test`:
-150–550 mutants a module.
+Usage: python scripts/mutation.py [--fresh] [--sample N] [name ...]   (names below; all when none). An
+interrupted session (var/mutation/<name>.sqlite) goes on where it stopped, and the line then adds
+``not_run=<n>``; --fresh starts over. Needs Postgres and Redis like `make test` (DATABASE_URL, CELERY_BROKER_URL).
+Not part of `make test`: 80–550 mutants a module, 15–80 min each here.
+
+``--sample N`` (`make mutation`'s default pass) runs N mutants a module, drawn with a seed taken from the module's
+source, so a resumed or repeated pass of the same code draws the same mutants; the others are marked skipped in
+the session (var/mutation/<name>.sample.sqlite), as cosmic-ray's own filters mark mutants, and the line adds
+``sampled=<drawn>/<all>``. Its score estimates the full one (± ~0.1 at 24 mutants); the full sessions
+(`make mutation FULL=1`) are the ones docs/RELIABILITY.md records.
 
 A mutant runs only the tests that can see it, fastest first, stopping at the first failure: one unmutated run
 with scripts/mutation_calls.py records which test enters which function of the module (and how long each test
@@ -25,6 +31,7 @@ import ast
 import hashlib
 import json
 import os
+import random
 import shutil
 import sqlite3
 import subprocess
@@ -153,6 +160,24 @@ def _fingerprint(scratch: Path, name: str) -> str:
     return digest.hexdigest()
 
 
+def _sample(session: Path, size: int, seed: str) -> None:
+    """Marks all but ``size`` of the session's mutants skipped. The draw orders the mutants by what they change
+    (operator, occurrence, place), not by cosmic-ray's job ids, which are new at every init."""
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult
+
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        items = sorted(
+            db.pending_work_items,
+            key=lambda item: [(m.operator_name, m.occurrence, tuple(m.start_pos)) for m in item.mutations],
+        )
+        drawn = {item.job_id for item in random.Random(seed).sample(items, min(size, len(items)))}
+        for item in items:
+            if item.job_id not in drawn:
+                result = WorkResult(output="not drawn for this sample", worker_outcome=WorkerOutcome.SKIPPED)
+                db.set_result(item.job_id, result)
+
+
 def _survivors_again(session: Path) -> None:
     """The tests changed (a test added for a survivor): survivors run again. Killed mutants stay killed, which
     holds while tests are only added; after a test is removed or weakened, start over with --fresh."""
@@ -271,13 +296,15 @@ def _pytest(command: list[str], **options: Any) -> int:
         time.sleep(30)
 
 
-def run(name: str, *, fresh: bool) -> tuple[int, int, int]:
-    """Killed, survived and not yet run. An interrupted session goes on where it stopped unless ``fresh``."""
+def run(name: str, *, fresh: bool, sample: int | None) -> tuple[int, int, int, int]:
+    """Killed, survived, not yet run, and left out of the sample. An interrupted session goes on where it stopped
+    unless ``fresh``."""
     scratch = _scratch_copy()
     cosmic = str(REPO / ".venv" / "bin" / "cosmic-ray")
     try:
         OUT.mkdir(parents=True, exist_ok=True)
-        config, session, calls = scratch / "mutation.toml", OUT / f"{name}.sqlite", OUT / f"{name}.calls.json"
+        config, calls = scratch / "mutation.toml", OUT / f"{name}.calls.json"
+        session = OUT / (f"{name}.sample.sqlite" if sample else f"{name}.sqlite")
         config.write_text(_config(name, calls))
         recorded = json.loads(calls.read_text()) if calls.exists() else {}
         module_changed = recorded.get("source") != (scratch / MODULES[name][0]).read_text()
@@ -285,6 +312,8 @@ def run(name: str, *, fresh: bool) -> tuple[int, int, int]:
             session.unlink(missing_ok=True)
             _record_calls(scratch, name, calls)  # also the baseline: the tests pass unmutated
             subprocess.run([cosmic, "init", str(config), str(session)], cwd=scratch, check=True)
+            if sample:
+                _sample(session, sample, seed=(scratch / MODULES[name][0]).read_text())
         elif recorded.get("tests_fingerprint") != _fingerprint(scratch, name):
             _record_calls(scratch, name, calls)
             _survivors_again(session)
@@ -292,32 +321,36 @@ def run(name: str, *, fresh: bool) -> tuple[int, int, int]:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     dump = subprocess.run([cosmic, "dump", str(session)], check=True, capture_output=True, text=True)
-    killed = survived = pending = 0
+    killed = survived = pending = skipped = 0
     for line in dump.stdout.splitlines():
         _, result = json.loads(line)
         outcome = (result or {}).get("test_outcome")
         killed += outcome == "killed"
         survived += outcome == "survived"
         pending += result is None
-    return killed, survived, pending
+        skipped += (result or {}).get("worker_outcome") == "skipped"
+    return killed, survived, pending, skipped
 
 
 def main(args: list[str]) -> int:
     if args[:1] == ["--run-mutant"]:
         return run_mutant(args[1], Path(args[2]))
     fresh = "--fresh" in args
-    names = [a for a in args if a != "--fresh"]
+    sample = int(args[args.index("--sample") + 1]) if "--sample" in args else None
+    names = [a for i, a in enumerate(args) if a != "--fresh" and a != "--sample" and args[i - 1 : i] != ["--sample"]]
     os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/controlplane")
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     # No bytecode cache (make test writes one): a mutant written within the same second as the source it replaces
     # and of the same size would be run from the other's cached bytecode.
     os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
     for name in names or list(MODULES):
-        killed, survived, pending = run(name, fresh=fresh)
+        killed, survived, pending, skipped = run(name, fresh=fresh, sample=sample)
         score = killed / (killed + survived) if killed + survived else 0.0
+        total = killed + survived + pending + skipped
         print(
             f"MUTATION module={MODULES[name][0]} killed={killed} survived={survived} score={score:.2f}"
-            + (f" not_run={pending}" if pending else ""),
+            + (f" not_run={pending}" if pending else "")
+            + (f" sampled={total - skipped}/{total}" if sample else ""),
             flush=True,
         )
     return 0
