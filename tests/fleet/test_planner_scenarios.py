@@ -182,6 +182,29 @@ def test_overcommitted_gpu_sheds_idle_instances_first():
     assert "overcommitted" in out.changes[0].reason
 
 
+def test_a_busy_instance_shed_by_overcommit_is_placed_again_where_there_is_room():
+    # Only overcommit may take a busy model's instance; it keeps its target, so growth re-places it on GPU 1
+    # (an idle one would be lowered towards min_instances, like an eviction).
+    gpus = [Gpu("a", 0, 40, used_by_others_bytes=35), Gpu("a", 1, 40)]
+    out = run([busy("hot")], gpus=gpus, profiles=[ModelProfile("hot", 10, 5)], current=[P("hot", "a", (0,), 1)])
+    assert out.placements == (P("hot", "a", (1,), 1),)
+    assert [c.kind for c in out.changes] == [ChangeKind.LOAD, ChangeKind.UNLOAD]
+
+
+def test_an_eviction_takes_only_instances_on_the_gpus_it_makes_room_on():
+    # GPU 1 cannot hold "new" even without the idle "older" (busy "busy" keeps 25 of 40); GPU 0 can once the
+    # idle "newer" goes. "older", the least recently used, sits on GPU 1 only: evicting it frees nothing on
+    # GPU 0, so it stays.
+    gpus = [Gpu("a", 0, 40), Gpu("a", 1, 40)]
+    profiles = [ModelProfile("older", 10, 5), ModelProfile("newer", 30, 5), ModelProfile("busy", 25, 5)]
+    profiles.append(ModelProfile("new", 20, 5))
+    cur = [P("older", "a", (1,), 1), P("busy", "a", (1,), 1), P("newer", "a", (0,), 1)]
+    demands = [idle("older", 300), idle("newer", 100), busy("busy", pending=0, in_flight=1), busy("new")]
+    out = run(demands, gpus=gpus, profiles=profiles, current=cur)
+    assert out.placements == (P("busy", "a", (1,), 1), P("new", "a", (0,), 1), P("older", "a", (1,), 1))
+    assert [(c.kind, c.model) for c in out.changes if c.kind is ChangeKind.UNLOAD] == [(ChangeKind.UNLOAD, "newer")]
+
+
 def test_overcommit_does_not_move_an_idle_model_into_memory_a_busy_model_then_takes():
     # Regression (found by test_idempotent): 2 x 24 on a 29-unit GPU loses one instance to physics. Re-placing
     # that idle instance on GPU 0 would make it evictable next round, so the plan would not be a fixed point.
@@ -291,6 +314,17 @@ def test_cordoned_server_keeps_but_never_grows():
         [busy("emb", 18_000)], servers=servers, gpus=gpus, profiles=[ModelProfile("emb", 10, 5, 1, 0, 4)], current=cur
     )
     assert out.placements == (P("emb", "a", (0,), 1), P("emb", "b", (0,), 2))
+
+
+def test_a_shrinking_model_gives_up_its_cordoned_instances_first():
+    # 3,000 lines need one instance, not three: the one on cordoned "a" goes before either on healthy "b".
+    servers = [Server("a", ServerState.CORDONED), Server("b")]
+    gpus = [Gpu("a", 0, 80), Gpu("b", 0, 80)]
+    cur = [P("emb", "a", (0,), 1), P("emb", "b", (0,), 2)]
+    out = run(
+        [busy("emb", 3_000)], servers=servers, gpus=gpus, profiles=[ModelProfile("emb", 10, 5, 1, 0, 4)], current=cur
+    )
+    assert out.placements == (P("emb", "b", (0,), 1),)
 
 
 def test_unhealthy_server_loses_its_placements_and_work_moves():
