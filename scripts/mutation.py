@@ -104,7 +104,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     ),
     "sizing": (
         "controlplane/fleet/sizing.py",
-        ["tests/fleet/test_sizing_properties.py", "tests/fleet/test_size_plans.py"],
+        ["tests/fleet/test_sizing_rules.py", "tests/fleet/test_sizing_properties.py", "tests/fleet/test_size_plans.py"],
     ),
     "custom_ids": ("controlplane/batches/intake/custom_ids.py", ["tests/batches/test_custom_ids.py"]),
     "quickcheck": ("controlplane/batches/intake/quickcheck.py", ["tests/batches/test_quickcheck.py"]),
