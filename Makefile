@@ -17,11 +17,14 @@ TEST_WORKERS ?= 5
 
 .PHONY: install demo serve test test-fast test-unit lint chaos scale bench bench-quick bench-generation bench-1g bench-follow clean mutation
 
-# requirements.txt, then the batchctl console script (pyproject.toml) as an editable install: setuptools is
+# requirements.txt through uv (scripts/install_requirements.py: ~40 s against pip's ~3 min here, under pip's
+# index settings), then the batchctl console script (pyproject.toml) as an editable install: setuptools is
 # pinned in requirements.txt, so the build needs no download.
-$(VENV)/.installed: requirements.txt
+UV_VERSION := 0.13.9
+$(VENV)/.installed: requirements.txt scripts/install_requirements.py
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements.txt
+	$(VENV)/bin/pip install -q --disable-pip-version-check uv==$(UV_VERSION)
+	$(PY) scripts/install_requirements.py $(PY) requirements.txt
 	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
