@@ -20,6 +20,7 @@ from celery.signals import (
 )
 from celery.worker.consumer import Consumer
 
+from controlplane.core.database import connections_tidy
 from controlplane.core.gc_tuning import gc_tune_for_throughput
 from controlplane.core.logs import celery_logger_format, task_log_context_end, task_log_context_start
 from controlplane.metrics.worker import worker_metrics_serve, worker_process_gone
@@ -68,6 +69,9 @@ after_setup_logger.connect(celery_logger_format, weak=False)
 after_setup_task_logger.connect(celery_logger_format, weak=False)
 task_prerun.connect(task_log_context_start, weak=False)
 task_postrun.connect(task_log_context_end, weak=False)
+# A task keeps its thread's database connection, within Django's rules (settings.CELERY_DB_REUSE_MAX).
+task_prerun.connect(connections_tidy, weak=False)
+task_postrun.connect(connections_tidy, weak=False)
 # Start-up objects frozen out of the collector's walks, fewer young collections (core/gc_tuning.py).
 worker_init.connect(gc_tune_for_throughput, weak=False)
 worker_process_init.connect(gc_tune_for_throughput, weak=False)

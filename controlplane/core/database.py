@@ -1,4 +1,5 @@
-"""Riding out a database restart: run one small unit of work again until Postgres answers, for a while."""
+"""Database connections in workers: tidied around each task as Django tidies them around each request, and
+riding out a database restart (run one small unit of work again until Postgres answers, for a while)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,16 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, close_old_connections, connection
 
 T = TypeVar("T")
+
+
+def connections_tidy(**_: object) -> None:
+    """task_prerun and task_postrun (controlplane/celery.py): what Django does on request_started and
+    request_finished. A connection past CONN_MAX_AGE, in error, or with autocommit left off is closed; the one
+    kept is health-checked (a `SELECT 1`) before its next query, so a restarted Postgres costs no failed task."""
+    close_old_connections()
 
 
 def when_database_answers(fn: Callable[[], T], *, within_s: float, pause_s: float = 0.5) -> T:

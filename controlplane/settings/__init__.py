@@ -293,6 +293,12 @@ else:
     if _broker_key_prefix := env_str("CELERY_BROKER_KEY_PREFIX", ""):
         CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] = _broker_key_prefix
 CELERY_TASK_IGNORE_RESULT = True
+# Celery's Django fixup closes every database connection before and after each task unless this is set, so each
+# task (a beat tick: ~4 a second) opened a new Postgres connection, a backend fork. Set, a task keeps its thread's
+# connection as a request does: Django's own rules decide before and after each task (CONN_MAX_AGE, the health
+# check, a connection left in error; core/database.py, connections_tidy). The fixup still closes them after
+# this many tasks of a process, a bound on nothing that matters here.
+CELERY_DB_REUSE_MAX = 1000
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
