@@ -8,6 +8,22 @@ import pytest
 pytest_plugins = ["tests.cpu_ledger"]
 
 
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None) -> None:
+    """pytest-django's per-worker test database (the xdist suffix, as its own fixture does), copied on Postgres
+    from the migrated template (deploy/local/databases.py) rather than migrated from empty in each worker: its
+    `migrate` then finds nothing to do."""
+    from django.conf import settings
+
+    from deploy.local.databases import migrated_template
+
+    database = settings.DATABASES["default"]
+    if database["ENGINE"] != "django.db.backends.postgresql":
+        return
+    admin_url = f"postgresql://{database['USER']}@{database['HOST']}:{database['PORT'] or 5432}/postgres"
+    database.setdefault("TEST", {})["TEMPLATE"] = migrated_template(admin_url)
+
+
 @pytest.fixture
 def catalogue(db):
     # transaction=True tests flush tables, data migrations included; put the shipped models back.
@@ -129,6 +145,25 @@ _FAST_LEAVES_OUT = (
 )
 
 
+# Modules that share a costly session fixture run as one unit on one worker, so the fixture is made once, not on
+# every worker that draws one of their tests: `built` (tests/build_engines/conftest.py: a torch export, ONNX
+# checks and emits, ~8 CPU-s) was made on three workers of `make test-fast` (30 of its ~220 CPU-s). Not a group:
+# `--fast` keeps them, and a unit is no more than these modules' own tests.
+_UNITS = (
+    ("tests/build_engines/test_emit.py", "built"),
+    ("tests/build_engines/test_build.py", "built"),
+    ("tests/build_engines/test_pipeline.py", "built"),
+)
+
+
+def scheduling_unit(nodeid: str) -> str:
+    """What one worker takes at once: a group, a unit sharing a session fixture, or the test alone."""
+    for prefix, unit in _UNITS:
+        if nodeid.startswith(prefix):
+            return f"unit:{unit}"
+    return test_group(nodeid) or nodeid
+
+
 def test_group(nodeid: str) -> str | None:
     for prefix, group in _GROUPS:
         if nodeid.startswith(prefix):
@@ -176,9 +211,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
     class GroupScheduling(LoadScopeScheduling):
-        """A group is one unit of work for one worker; any other test is a unit of its own."""
+        """A group is one unit of work for one worker, and so is each of _UNITS; any other test is one of its own."""
 
         def _split_scope(self, nodeid: str) -> str:
-            return test_group(nodeid) or nodeid
+            return scheduling_unit(nodeid)
 
     return GroupScheduling(config, log)

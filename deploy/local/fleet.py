@@ -1,20 +1,16 @@
 """A local multi-server fleet: N tritonserver processes with declared GPUs plus the control-plane stack,
-on a throwaway Postgres database. Used by the placement scenario test and the placement benchmark."""
+on a throwaway Postgres database (a copy of the migrated template, deploy/local/databases.py). Used by the placement scenario test and the placement benchmark."""
 
 from __future__ import annotations
 
 import contextlib
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import psycopg
-
+from deploy.local.databases import migrated_database
 from deploy.local.stack import Stack, find_free_port
 from deploy.local.triton_server import LocalTriton, running_local_server
-
-ADMIN_DB_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
 @dataclass
@@ -35,13 +31,10 @@ def local_fleet(
     broker_url: str,
     gpus_per_server: int = 1,
 ) -> Iterator[LocalFleet]:
-    db_name = f"cp_fleet_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(ADMIN_DB_URL, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{db_name}"')
-    db_url = ADMIN_DB_URL.rsplit("/", 1)[0] + f"/{db_name}"
-    # Its own key prefix on the shared Redis database: nothing to flush, and no other stack's messages.
-    broker_prefix = f"{db_name}:"
     with contextlib.ExitStack() as stack_of_servers:
+        db_url = stack_of_servers.enter_context(migrated_database("cp_fleet"))
+        # Its own key prefix on the shared Redis database: nothing to flush, and no other stack's messages.
+        broker_prefix = f"{db_url.rsplit('/', 1)[1]}:"
         handles = [
             stack_of_servers.enter_context(_tolerant(running_local_server(log_path=work_dir / f"triton{i}.log")))
             for i in range(servers)
@@ -69,8 +62,6 @@ def local_fleet(
             yield LocalFleet(stack, handles, db_url, key)
         finally:
             stack.stop()
-    with psycopg.connect(ADMIN_DB_URL, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
 
 
 @contextlib.contextmanager

@@ -14,10 +14,10 @@ import psycopg
 import pytest
 import redis
 
+from deploy.local.databases import migrated_database
 from deploy.local.stack import Stack, find_free_port
 from tests.triton_fixture import pytest_runtest_makereport, triton_model_repository, triton_server
 
-ADMIN_DB_URL = os.environ.get("E2E_ADMIN_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 BROKER_URL = os.environ.get("E2E_BROKER_URL", "redis://127.0.0.1:6379/14")
 
 
@@ -63,22 +63,9 @@ def broker_env(url: str) -> dict[str, str]:
     return {"CELERY_BROKER_URL": url, "CELERY_BROKER_KEY_PREFIX": f"stack-{uuid.uuid4().hex[:8]}:"}
 
 
-@contextlib.contextmanager
-def fresh_database(prefix: str) -> Iterator[str]:
-    """A new empty Postgres database for one stack (its URL), dropped afterwards."""
-    db_name = f"{prefix}_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(ADMIN_DB_URL, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{db_name}"')
-    try:
-        yield ADMIN_DB_URL.rsplit("/", 1)[0] + f"/{db_name}"
-    finally:
-        with psycopg.connect(ADMIN_DB_URL, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
-
-
 @pytest.fixture(scope="session")
 def e2e(triton_server, tmp_path_factory) -> Iterator[E2E]:
-    with fresh_database("cp_e2e") as db_url:
+    with migrated_database("cp_e2e") as db_url:
         yield from _e2e_stack(triton_server, tmp_path_factory, db_url)
 
 

@@ -26,8 +26,9 @@ import psycopg
 import pytest
 import redis
 
+from deploy.local.databases import migrated_database
 from deploy.local.stack import REPO_ROOT, Stack, find_free_port
-from tests.e2e.conftest import broker_env, fresh_database
+from tests.e2e.conftest import broker_env
 from tests.e2e.helpers import assert_exactly_once, register_sleeping_model, submit, tensor_lines
 
 pytestmark = [pytest.mark.e2e, pytest.mark.scale]
@@ -87,7 +88,7 @@ class Scaled:
 
 @pytest.fixture(scope="module")
 def scaled(tmp_path_factory) -> Iterator[Scaled]:
-    with fresh_database("cp_scale") as db_url:
+    with migrated_database("cp_scale") as db_url:
         yield from _scaled_stack(tmp_path_factory, db_url)
 
 

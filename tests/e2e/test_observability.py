@@ -20,8 +20,9 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from deploy.local.databases import migrated_database
 from deploy.local.stack import Stack, find_free_port
-from tests.e2e.conftest import E2E, broker_env, fresh_database
+from tests.e2e.conftest import E2E, broker_env
 from tests.e2e.helpers import submit, tensor_lines
 
 pytestmark = pytest.mark.e2e
@@ -55,7 +56,7 @@ class ObservedStack(E2E):
 
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory) -> Iterator[ObservedStack]:
-    with fresh_database("cp_obs") as db_url:
+    with migrated_database("cp_obs") as db_url:
         yield from _observed_stack(tmp_path_factory, db_url)
 
 

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from deploy.local.databases import migrated_database
 from deploy.local.stack import Stack, find_free_port
-from tests.e2e.conftest import E2E, broker_env, fresh_database
+from tests.e2e.conftest import E2E, broker_env
 from tests.e2e.helpers import submit, tensor_lines
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan, one_span
 
@@ -40,7 +41,7 @@ class TracedStack(E2E):
 def traced(tmp_path_factory) -> Iterator[TracedStack]:
     receiver = OtlpReceiver().start()
     try:
-        with fresh_database("cp_trace") as db_url:
+        with migrated_database("cp_trace") as db_url:
             yield from _traced_stack(tmp_path_factory, db_url, receiver)
     finally:
         receiver.stop()
