@@ -31,14 +31,15 @@ $(VENV)/.installed: requirements.txt scripts/install_requirements.py
 # MiniLM's ONNX graph (build_engines export: torch → ONNX, checked), served by triton_models/minilm on ONNX
 # Runtime (its RUNTIME "auto"); rebuilt when the spec or the source changes. ~10-30 s on 2 cores.
 MINILM_ONNX := triton_models/minilm/1/model.onnx
-$(MINILM_ONNX): $(VENV)/.installed build_engines/specs/minilm.toml build_engines/sources/minilm.py
+$(MINILM_ONNX): requirements.txt build_engines/specs/minilm.toml build_engines/sources/minilm.py | $(VENV)/.installed
 	$(PY) -m build_engines export minilm
 	cp build_engines/out/minilm/onnx/model.onnx $@
 
 # tinylm: the tiny causal LM served by triton_models/tinylm (text generation), trained here because no causal
-# LM ships on PyPI and no model hub can be reached; seeded, ~40 s of CPU. Retrained when its source changes.
+# LM ships on PyPI and no model hub can be reached; seeded, ~50 s of one core. Retrained when its source or the
+# pinned packages change, not when the venv is merely rebuilt (the venv is an order-only prerequisite of both).
 TINYLM_DIR := triton_models/tinylm/1/hf
-$(TINYLM_DIR)/model.safetensors: $(VENV)/.installed build_engines/sources/tinylm.py
+$(TINYLM_DIR)/model.safetensors: requirements.txt build_engines/sources/tinylm.py | $(VENV)/.installed
 	rm -rf $(TINYLM_DIR)
 	$(PY) -m build_engines.sources.tinylm $(TINYLM_DIR)
 

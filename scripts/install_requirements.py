@@ -29,8 +29,14 @@ _SECTION_ORDER = ("global", "install", ":env:")
 
 
 def pip_settings(pip: str) -> dict[str, str]:
-    """pip's effective value of each option, from `pip config list` (lines like `global.find-links='/opt/x'`)."""
-    listed = subprocess.run([pip, "config", "list"], check=True, capture_output=True, text=True).stdout
+    """pip's effective value of each option, from `pip config list`."""
+    return settings_from_listing(
+        subprocess.run([pip, "config", "list"], check=True, capture_output=True, text=True).stdout
+    )
+
+
+def settings_from_listing(listed: str) -> dict[str, str]:
+    """`pip config list` lines (`global.find-links='/opt/x'`, `:env:.find-links='/opt/y'`) → option → value."""
     ranked: dict[str, tuple[int, str]] = {}
     for line in listed.splitlines():
         key, sep, raw = line.partition("=")
