@@ -16,6 +16,7 @@ import redis
 
 from deploy.local.databases import migrated_database
 from deploy.local.stack import Stack, find_free_port
+from tests.stack_tenants import tenant_key
 from tests.triton_fixture import pytest_runtest_makereport, triton_model_repository, triton_server
 
 BROKER_URL = os.environ.get("E2E_BROKER_URL", "redis://127.0.0.1:6379/14")
@@ -39,7 +40,7 @@ class E2E:
         return OpenAI(base_url=self.base_url, api_key=api_key or self.api_key, max_retries=0, timeout=60)
 
     def new_tenant(self, name: str) -> str:
-        return self.stack.manage("tenant_create", name).stdout.strip().splitlines()[-1]
+        return tenant_key(self.db_url, name)
 
     def sql(self, query: str, *params: object) -> list[tuple]:
         with psycopg.connect(self.db_url, autocommit=True) as conn:
@@ -87,7 +88,7 @@ def _e2e_stack(triton_server, tmp_path_factory, db_url: str) -> Iterator[E2E]:
     )
     stack.start()
     try:
-        key = stack.manage("tenant_create", "e2e-tenant").stdout.strip().splitlines()[-1]
+        key = tenant_key(db_url, "e2e-tenant")
         yield E2E(stack, db_url, key)
     finally:
         stack.stop()

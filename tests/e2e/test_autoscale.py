@@ -30,6 +30,7 @@ from deploy.local.databases import migrated_database
 from deploy.local.stack import REPO_ROOT, Stack, find_free_port
 from tests.e2e.conftest import broker_env
 from tests.e2e.helpers import assert_exactly_once, register_sleeping_model, submit, tensor_lines
+from tests.stack_tenants import tenant_key
 
 pytestmark = [pytest.mark.e2e, pytest.mark.scale]
 
@@ -130,7 +131,7 @@ def _scaled_stack(tmp_path_factory, db_url: str) -> Iterator[Scaled]:
     try:
         stack.start()
         register_sleeping_model(stack, name=MODEL, triton=TRITON_MODEL, memory_bytes=INSTANCE_BYTES, max_instances=8)
-        key = stack.manage("tenant_create", "scale-tenant").stdout.strip().splitlines()[-1]
+        key = tenant_key(db_url, "scale-tenant")
         yield Scaled(stack, db_url, key)
     finally:
         stack.stop()

@@ -24,6 +24,7 @@ from deploy.local.databases import migrated_database
 from deploy.local.stack import Stack, find_free_port
 from tests.e2e.conftest import E2E, broker_env
 from tests.e2e.helpers import submit, tensor_lines
+from tests.stack_tenants import tenant_key
 
 pytestmark = pytest.mark.e2e
 
@@ -91,7 +92,7 @@ def _observed_stack(tmp_path_factory, db_url: str) -> Iterator[ObservedStack]:
     )
     stack.start()
     try:
-        key = stack.manage("tenant_create", "obs-tenant").stdout.strip().splitlines()[-1]
+        key = tenant_key(db_url, "obs-tenant")
         yield ObservedStack(stack, db_url, key, ports)
     finally:
         stack.stop()

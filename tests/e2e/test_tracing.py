@@ -23,6 +23,7 @@ from deploy.local.stack import Stack, find_free_port
 from tests.e2e.conftest import E2E, broker_env
 from tests.e2e.helpers import submit, tensor_lines
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan, one_span
+from tests.stack_tenants import tenant_key
 
 pytestmark = pytest.mark.e2e
 
@@ -67,7 +68,7 @@ def _traced_stack(tmp_path_factory, db_url: str, receiver: OtlpReceiver) -> Iter
     )
     stack.start()
     try:
-        key = stack.manage("tenant_create", "trace-tenant").stdout.strip().splitlines()[-1]
+        key = tenant_key(db_url, "trace-tenant")
         yield TracedStack(stack, db_url, key, receiver)
     finally:
         stack.stop()
