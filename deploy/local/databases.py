@@ -3,8 +3,9 @@
 Migrating an empty database took 3.1 CPU-s here against 1.4 for a `migrate` that finds nothing to do, and the
 suite makes one database for each stack and one for each pytest worker (docs/PERFORMANCE.md, session 22). The
 template is migrated once and copied (CREATE DATABASE … TEMPLATE); whoever uses a copy still runs `migrate`, as
-production does, and finds nothing to do. The template's name carries a hash of every migration and of Django's
-version, so a changed migration makes a new template and the old one is dropped. It is built under another name
+production does, and finds nothing to do. The template's name carries a hash of the control plane's code and of
+Django's version, so a changed migration (or anything a data migration imports) makes a new template and the old
+one is dropped. It is built under another name
 and renamed once complete (a build that died leaves nothing that looks finished), under an advisory lock, so
 pytest-xdist workers and checkouts side by side build it once."""
 
@@ -30,8 +31,10 @@ _LOCK_KEY = 7_364_013_297  # any constant: the advisory lock that serialises tem
 
 
 def migrations_digest() -> str:
+    """Every control-plane module, not only the migrations: data migrations import the code they seed from
+    (fleet/seed.py), so a template named by the migrations alone could outlive a change to what they write."""
     digest = hashlib.sha256(version("django").encode())
-    for path in sorted(REPO_ROOT.glob("controlplane/**/migrations/*.py")):
+    for path in sorted(REPO_ROOT.glob("controlplane/**/*.py")):
         digest.update(str(path.relative_to(REPO_ROOT)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
@@ -78,10 +81,18 @@ def _migrate(url: str) -> None:
 @contextlib.contextmanager
 def migrated_database(prefix: str, admin_url: str = ADMIN_DB_URL) -> Iterator[str]:
     """A new database, a copy of the migrated template (its URL), dropped afterwards."""
-    template = migrated_template(admin_url)
     name = f"{prefix}_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+        for attempt in range(3):
+            template = migrated_template(admin_url)
+            try:
+                conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+                break
+            except psycopg.errors.InvalidCatalogName:
+                # Dropped in between by a checkout with other code building its own (a mutation run beside
+                # the suite): build or find ours again.
+                if attempt == 2:
+                    raise
     try:
         yield database_url(admin_url, name)
     finally:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deploy.local.supervision import niced, terminate_together
-from deploy.local.triton_server import free_port, log_tail, parent_death_preexec
+from deploy.local.triton_server import dying_with_parent, free_port, log_tail
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NGINX_CONF = REPO_ROOT / "deploy" / "k8s" / "base" / "nginx.conf"
@@ -125,12 +125,11 @@ class LocalProxy:
         cmd = [str(binary), "-p", f"{self.directory}/", "-c", str(conf), "-e", "stderr", "-g", "daemon off;"]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                niced(cmd, self.nice),
+                dying_with_parent(niced(cmd, self.nice)),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=parent_death_preexec(),
             )
         deadline = time.monotonic() + timeout_s
         while not (_port_open(self.port) and _port_open(self.fleet_port)):

@@ -32,9 +32,9 @@ from pathlib import Path
 from deploy.local.orchestrator import Orchestrator, orchestrator_for
 from deploy.local.supervision import Restart, niced, secret_key_ensure, supervise, terminate_together
 from deploy.local.triton_server import (
+    dying_with_parent,
     free_port,
     log_tail,
-    parent_death_preexec,
     start_local_server,
     trace_args_from_env,
     wait_until_ready,
@@ -144,17 +144,16 @@ class Stack:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_dir / f"{name}.log", "ab") as log:
             proc = subprocess.Popen(
-                niced(cmd, self.control_plane_nice),
+                # Killed with us (SIGKILL, OOM): an orphaned worker or beat would consume the next stack's
+                # messages on a shared broker. Spawned from the main thread or the supervisor thread, which
+                # ends only in stop() (the signal follows the forking thread).
+                dying_with_parent(niced(cmd, self.control_plane_nice)),
                 env={**self.child_env(), **self.process_env.get(name, {})},
                 cwd=REPO_ROOT,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                # Killed with us (SIGKILL, OOM): an orphaned worker or beat would consume the next stack's
-                # messages on a shared broker. Spawned from the main thread or the supervisor thread, which
-                # ends only in stop() (the signal follows the forking thread).
-                preexec_fn=parent_death_preexec(),
             )
         with self._lock:
             self.procs[name] = proc

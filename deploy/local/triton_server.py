@@ -9,7 +9,6 @@ and ops scripts can all use it. The foreground CLI is `python -m deploy.local.tr
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib.util
 import os
 import shutil
@@ -22,7 +21,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -203,28 +202,33 @@ def trace_args_from_env(environ: Mapping[str, str]) -> list[str]:
     return trace_args(endpoint, rate=int(environ.get("LOCAL_TRITON_TRACE_RATE", "1")))
 
 
-_PR_SET_PDEATHSIG = 1
+# Run by the child's own interpreter before it becomes the command (exec keeps the parent-death signal).
+_PDEATHSIG_EXEC = """
+import ctypes, os, signal, sys
+if ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM) != 0:  # PR_SET_PDEATHSIG
+    raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+if os.getppid() != int(sys.argv[1]):
+    os.kill(os.getpid(), signal.SIGTERM)
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
 
 
-def parent_death_preexec() -> Callable[[], None]:
-    """A ``preexec_fn`` that gives the child SIGTERM when its parent dies, even by SIGKILL or the OOM killer
-    (Linux PR_SET_PDEATHSIG): no orphaned tritonserver holding ports, and no orphaned Celery worker of the
-    local runner consuming the next stack's messages. Every child the runner starts gets it.
+def dying_with_parent(cmd: Sequence[str]) -> list[str]:
+    """``cmd`` made to get SIGTERM when its parent dies, even by SIGKILL or the OOM killer (Linux
+    PR_SET_PDEATHSIG): no orphaned tritonserver holding ports, and no orphaned Celery worker of the local runner
+    consuming the next stack's messages. Every child the runner starts gets it.
+
+    A small interpreter (`python -S`) sets the signal and execs the command, so the pid stays the command's.
+    It was a ``preexec_fn`` before: Python code in the forked child, which also runs the parent's at-fork
+    handlers there, grpc's among them (a parent with gRPC channels: the runner, a pytest worker); under load
+    such a child now and then died before its exec, its log holding only grpc's `epoll_wait error: Bad file
+    descriptor` (docs/RELIABILITY.md, sessions 16 and 22). A plain fork and exec runs none.
 
     The signal fires when the *thread* that forked exits, not only the process: call Popen from a thread that
     lives as long as the child should (the main thread, the runner's supervisor or orchestrator loop, which
     end only when the runner stops its children anyway). The parent's pid is taken now, in the parent: if it
-    died between fork and prctl, the child is already an orphan and ends itself at once."""
-    parent = os.getpid()
-
-    def preexec() -> None:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-        if os.getppid() != parent:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
+    died before the prctl, the child is already an orphan and ends itself at once."""
+    return [sys.executable, "-S", "-c", _PDEATHSIG_EXEC, str(os.getpid()), *cmd]
 
 
 def start_local_server(
@@ -245,6 +249,8 @@ def start_local_server(
     """
     backends = prepare_backend_dir(backend_dir)
     cmd = server_command(model_repository, http_port, grpc_port, metrics_port, backends, extra_args, host)
+    if die_with_parent:
+        cmd = dying_with_parent(cmd)
     log_file = None
     if log_path is not None:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
@@ -258,7 +264,6 @@ def start_local_server(
             stderr=subprocess.STDOUT if log_file else None,
             # Own session: a Ctrl-C meant for pytest or the runner is forwarded once, deliberately.
             start_new_session=True,
-            preexec_fn=parent_death_preexec() if die_with_parent else None,
         )
     finally:
         if log_file is not None:

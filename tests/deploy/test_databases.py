@@ -35,7 +35,7 @@ def test_the_template_is_built_once_and_named_by_its_migrations():
     assert migrated_template() == name
 
 
-def test_a_changed_migration_changes_the_templates_name(tmp_path, monkeypatch):
+def test_a_changed_migration_or_seed_changes_the_templates_name(tmp_path, monkeypatch):
     migrations = tmp_path / "controlplane" / "batches" / "migrations"
     migrations.mkdir(parents=True)
     (migrations / "0001_initial.py").write_text("operations = []\n")
@@ -44,4 +44,6 @@ def test_a_changed_migration_changes_the_templates_name(tmp_path, monkeypatch):
     (migrations / "0001_initial.py").write_text("operations = [1]\n")
     changed = databases.migrations_digest()
     (migrations / "0002_more.py").write_text("operations = []\n")
-    assert len({before, changed, databases.migrations_digest()}) == 3
+    added = databases.migrations_digest()
+    (tmp_path / "controlplane" / "seed.py").write_text("SEED = []\n")  # what a data migration imports
+    assert len({before, changed, added, databases.migrations_digest()}) == 4

@@ -20,7 +20,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
 
 # Runs as its own process: the runner's spawn paths with a sleeper in place of each program (a real
-# tritonserver takes seconds and a core to start; the launch path, preexec_fn included, is the same).
+# tritonserver takes seconds and a core to start; the launch path, the parent-death launcher included, is the same).
 RUNNER = f"""
 import sys, time
 from pathlib import Path
