@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from deploy.local.supervision import niced, terminate_together
-from deploy.local.triton_server import dying_with_parent, free_port, log_tail
+from deploy.local.supervision import dying_with_parent, niced, terminate_together
+from deploy.local.triton_server import free_port, log_tail
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NGINX_CONF = REPO_ROOT / "deploy" / "k8s" / "base" / "nginx.conf"

@@ -30,9 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deploy.local.orchestrator import Orchestrator, orchestrator_for
-from deploy.local.supervision import Restart, niced, secret_key_ensure, supervise, terminate_together
-from deploy.local.triton_server import (
+from deploy.local.supervision import (
+    Restart,
     dying_with_parent,
+    niced,
+    secret_key_ensure,
+    supervise,
+    terminate_together,
+)
+from deploy.local.triton_server import (
     free_port,
     log_tail,
     start_local_server,

@@ -25,6 +25,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from deploy.local.supervision import dying_with_parent
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL_REPOSITORY = REPO_ROOT / "triton_models"
 DEFAULT_BACKEND_CACHE = REPO_ROOT / "var" / "triton-backends"
@@ -200,35 +202,6 @@ def trace_args_from_env(environ: Mapping[str, str]) -> list[str]:
     if environ.get("LOCAL_TRITON_TRACING", "") != "1" or not endpoint:
         return []
     return trace_args(endpoint, rate=int(environ.get("LOCAL_TRITON_TRACE_RATE", "1")))
-
-
-# Run by the child's own interpreter before it becomes the command (exec keeps the parent-death signal).
-_PDEATHSIG_EXEC = """
-import ctypes, os, signal, sys
-if ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM) != 0:  # PR_SET_PDEATHSIG
-    raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-if os.getppid() != int(sys.argv[1]):
-    os.kill(os.getpid(), signal.SIGTERM)
-os.execvp(sys.argv[2], sys.argv[2:])
-"""
-
-
-def dying_with_parent(cmd: Sequence[str]) -> list[str]:
-    """``cmd`` made to get SIGTERM when its parent dies, even by SIGKILL or the OOM killer (Linux
-    PR_SET_PDEATHSIG): no orphaned tritonserver holding ports, and no orphaned Celery worker of the local runner
-    consuming the next stack's messages. Every child the runner starts gets it.
-
-    A small interpreter (`python -S`) sets the signal and execs the command, so the pid stays the command's.
-    It was a ``preexec_fn`` before: Python code in the forked child, which also runs the parent's at-fork
-    handlers there, grpc's among them (a parent with gRPC channels: the runner, a pytest worker); under load
-    such a child now and then died before its exec, its log holding only grpc's `epoll_wait error: Bad file
-    descriptor` (docs/RELIABILITY.md, sessions 16 and 22). A plain fork and exec runs none.
-
-    The signal fires when the *thread* that forked exits, not only the process: call Popen from a thread that
-    lives as long as the child should (the main thread, the runner's supervisor or orchestrator loop, which
-    end only when the runner stops its children anyway). The parent's pid is taken now, in the parent: if it
-    died before the prctl, the child is already an orphan and ends itself at once."""
-    return [sys.executable, "-S", "-c", _PDEATHSIG_EXEC, str(os.getpid()), *cmd]
 
 
 def start_local_server(
