@@ -108,17 +108,31 @@ def long_request(request_id: str) -> GenerationRequest:
     )
 
 
-def test_a_short_request_is_not_held_back_by_a_long_one(tinylm, triton_server):
+def short_behind_long(server: LocalTriton, attempt: int) -> list[str]:
+    """The order in which a long streamed request and a short one submitted once the long is decoding finish."""
     finished: list[str] = []
-    with GenerationStream(triton_server.grpc_url, "tinylm") as stream:
-        stream.submit(long_request("long"))
+    with GenerationStream(server.grpc_url, "tinylm") as stream:
+        stream.submit(long_request(f"long{attempt}"))
         for response in stream.responses(timeout_s=60):
-            if response.request_id == "long" and not finished:  # the long one is decoding: now the short
-                stream.submit(GenerationRequest("short", "count from 5 to 7 :", greedy()))
+            if response.request_id.startswith("long") and not finished:  # the long one is decoding: now the short
+                stream.submit(GenerationRequest(f"short{attempt}", "count from 5 to 7 :", greedy()))
                 finished.append("(short submitted)")
             if response.final:
-                finished.append(response.request_id)
-    assert finished == ["(short submitted)", "short", "long"]
+                finished.append(response.request_id.rstrip("0123456789"))
+    return finished
+
+
+def test_a_short_request_is_not_held_back_by_a_long_one(tinylm, triton_server):
+    # Up to three tries: the client reads the long's first response from a buffer, and on a loaded host (CI's
+    # five workers on two cores) the engine had run all ~240 steps before the short reached it (one CI run). A
+    # first-come-first-served engine finishes the long first in every try; tests/tinylm/test_cb_engine.py holds
+    # the same property step by step, in process.
+    orders = []
+    for attempt in range(3):
+        orders.append(short_behind_long(triton_server, attempt))
+        if orders[-1] == ["(short submitted)", "short", "long"]:
+            return
+    pytest.fail(f"the short request finished after the long one in every try: {orders}")
 
 
 def test_closing_the_stream_cancels_generation_in_the_engine(tinylm, triton_server):
