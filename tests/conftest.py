@@ -76,28 +76,9 @@ def _with_django(config: pytest.Config) -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     if _with_django(config):
-        _flush_by_delete()
+        from tests import flush
 
-
-def _flush_by_delete() -> None:
-    """A transactional test (``django_db(transaction=True)``, 289 of them) ends with Django's flush, which on
-    Postgres is one TRUNCATE of all 44 tables: a new file for every table and index, 389 ms and 207 ms of
-    Postgres' CPU each here. DELETE empties the same tables in 5 ms and 4 ms: the flushed tables hold a test's few
-    rows. Every foreign key Django creates on Postgres is DEFERRABLE INITIALLY DEFERRED and the flush runs in one
-    transaction, so the order does not matter. A flush that resets sequences, or cascades to tables it was not
-    given (``available_apps``), keeps Django's TRUNCATE. Test databases only: production never flushes."""
-    from django.db.backends.postgresql.operations import DatabaseOperations
-
-    truncate = DatabaseOperations.sql_flush
-
-    def sql_flush(
-        self: DatabaseOperations, style: Any, tables: Any, *, reset_sequences: bool = False, allow_cascade: bool = False
-    ) -> list[str]:
-        if reset_sequences or allow_cascade:
-            return truncate(self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade)
-        return [f"{style.SQL_KEYWORD('DELETE FROM')} {style.SQL_FIELD(self.quote_name(table))};" for table in tables]
-
-    DatabaseOperations.sql_flush = sql_flush  # type: ignore[method-assign]
+        flush.install()
 
 
 @pytest.fixture(autouse=True)

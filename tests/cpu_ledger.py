@@ -36,6 +36,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
         "wall_s": round(time.monotonic() - wall, 3),
         "own_cpu_s": round(own_after - own, 3),
         "children_cpu_s": round(children_after - children, 3),
+        "ended": round(time.time(), 3),  # wall clock, comparable across workers: each worker's timeline
     }
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     Path(_DIR).mkdir(parents=True, exist_ok=True)
