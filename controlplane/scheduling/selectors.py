@@ -45,6 +45,11 @@ def runnable_shards(*, model: CatalogueModel, now: datetime) -> QuerySet[Shard]:
     return Shard.objects.filter(runnable_q(now), batch__model=model.name)
 
 
+def models_with_runnable_shards(now: datetime) -> set[str]:
+    """Names of the models that have a shard to claim now, paused models included (one query)."""
+    return set(Shard.objects.filter(runnable_q(now)).values_list("batch__model", flat=True).distinct())
+
+
 def model_call_cap(model: CatalogueModel) -> int:
     """Triton calls in flight the model may have across the fleet: the catalogue's cap, or a default
     per ready instance (unmanaged: per configured server, one instance each)."""

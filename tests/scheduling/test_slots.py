@@ -77,6 +77,23 @@ def test_topup_queues_at_most_the_cap_and_no_more_than_the_work(broker, settings
     assert slots_topup(model_name="identity") == {}
 
 
+def test_an_idle_fleets_topup_asks_the_database_twice_whatever_the_catalogue(broker, settings):
+    """Beat tops up every few seconds: with no runnable shard it deletes expired slots and finds no model to serve
+    (it once asked four or more questions per enabled model), and an expired slot of a model without work still goes."""
+    from django.test.utils import CaptureQueriesContext
+
+    settings.SCHEDULER_CALLS_PER_INSTANCE = 3
+    assert CatalogueModel.objects.filter(is_enabled=True).count() >= 4
+    stale = Slot.objects.create(model=_identity(), expires_at=timezone.now() - timedelta(seconds=1))
+    with CaptureQueriesContext(connection) as queries:
+        assert slots_topup() == {}
+    statements = [query["sql"] for query in queries.captured_queries if query["sql"] not in ("BEGIN", "COMMIT")]
+    assert len(statements) == 2, statements
+    assert not Slot.objects.filter(id=stale.id).exists()
+    runnable_batch(new_tenant("t"), 2)  # work for one model: that model alone is looked at, and served
+    assert slots_topup() == {"identity": 1}
+
+
 def test_concurrent_topups_never_exceed_the_cap(broker, settings):
     settings.SCHEDULER_CALLS_PER_INSTANCE = 9  # 3 slots
     runnable_batch(new_tenant("t"), 200)
