@@ -170,6 +170,9 @@ _UNITS = (
     ("tests/build_engines/test_emit.py", "built"),
     ("tests/build_engines/test_build.py", "built"),
     ("tests/build_engines/test_pipeline.py", "built"),
+    # tinylm's engine in process: torch and the model loaded once (`engine`, `hf_dir`), not on each worker that
+    # drew one of its ~25 tests (~2.5 CPU-s each).
+    ("tests/tinylm/", "tinylm"),
 )
 
 

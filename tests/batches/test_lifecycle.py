@@ -56,7 +56,11 @@ def test_embeddings_batch_completes_in_input_order(tenant, eager):
     batch.refresh_from_db()
     assert batch.status == BatchStatus.IN_PROGRESS
     assert batch.total_lines == 10
-    assert list(Shard.objects.filter(batch=batch).order_by("index").values_list("request_count", flat=True)) == [4, 4, 2]
+    assert list(Shard.objects.filter(batch=batch).order_by("index").values_list("request_count", flat=True)) == [
+        4,
+        4,
+        2,
+    ]
 
     backend = FakeBackend()
     batch = _run_all(batch, backend)

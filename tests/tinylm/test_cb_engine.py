@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
 
 
 def count(a: int, b: int) -> str:
@@ -89,6 +88,7 @@ def test_logprobs_report_the_sampled_token_and_top_k(engine):
 
 
 def test_penalties_follow_openais_formula():
+    import torch  # here, not at the top: every xdist worker collects this module, few run it (~2 CPU-s each)
     from cb_sampling import SamplingParams, choice_generator, pick_tokens
 
     logits = torch.tensor([[2.0, 1.9, 0.0]])
