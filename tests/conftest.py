@@ -154,11 +154,13 @@ _GROUPS = (
 # still runs them.
 _FAST_LEAVES_OUT = (
     "tests/build_engines/test_build.py",
+    "tests/build_engines/test_emit.py",  # the `built` fixture: a torch export and ONNX checks, ~12 CPU-s
     "tests/build_engines/test_pipeline.py",
     "tests/core/test_idempotency_sqlite.py",
     "tests/deploy/test_check_deploy.py",
     "tests/deploy/test_runner_children.py",
     "tests/deploy/test_singleton.py",
+    "tests/tools/test_mutation_sample.py",  # cosmic-ray sessions in subprocesses, ~5 CPU-s
 )
 
 
