@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from controlplane.fleet.plan_changes import execution_phases
 from controlplane.fleet.planner import affordable_instances, diff_placements, payback_gain_s, plan
 from controlplane.fleet.planner_types import (
     Change,
@@ -161,6 +162,23 @@ def test_least_recently_used_idle_model_is_evicted_first():
     assert kinds(out)[0][0] is ChangeKind.LOAD  # make-before-break: the load is listed first
     (unload,) = [c for c in out.changes if c.kind is ChangeKind.UNLOAD]
     assert unload.model == "older" and "evicted" in unload.reason and "hot" in unload.reason
+    # ... but the reconciler unloads it first: the load needs its memory (24 GB: 32 with both, for seconds).
+    phases = [[(c.kind, c.model) for c in phase] for phase in execution_phases(out)]
+    assert phases == [[(ChangeKind.UNLOAD, "older")], [(ChangeKind.LOAD, "hot")]]
+
+
+def test_a_drained_server_still_loads_elsewhere_before_its_unloads():
+    # The removals free a GPU no addition lands on: make-before-break stays.
+    servers = [Server("a", ServerState.DRAINING), Server("b")]
+    gpus = [Gpu("a", 0, 80), Gpu("b", 0, 80)]
+    profiles = [ModelProfile("emb", 10, 5, max_instances=2), ModelProfile("idle", 10, 5)]
+    cur = [P("emb", "a", (0,), 2), P("idle", "a", (0,), 1)]
+    out = run([busy("emb", 12_000), idle("idle", 10)], servers=servers, gpus=gpus, profiles=profiles, current=cur)
+    phases = [[(c.kind, c.model, c.server_id) for c in phase] for phase in execution_phases(out)]
+    assert phases == [
+        [(ChangeKind.LOAD, "emb", "b")],
+        [(ChangeKind.UNLOAD, "emb", "a"), (ChangeKind.UNLOAD, "idle", "a")],
+    ]
 
 
 def test_busy_models_are_never_evicted():
