@@ -167,20 +167,6 @@ def test_least_recently_used_idle_model_is_evicted_first():
     assert phases == [[(ChangeKind.UNLOAD, "older")], [(ChangeKind.LOAD, "hot")]]
 
 
-def test_a_drained_server_still_loads_elsewhere_before_its_unloads():
-    # The removals free a GPU no addition lands on: make-before-break stays.
-    servers = [Server("a", ServerState.DRAINING), Server("b")]
-    gpus = [Gpu("a", 0, 80), Gpu("b", 0, 80)]
-    profiles = [ModelProfile("emb", 10, 5, max_instances=2), ModelProfile("idle", 10, 5)]
-    cur = [P("emb", "a", (0,), 2), P("idle", "a", (0,), 1)]
-    out = run([busy("emb", 12_000), idle("idle", 10)], servers=servers, gpus=gpus, profiles=profiles, current=cur)
-    phases = [[(c.kind, c.model, c.server_id) for c in phase] for phase in execution_phases(out)]
-    assert phases == [
-        [(ChangeKind.LOAD, "emb", "b")],
-        [(ChangeKind.UNLOAD, "emb", "a"), (ChangeKind.UNLOAD, "idle", "a")],
-    ]
-
-
 def test_busy_models_are_never_evicted():
     gpus = [Gpu("a", 0, 16)]
     profiles = [ModelProfile("busy", 10, 5), ModelProfile("queued", 10, 5), ModelProfile("idle", 4, 5, min_instances=1)]
@@ -312,6 +298,12 @@ def test_draining_server_is_emptied_make_before_break():
         (ChangeKind.UNLOAD, "idle", "a", (0,), 1, 0),  # idle: not worth re-loading elsewhere
     ]
     assert "draining" in out.changes[1].reason
+    # The removals free a GPU no addition lands on: the reconciler keeps make-before-break.
+    phases = [[(c.kind, c.model, c.server_id) for c in phase] for phase in execution_phases(out)]
+    assert phases == [
+        [(ChangeKind.LOAD, "emb", "b")],
+        [(ChangeKind.UNLOAD, "emb", "a"), (ChangeKind.UNLOAD, "idle", "a")],
+    ]
 
 
 def test_draining_server_keeps_a_model_with_no_capacity_elsewhere():
