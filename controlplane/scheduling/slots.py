@@ -8,7 +8,7 @@ top-up holds the model's catalogue row lock, so two top-ups never exceed the cap
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -35,19 +35,17 @@ def slots_topup(*, model_name: str | None = None) -> dict[str, int]:
         models = models.filter(name=model_name)
     created: dict[str, int] = {}
     for model_id in list(models.values_list("id", flat=True)):
-        name, count = _topup_one(model_id)
+        name, count = _topup_one(model_id, now)
         if count:
             created[name] = count
     return created
 
 
-def _topup_one(model_id: int) -> tuple[str, int]:
-    now = timezone.now()
+def _topup_one(model_id: int, now: datetime) -> tuple[str, int]:
     with transaction.atomic():
-        # The per-model lock: concurrent top-ups of one model take turns here.
+        # The per-model lock: concurrent top-ups of one model take turns here. Expired slots went in slots_topup;
+        # one that expired since counts until the next top-up (fewer slots for a moment, never more).
         model = CatalogueModel.objects.select_for_update().get(id=model_id)
-        # Queued slots whose message was lost and running slots whose worker died stop counting.
-        Slot.objects.filter(model_id=model_id, expires_at__lt=now).delete()
         live = dict.fromkeys(SlotState.values, 0)
         for state in Slot.objects.filter(model_id=model_id).values_list("state", flat=True):
             live[state] += 1
