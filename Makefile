@@ -5,13 +5,12 @@ PY := $(VENV)/bin/python
 # The test suite's real services (started by scripts/ensure_services.sh when down).
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/controlplane
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
-# The suite writes bytecode even where the shell says not to (PYTHONDONTWRITEBYTECODE=1 on this machine): with
-# none written, each pytest worker rewrote and compiled all 558 test modules' asserts again (~9 of its 20 CPU-s of
-# collection) and every process the suite starts (stacks, manage.py, nested pytest) compiled the project again.
-# Every recipe writes bytecode, not only the suite's: uv installs without compiling (below), so each module is
-# compiled once, by the first process that imports it, and kept.
+# Every recipe writes bytecode, even where the shell says not to (PYTHONDONTWRITEBYTECODE=1 on this machine): uv
+# installs without compiling (below), so each module is compiled once, by the first process that imports it, and
+# kept. With none written, each pytest worker rewrote and compiled all 558 test modules' asserts again (~9 of its
+# 20 CPU-s of collection) and every process the suite starts (stacks, manage.py, nested pytest) compiled again.
 export PYTHONDONTWRITEBYTECODE :=
-TEST_ENV := PYTHONDONTWRITEBYTECODE= DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL)
+TEST_ENV := DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL)
 # pytest-xdist workers: the shared stack, the chaos suite, the scenarios on fleets of their own and the
 # tritonserver modules each run as one group on a worker (four groups), the rest spread over the fifth and over
 # each group's worker once its group is done (tests/conftest.py); the groups mostly wait on the processes they

@@ -1,7 +1,8 @@
 """Install requirements.txt into the project's venv with uv, under the package indexes pip is configured with.
 
 pip took ~3 min of the 2-core host's time for the pinned set (unpacking ~2.6 GB serially, then compiling every
-module's bytecode in one process); uv installs the same pins in ~40 s, bytecode included. uv reads neither
+module's bytecode in one process); uv installs the same pins in ~10–50 s (its cache warm or cold), without
+compiling (the Makefile lets each process write the bytecode of what it imports). uv reads neither
 pip.conf nor PIP_* variables, so this reads pip's own effective configuration (`pip config list`: files and
 environment) and hands the index settings to uv as arguments. Both indexes are searched for every package, as
 pip does (`--index-strategy unsafe-best-match`): pip has no notion of a first index winning.
