@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum
 from django.utils import timezone
 
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
@@ -45,9 +45,12 @@ def runnable_shards(*, model: CatalogueModel, now: datetime) -> QuerySet[Shard]:
     return Shard.objects.filter(runnable_q(now), batch__model=model.name)
 
 
-def models_with_runnable_shards(now: datetime) -> set[str]:
-    """Names of the models that have a shard to claim now, paused models included (one query)."""
-    return set(Shard.objects.filter(runnable_q(now)).values_list("batch__model", flat=True).distinct())
+def models_with_runnable_shards(models: QuerySet[CatalogueModel], now: datetime) -> QuerySet[CatalogueModel]:
+    """Those of ``models`` that have a shard to claim now, paused models included: one query, whose EXISTS stops
+    at each model's first runnable shard (a slot's end tops its model up: a scan of every pending shard of a
+    large batch there halved the hot path's lines/s)."""
+    runnable = Shard.objects.filter(runnable_q(now), batch__model=OuterRef("name"))
+    return models.filter(Exists(runnable))
 
 
 def model_call_cap(model: CatalogueModel) -> int:

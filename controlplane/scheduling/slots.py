@@ -30,9 +30,10 @@ def slots_topup(*, model_name: str | None = None) -> dict[str, int]:
     Slot.objects.filter(expires_at__lt=now).delete()
     # Only a model with a runnable shard can want a slot (a queued slot per runnable shard at most, below): one
     # query instead of four or more per enabled model, on every beat of an idle fleet (12.7 -> 1.7 ms of CPU here).
-    models = CatalogueModel.objects.filter(is_enabled=True, name__in=selectors.models_with_runnable_shards(now))
+    models = CatalogueModel.objects.filter(is_enabled=True)
     if model_name:
         models = models.filter(name=model_name)
+    models = selectors.models_with_runnable_shards(models, now)
     created: dict[str, int] = {}
     for model_id in list(models.values_list("id", flat=True)):
         name, count = _topup_one(model_id, now)
