@@ -178,6 +178,20 @@ _UNITS = (
 )
 
 
+# Which scheduling units start first. xdist's default order (most tests first) gave the first five workers the
+# processes group, the stack group, the tinylm unit, chaos and ... so the fleets group (8 tests, ~380 s of wall,
+# mostly waiting on its fleets) started 24 s late behind tinylm's unit on the same worker, and ended the run
+# (2026-12-06). The groups are the run's critical path, so they start at once, the longest first; a stable sort
+# keeps xdist's order within each rank.
+_START_ORDER = ("fleets", "stack", "chaos", "processes")
+
+
+def start_rank(scope: str) -> int:
+    if scope in _START_ORDER:
+        return _START_ORDER.index(scope)
+    return len(_START_ORDER) + (0 if scope.startswith("unit:") else 1)
+
+
 def scheduling_unit(nodeid: str) -> str:
     """What one worker takes at once: a group, a unit sharing a session fixture, or the test alone."""
     for prefix, unit in _UNITS:
@@ -233,9 +247,19 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
     class GroupScheduling(LoadScopeScheduling):
-        """A group is one unit of work for one worker, and so is each of _UNITS; any other test is one of its own."""
+        """A group is one unit of work for one worker, and so is each of _UNITS; any other test is one of its own.
+        Groups are handed out first, the longest first (_START_ORDER), then the units, then the single tests."""
+
+        _ordered = False
 
         def _split_scope(self, nodeid: str) -> str:
             return scheduling_unit(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self._ordered:  # the queue is complete at the first assignment and only shrinks after it
+                for scope in sorted(self.workqueue, key=start_rank):
+                    self.workqueue.move_to_end(scope)
+                self._ordered = True
+            super()._assign_work_unit(node)
 
     return GroupScheduling(config, log)
