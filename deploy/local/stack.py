@@ -29,6 +29,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deploy.local.commands import beat_command, celery_worker_command, gunicorn_command
 from deploy.local.orchestrator import Orchestrator, orchestrator_for
 from deploy.local.supervision import (
     Restart,
@@ -48,7 +49,6 @@ from deploy.local.triton_server import (
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
-BIN = Path(PYTHON).parent
 logger = logging.getLogger(__name__)
 
 
@@ -181,37 +181,12 @@ class Stack:
         self.manage("migrate", "--noinput", "-v0")
         if self.with_triton:
             self.register_triton()
-        self._spawn(
-            "web",
-            [
-                str(BIN / "gunicorn"),
-                "controlplane.wsgi:application",
-                "-b",
-                f"127.0.0.1:{self.web_port}",
-                # Two processes with a few threads: uploads and downloads stream, so threads mostly wait.
-                "-w",
-                "2",
-                "--threads",
-                "4",
-                "--timeout",
-                "300",
-            ],
-        )
+        self._spawn("web", gunicorn_command(self.web_port))
         self.start_worker()
         self.start_control_worker()
         self.start_webhooks_worker()
         if self.with_beat:
-            self._spawn(
-                "beat",
-                [
-                    *self._celery(),
-                    "beat",
-                    "-l",
-                    "info",
-                    "-s",
-                    str(self.var_dir / "celerybeat-schedule"),
-                ],
-            )
+            self._spawn("beat", beat_command(self.var_dir / "celerybeat-schedule", quiet=self._quiet()))
         if self.with_triton:
             self.wait_warm()  # loads run while web and the worker boot
         self._wait_http(f"{self.base_url}/healthz", "web")
@@ -302,30 +277,10 @@ class Stack:
     def _celery_worker(
         self, name: str, queues: str, concurrency: int, pool: str = "threads"
     ) -> subprocess.Popen[bytes]:
-        return self._spawn(
-            name,
-            [
-                *self._celery(),
-                "worker",
-                "-l",
-                "info",
-                "-Q",
-                queues,
-                "-P",
-                pool,
-                "-c",
-                str(concurrency),
-                "-n",
-                f"{name}-{os.getpid()}@%h",
-                "--without-gossip",
-                "--without-mingle",
-            ],
-        )
+        return self._spawn(name, celery_worker_command(name, queues, concurrency, pool, quiet=self._quiet()))
 
-    def _celery(self) -> list[str]:
-        # No start-up banner in a JSON log: every line of it is one JSON object (controlplane/core/logs.py).
-        quiet = ["--quiet"] if self.child_env().get("LOG_FORMAT") == "json" else []
-        return [str(BIN / "celery"), "-A", "controlplane", *quiet]
+    def _quiet(self) -> bool:
+        return self.child_env().get("LOG_FORMAT") == "json"
 
     def kill(self, name: str) -> None:
         """SIGKILL a process group: what a node failure or the OOM killer does to a worker. The process is
