@@ -123,6 +123,19 @@ def _lines_until(stream, pattern: str, timeout_s: float) -> list[str]:
     return seen
 
 
+# SIGINT as at a terminal. A suite started in the background by a non-interactive shell (`cmd &`, as
+# scripts/ci_beside_hog.sh was run) ignores SIGINT, children inherit that, and Python then installs no
+# KeyboardInterrupt handler: Ctrl-C would be ignored by design, which is not what the test below is about. The
+# default disposition is set in a process that then execs the command (a disposition survives exec), not in a
+# preexec_fn, which runs between fork and exec in a copy of this threaded worker and may deadlock on a lock
+# another thread held at the fork.
+_WITH_SIGINT = (
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])",
+)
+
+
 def test_ctrl_c_leaves_the_batch_running_then_cancel_download_and_retry_failed(e2e, tmp_path):
     """A paused tenant's batch stays in_progress (no shard is dispatched), so each step sees a running batch."""
     name = "cli-paused"
@@ -131,15 +144,15 @@ def test_ctrl_c_leaves_the_batch_running_then_cancel_download_and_retry_failed(e
     lines = tensor_lines(40, prefix="held")
     source = _write(tmp_path / "in.jsonl", lines)
     waiting = subprocess.Popen(
-        [str(BATCHCTL), "submit", str(source), "--endpoint", "/v2/infer", "--wait", "--poll-interval", "0.2"],
+        [
+            *_WITH_SIGINT,
+            str(BATCHCTL),
+            *("submit", str(source), "--endpoint", "/v2/infer", "--wait", "--poll-interval", "0.2"),
+        ],
         env=_env(e2e, key),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        # As at a terminal. A suite started in the background by a non-interactive shell (`cmd &`, as
-        # scripts/ci_beside_hog.sh was run) ignores SIGINT, children inherit that, and Python then installs no
-        # KeyboardInterrupt handler: Ctrl-C would be ignored by design, which is not what this test is about.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         seen = _lines_until(waiting.stdout, r"^in_progress: 0/40 lines", timeout_s=60)
