@@ -22,6 +22,7 @@ Targets: b_slowdown ≤ 2.0 and a_throughput_vs_fifo ≥ 0.95."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -39,7 +40,6 @@ sys.path.insert(0, str(REPO_ROOT))
 import psycopg  # noqa: E402
 import redis  # noqa: E402
 
-ADMIN_DB_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 # One Redis DB per policy's stack: both stacks are up at once.
 BROKER_URLS = ("redis://127.0.0.1:6379/7", "redis://127.0.0.1:6379/6")
 B_LINES = 100
@@ -163,8 +163,8 @@ class PolicyBench:
 
     def __init__(self, policy: str, *, broker_url: str, a_lines: int, var_dir: Path):
         self.policy, self.broker_url, self.a_lines = policy, broker_url, a_lines
-        self.db_name = f"cp_bench_fair_{uuid.uuid4().hex[:6]}"
-        self.db_url = ADMIN_DB_URL.rsplit("/", 1)[0] + f"/{self.db_name}"
+        self.db_url = ""  # a copy of the migrated template while started (deploy/local/databases.py)
+        self._database = contextlib.ExitStack()
         self.var_dir = var_dir / policy
         self.result = PolicyResult(policy)
         self.stack = None
@@ -172,10 +172,10 @@ class PolicyBench:
     def start(self) -> None:
         from openai import OpenAI
 
+        from deploy.local.databases import migrated_database
         from deploy.local.stack import Stack, find_free_port
 
-        with psycopg.connect(ADMIN_DB_URL, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{self.db_name}"')
+        self.db_url = self._database.enter_context(migrated_database("cp_bench_fair"))
         redis.Redis.from_url(self.broker_url).flushdb()
         env = {"DATABASE_URL": self.db_url, "CELERY_BROKER_URL": self.broker_url, "SCHEDULER_POLICY": self.policy}
         # A fresh directory per run: the last run's logs stay for a look, its stored files do not pile up.
@@ -244,8 +244,7 @@ class PolicyBench:
             self.db.conn.close()
         if self.stack is not None:
             self.stack.stop()
-        with psycopg.connect(ADMIN_DB_URL, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
+        self._database.close()
 
 
 def run_interleaved(order: list[str], *, a_lines: int, runs: int, var_dir: Path) -> dict[str, PolicyResult]:

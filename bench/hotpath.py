@@ -27,6 +27,7 @@ The last line is machine-readable:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -48,7 +49,6 @@ import redis  # noqa: E402
 from bench.proctrees import RssSampler, cpu_snapshot  # noqa: E402
 from bench.profiles import summarise_profile  # noqa: E402
 
-ADMIN_DB_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 # The benchmark flushes its broker DB: BENCH_BROKER_URL moves it off a DB something else on the host uses.
 BROKER_URL = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/4")
 TERMINAL = ("completed", "failed", "cancelled", "expired")
@@ -145,8 +145,8 @@ class Bench:
         self.warm_models = warm_models
         self.extra_env = env or {}
         self.flush_broker = flush_broker
-        self.db_name = f"cp_bench_hot_{uuid.uuid4().hex[:6]}"
-        self.db_url = ADMIN_DB_URL.rsplit("/", 1)[0] + f"/{self.db_name}"
+        self.db_url = ""  # a copy of the migrated template while started (deploy/local/databases.py)
+        self._database = contextlib.ExitStack()
         self.var_dir = var_dir
         self.stack = None
         self.last_run: Run | None = None
@@ -154,10 +154,10 @@ class Bench:
     def start(self) -> None:
         from openai import OpenAI
 
+        from deploy.local.databases import migrated_database
         from deploy.local.stack import Stack, find_free_port
 
-        with psycopg.connect(ADMIN_DB_URL, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{self.db_name}"')
+        self.db_url = self._database.enter_context(migrated_database("cp_bench_hot"))
         if self.flush_broker:
             redis.Redis.from_url(BROKER_URL).flushdb()
         shutil.rmtree(self.var_dir / "stack", ignore_errors=True)
@@ -274,8 +274,7 @@ class Bench:
             self.conn.close()
         if self.stack is not None:
             self.stack.stop()
-        with psycopg.connect(ADMIN_DB_URL, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
+        self._database.close()
 
 
 def main() -> int:

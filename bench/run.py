@@ -16,6 +16,7 @@ The last line is machine-readable: RATIOS e2e_vs_inprocess=<x> e2e_vs_direct_nai
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -216,6 +217,7 @@ def main() -> int:
     from openai import OpenAI
 
     from controlplane.triton.client import TritonClient
+    from deploy.local.databases import migrated_database
     from deploy.local.stack import Stack, find_free_port
 
     results: dict[str, float] = {}
@@ -242,19 +244,13 @@ def main() -> int:
 
     var_dir = REPO_ROOT / "var" / "bench"
     env = {"SHARD_MAX_LINES": os.environ.get("SHARD_MAX_LINES", "256")}
-    admin_url = "postgresql://postgres@127.0.0.1:5432/postgres"
-    db_name = f"cp_bench_{uuid.uuid4().hex[:6]}"
+    databases = contextlib.ExitStack()  # a copy of the migrated template (deploy/local/databases.py), dropped after
+    db_url = ""
     if args.embedded:
         env.update({"DATABASE_URL": "", "CELERY_BROKER_URL": "filesystem://"})
     else:
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{db_name}"')
-        env.update(
-            {
-                "DATABASE_URL": f"postgresql://postgres@127.0.0.1:5432/{db_name}",
-                "CELERY_BROKER_URL": "redis://127.0.0.1:6379/13",
-            }
-        )
+        db_url = databases.enter_context(migrated_database("cp_bench"))
+        env.update({"DATABASE_URL": db_url, "CELERY_BROKER_URL": "redis://127.0.0.1:6379/13"})
     stack = Stack(var_dir=var_dir, web_port=find_free_port(), env=env)
     try:
         stack.start()
@@ -304,17 +300,15 @@ def main() -> int:
         results["small_p50"] = statistics.median(small)
         results["small_p90"] = sorted(small)[int(0.9 * (len(small) - 1))]
         if not args.embedded:
-            with psycopg.connect(f"postgresql://postgres@127.0.0.1:5432/{db_name}") as conn:
+            with psycopg.connect(db_url) as conn:
                 results["shards"] = conn.execute(
                     "SELECT count(*) FROM batches_shard WHERE batch_id = %s", (results["e2e_batch_id"],)
                 ).fetchone()[0]
-            hops = [batch_hops(f"postgresql://postgres@127.0.0.1:5432/{db_name}", b.id) for _, b in small_runs]
+            hops = [batch_hops(db_url, b.id) for _, b in small_runs]
             results.update({f"hop_{k}": statistics.median(h[k] for h in hops) for k in hops[0]})
     finally:
         stack.stop()
-        if not args.embedded:
-            with psycopg.connect(admin_url, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+        databases.close()
 
     e2e_vs_inprocess = results["e2e"] / results["inprocess"]
     e2e_vs_naive = results["e2e"] / results["direct_naive"]
