@@ -178,11 +178,11 @@ _UNITS = (
 )
 
 
-# Which scheduling units start first. xdist's default order (most tests first) gave the first five workers the
-# processes group, the stack group, the tinylm unit, chaos and ... so the fleets group (8 tests, ~380 s of wall,
-# mostly waiting on its fleets) started 24 s late behind tinylm's unit on the same worker, and ended the run
-# (2026-12-06). The groups are the run's critical path, so they start at once, the longest first; a stable sort
-# keeps xdist's order within each rank.
+# Which scheduling units start first. xdist's default order (most tests first) started the five workers on the
+# processes group, the stack group, chaos, tinylm's unit and the build_engines unit, and queued the fleets group (8
+# tests, ~380 s of wall) behind tinylm's unit: it started 24 s late and its last test ended the run (2026-12-06).
+# The groups are the run's critical path, so they start at once, the longest first; a stable sort keeps xdist's
+# order within each rank (tests/test_scheduling_units.py runs xdist's scheduler on it).
 _START_ORDER = ("fleets", "stack", "chaos", "processes")
 
 
