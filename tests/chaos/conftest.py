@@ -62,7 +62,9 @@ def chaos_stack() -> Iterator[Chaos]:
         script = "from controlplane.tenants.services import tenant_create\n"
         script += "".join(f"print(tenant_create(name='chaos-{t}')[1])\n" for t in TENANTS)
         keys = stack.manage("shell", "-c", script).stdout.split()[-len(TENANTS) :]
-        yield Chaos(stack, db_url, dict(zip(TENANTS, keys, strict=True)), pg, broker)
+        chaos = Chaos(stack, db_url, dict(zip(TENANTS, keys, strict=True)), pg, broker)
+        yield chaos
+        chaos.close()
     finally:
         try:
             if stack is not None:

@@ -164,9 +164,11 @@ class Chaos(E2E):
         deadline = time.monotonic() + 60
         while True:
             try:
-                with psycopg.connect(self.db_url, autocommit=True, connect_timeout=2) as conn:
-                    return conn.execute(query, params).fetchall()
-            except psycopg.OperationalError:
+                if self._conn is None or self._conn.closed:
+                    self._conn = psycopg.connect(self.db_url, autocommit=True, connect_timeout=2)
+                return self._conn.execute(query, params).fetchall()
+            except psycopg.OperationalError:  # the database restarted under the open connection, or is down
+                self.close()
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)

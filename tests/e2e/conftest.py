@@ -29,6 +29,7 @@ class E2E:
         self.stack = stack
         self.db_url = db_url
         self.api_key = api_key
+        self._conn: psycopg.Connection | None = None
 
     @property
     def base_url(self) -> str:
@@ -43,8 +44,15 @@ class E2E:
         return tenant_key(self.db_url, name)
 
     def sql(self, query: str, *params: object) -> list[tuple]:
-        with psycopg.connect(self.db_url, autocommit=True) as conn:
-            return conn.execute(query, params).fetchall()
+        # One connection for the stack's life, not one per query: a new Postgres backend cost ~5 ms of the host's
+        # CPU against 0.03 ms for a query on an open connection, and the scenarios poll every 0.1-0.25 s.
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.db_url, autocommit=True)
+        return self._conn.execute(query, params).fetchall()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
 
     def wait_status(self, client, batch_id: str, statuses: set[str], timeout_s: float = 180):
         deadline = time.monotonic() + timeout_s
@@ -89,6 +97,8 @@ def _e2e_stack(triton_server, tmp_path_factory, db_url: str) -> Iterator[E2E]:
     stack.start()
     try:
         key = tenant_key(db_url, "e2e-tenant")
-        yield E2E(stack, db_url, key)
+        e2e = E2E(stack, db_url, key)
+        yield e2e
+        e2e.close()
     finally:
         stack.stop()
