@@ -282,6 +282,8 @@ class Chaos(E2E):
             self.stack.procs.pop("worker", None)
             self.stack.start_worker()
         self.ensure_serving()
+        # A scenario may hold its tenants' batches (paused) for a while.
+        self.sql("UPDATE tenants_tenant SET paused=false WHERE paused RETURNING id")
         # A failed scenario's batches would hold the slots the next one's need (its 2 shards in 60 s). Straight to
         # the stack: a scenario's client may have gone through a proxy that is gone now.
         for key in {client.api_key for client in self.clients.values()}:
