@@ -143,12 +143,9 @@ def _guess(abuser: Abuser, object_id: str) -> None:
 
 def test_a_hostile_tenant_cannot_slow_or_see_another(chaos, recorder):
     victim_key, abuser_key = chaos.new_tenant("victim"), chaos.new_tenant("abuser")
-    updated = chaos.sql(
-        "UPDATE tenants_tenant SET storage_quota_bytes=%s, max_concurrent_batches=%s WHERE name='abuser' RETURNING id",
-        ABUSER_STORAGE_QUOTA,
-        ABUSER_MAX_BATCHES,
+    chaos.tenant_update(
+        "abuser", "storage_quota_bytes=%s, max_concurrent_batches=%s", ABUSER_STORAGE_QUOTA, ABUSER_MAX_BATCHES
     )
-    assert len(updated) == 1
     victim_sdk = chaos.sdk(victim_key)
     chaos.clients["victim"] = victim_sdk
     lines = chaos.identity_lines("victim", VICTIM_LINES)

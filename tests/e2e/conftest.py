@@ -50,6 +50,11 @@ class E2E:
             self._conn = psycopg.connect(self.db_url, autocommit=True)
         return self._conn.execute(query, params).fetchall()
 
+    def tenant_update(self, name: str, assignment: str, *params: object) -> None:
+        """A tenant's row changed by hand (a pause, a quota); the assignment comes from the test, never from input."""
+        updated = self.sql(f"UPDATE tenants_tenant SET {assignment} WHERE name=%s RETURNING id", *params, name)
+        assert len(updated) == 1, f"tenant {name} not found"
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()

@@ -140,7 +140,7 @@ def test_ctrl_c_leaves_the_batch_running_then_cancel_download_and_retry_failed(e
     """A paused tenant's batch stays in_progress (no shard is dispatched), so each step sees a running batch."""
     name = "cli-paused"
     key = e2e.new_tenant(name)
-    e2e.sql("UPDATE tenants_tenant SET paused=true WHERE name=%s RETURNING id", name)
+    e2e.tenant_update(name, "paused=true")
     lines = tensor_lines(40, prefix="held")
     source = _write(tmp_path / "in.jsonl", lines)
     waiting = subprocess.Popen(
@@ -194,7 +194,7 @@ def test_ctrl_c_leaves_the_batch_running_then_cancel_download_and_retry_failed(e
     assert [json.loads(e)["custom_id"] for e in errors] == [line["custom_id"] for line in lines]
     assert all(json.loads(e)["error"]["code"] == "batch_cancelled" for e in errors)
 
-    e2e.sql("UPDATE tenants_tenant SET paused=false WHERE name=%s RETURNING id", name)
+    e2e.tenant_update(name, "paused=false")
     rerun = batchctl(
         e2e,
         "retry-failed",

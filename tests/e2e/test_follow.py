@@ -62,7 +62,7 @@ def test_follow_killed_and_restarted_ends_with_the_final_files_once(e2e, tmp_pat
     # Hold the rest of the batch once a shard has finished (a paused tenant's pending shards wait), so the
     # follower starts and is killed on a running batch: paused only after the follower's first save, the
     # whole batch had finished at load 27 (the follower's own start took that long).
-    e2e.sql("UPDATE tenants_tenant SET paused=true WHERE name=%s RETURNING id", name)
+    e2e.tenant_update(name, "paused=true")
     out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
     args = [str(BATCHCTL), "follow", batch_id, "-o", str(out), "-e", str(err), "--poll-interval", "0.2"]
     first = subprocess.Popen(args, env=_env(e2e, key), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -78,7 +78,7 @@ def test_follow_killed_and_restarted_ends_with_the_final_files_once(e2e, tmp_pat
     kept = _saved_cursor(out)
     assert 0 < kept < 800 - 16
 
-    e2e.sql("UPDATE tenants_tenant SET paused=false WHERE name=%s RETURNING id", name)
+    e2e.tenant_update(name, "paused=false")
     second = batchctl(e2e, "follow", batch_id, "-o", str(out), "-e", str(err), "--poll-interval", "0.2", api_key=key)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "lines saved" in second.stdout and "completed" in second.stdout

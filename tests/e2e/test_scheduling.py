@@ -28,13 +28,8 @@ def _tenant(e2e, role: str, **fields: object):
     name = f"sched-{role}-{uuid.uuid4().hex[:6]}"
     key = e2e.new_tenant(name)
     for column, value in fields.items():  # column names come from this file, never from input
-        _tenant_update(e2e, name, f"{column}=%s", value)
+        e2e.tenant_update(name, f"{column}=%s", value)
     return name, e2e.sdk(key)
-
-
-def _tenant_update(e2e, name: str, assignment: str, *params: object) -> None:
-    updated = e2e.sql(f"UPDATE tenants_tenant SET {assignment} WHERE name=%s RETURNING id", *params, name)
-    assert len(updated) == 1, f"tenant {name} not found"
 
 
 def _claims(e2e, batch_id: str, *, first_attempts: bool = False) -> list[datetime]:
@@ -284,7 +279,7 @@ def test_paused_tenant_is_not_dispatched_and_resumes_exactly_once(e2e):
     e2e.wait_status(client, batch.id, {"in_progress"}, timeout_s=60)
     _wait_claims(e2e, batch.id, 2)
 
-    _tenant_update(e2e, name, "paused=true")
+    e2e.tenant_update(name, "paused=true")
     # A claim already inside its transaction when the pause committed may still land; after a short grace
     # nothing new may start, and the shards that were running finish.
     time.sleep(1.0)
@@ -295,7 +290,7 @@ def test_paused_tenant_is_not_dispatched_and_resumes_exactly_once(e2e):
     assert _pending_shards(e2e, batch.id) > 0, "the batch finished before the pause took effect; make it larger"
     assert client.batches.retrieve(batch.id).status == "in_progress"
 
-    _tenant_update(e2e, name, "paused=false")
+    e2e.tenant_update(name, "paused=false")
     # No top-up is asked for here: beat's (every SCHEDULER_TOPUP_INTERVAL_SECONDS) must pick the work up. A hang
     # guard, not a speed limit: the rest of the 800 lines took over 60 s beside a mutation run at load 29.
     batch = e2e.wait_status(client, batch.id, {"completed", "failed"}, timeout_s=300)
