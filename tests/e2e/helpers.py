@@ -3,6 +3,7 @@ from __future__ import annotations
 import io
 import json
 import random
+import time
 
 WORDS = [
     "batch",
@@ -79,6 +80,25 @@ def submit(
     return client.batches.create(
         input_file_id=uploaded.id, endpoint=endpoint, completion_window=window, metadata=metadata, extra_body=extra
     )
+
+
+def shard_counts(e2e, batch_id: str) -> dict[str, int]:
+    rows = e2e.sql("SELECT status, count(*) FROM batches_shard WHERE batch_id=%s GROUP BY status", batch_id)
+    return {status: n for status, n in rows}
+
+
+def wait_for_running_shard(e2e, batch_id: str, timeout_s: float = 60, *, open_will_do: bool = False) -> None:
+    """Until a shard has succeeded and another is running (or, with ``open_will_do``, is still open: pending or
+    running). On a timeout the message has the shards by status and the batch's status."""
+    deadline, counts = time.monotonic() + timeout_s, {}
+    while time.monotonic() < deadline:
+        counts = shard_counts(e2e, batch_id)
+        left = counts.get("running", 0) + (counts.get("pending", 0) if open_will_do else 0)
+        if counts.get("succeeded", 0) >= 1 and left >= 1:
+            return
+        time.sleep(0.02)
+    status = e2e.sql("SELECT status FROM batches_batch WHERE id=%s", batch_id)[0][0]
+    raise AssertionError(f"no shard was running beside a finished one: shards {counts}, batch {status}")
 
 
 def read_jsonl(client, file_id: str | None) -> list[dict]:

@@ -6,35 +6,16 @@ import time
 
 import pytest
 
-from tests.e2e.helpers import assert_exactly_once, embedding_lines, submit
+from tests.e2e.helpers import assert_exactly_once, embedding_lines, submit, wait_for_running_shard
 
 pytestmark = pytest.mark.e2e
-
-
-def _shard_counts(e2e, batch_id: str) -> dict[str, int]:
-    rows = e2e.sql("SELECT status, count(*) FROM batches_shard WHERE batch_id=%s GROUP BY status", batch_id)
-    return {status: n for status, n in rows}
-
-
-def _wait_for_running_shard(e2e, batch_id: str, timeout_s: float = 60, *, open_will_do: bool = False) -> None:
-    """Until a shard has succeeded and another is running (or, with ``open_will_do``, is still open: pending or
-    running). On a timeout the message has the shards by status and the batch's status."""
-    deadline, counts = time.monotonic() + timeout_s, {}
-    while time.monotonic() < deadline:
-        counts = _shard_counts(e2e, batch_id)
-        left = counts.get("running", 0) + (counts.get("pending", 0) if open_will_do else 0)
-        if counts.get("succeeded", 0) >= 1 and left >= 1:
-            return
-        time.sleep(0.02)
-    status = e2e.sql("SELECT status FROM batches_batch WHERE id=%s", batch_id)[0][0]
-    raise AssertionError(f"no shard was running beside a finished one: shards {counts}, batch {status}")
 
 
 def test_sigkill_worker_mid_shard_loses_and_duplicates_nothing(e2e):
     client = e2e.sdk()
     lines = embedding_lines(320, seed=11, prefix="kill")
     batch = submit(client, lines)
-    _wait_for_running_shard(e2e, batch.id)
+    wait_for_running_shard(e2e, batch.id)
     e2e.stack.kill("worker")  # SIGKILL the whole worker process group, mid-shard
     orphaned = e2e.sql("SELECT count(*) FROM batches_shard WHERE batch_id=%s AND status='running'", batch.id)[0][0]
     e2e.stack.start_worker()
@@ -55,7 +36,7 @@ def test_cancel_keeps_finished_lines(e2e):
     client = e2e.sdk()
     lines = embedding_lines(480, seed=12, prefix="cancel")
     batch = submit(client, lines)
-    _wait_for_running_shard(e2e, batch.id)
+    wait_for_running_shard(e2e, batch.id)
     cancelling = client.batches.cancel(batch.id)
     assert cancelling.status in {"cancelling", "cancelled"}
     batch = e2e.wait_status(client, batch.id, {"cancelled"})
@@ -71,7 +52,7 @@ def test_expiry_keeps_finished_lines_and_marks_the_rest_expired(e2e):
     # 20 s, not 8 s: on a loaded host (a clean-clone run beside a mutation session, load 23) the 8 s window
     # ran out before the first shard succeeded. The test waits out the window either way.
     batch = submit(client, lines, window="20s")
-    _wait_for_running_shard(e2e, batch.id, open_will_do=True)
+    wait_for_running_shard(e2e, batch.id, open_will_do=True)
     # Stop all processing so the window surely runs out with work left, then let a worker return.
     e2e.stack.kill("worker")
     time.sleep(max(0.0, batch.expires_at - time.time()) + 1)

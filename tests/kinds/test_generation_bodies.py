@@ -30,9 +30,38 @@ def test_chat_prompt_is_the_templates_text_and_its_tokens(tokenizer):
     request = chat(tokenizer, messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}])
     assert request.kind == "chat"
     assert request.prompt_text == "<system> be brief\n<user> hi\n<assistant>"
-    # The template wrote the text; no [CLS]/[SEP] are added on top of it.
-    assert request.prompt_token_ids == tuple(tokenizer.encode(request.prompt_text, add_special_tokens=False))
+    # What an engine prefills: the text tokenized as vLLM's backend tokenizes a text prompt, special tokens on.
+    assert request.prompt_token_ids == tuple(tokenizer.encode(request.prompt_text, add_special_tokens=True))
     assert request.prompt_tokens == len(request.prompt_token_ids) > 0
+
+
+def _bos_tokenizer(tmp_path, *, adds_bos: bool):
+    """A Llama-like tokenizer (its post-processor adds <s> when asked, or not) whose chat template writes <s>."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    from controlplane.kinds.generation_tokenizer import file_tokenizer
+
+    vocab = {"<unk>": 0, "<s>": 1, "<user>": 2, "<assistant>": 3, "hi": 4, "there": 5}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.add_special_tokens(["<s>", "<user>", "<assistant>"])
+    if adds_bos:
+        tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    template = "{{ bos_token }}{% for m in messages %}<user> {{ m['content'] }} {% endfor %}<assistant>"
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "chat_template": template}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    return file_tokenizer(tmp_path)
+
+
+@pytest.mark.parametrize("adds_bos", [True, False])
+def test_a_chat_prompt_holds_one_bos_whether_or_not_the_tokenizer_adds_one(tmp_path, adds_bos):
+    tokenizer = _bos_tokenizer(tmp_path, adds_bos=adds_bos)
+    request = chat(tokenizer, messages=[{"role": "user", "content": "hi there"}])
+    assert request.prompt_token_ids == (1, 2, 4, 5, 3)  # <s> <user> hi there <assistant>: the template's, once
+    # The text sent: the engines (vLLM's backend, the CPU engine) add the tokenizer's BOS to it themselves.
+    assert request.prompt_text == ("<user> hi there <assistant>" if adds_bos else "<s><user> hi there <assistant>")
+    assert tuple(tokenizer.encode(request.prompt_text, add_special_tokens=True)) == request.prompt_token_ids
 
 
 def test_developer_is_system_and_text_parts_are_joined(tokenizer):

@@ -48,6 +48,7 @@ class Engine:
         device: str = "cpu",
         threads: int | None = None,
         prefix_caching: bool = True,
+        max_model_len: int | None = None,
         cancel_poll_s: float = 0.05,
         cancel_poll_batch: int = 8,
     ) -> None:
@@ -65,6 +66,8 @@ class Engine:
             "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
         )
         self.context_length = int(getattr(config, "max_position_embeddings", 0) or self.tokenizer.model_max_length)
+        if max_model_len:  # vLLM's max_model_len: a served context below the model's own (8192 for SmolLM2)
+            self.context_length = min(self.context_length, max_model_len)
         eos = self.model.generation_config.eos_token_id or self.tokenizer.eos_token_id
         self.eos_token_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
         self._pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -105,8 +108,12 @@ class Engine:
         is_cancelled: Callable[[], bool] | None = None,
         stream: bool = False,
     ) -> Request:
-        """Queue a request; ValueError when it can never run (empty, over the context, over the budget)."""
-        ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"] if isinstance(prompt, str) else list(prompt)
+        """Queue a request; ValueError when it can never run (empty, over the context, over the budget).
+
+        Text is tokenized as vLLM tokenizes a text prompt, with the tokenizer's special tokens (a Llama BOS):
+        the control plane sends chat prompts with the template's own BOS taken off the front, so that one BOS
+        is prefilled, as it counted (kinds/generation_bodies.py)."""
+        ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"] if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise ValueError("the prompt is empty")
         if len(ids) + params.max_tokens > self.context_length:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -77,6 +78,10 @@ class KVPool:
         from transformers import DynamicCache
 
         self.model, self.cache_kwarg, self.tokens = model, cache_kwarg, tokens
+        # Only the last position's logits are read: without this the LM head ran over every prompt token of a
+        # prefill, [rows, tokens, vocab], which for SmolLM2's 49k vocabulary cost more than the layers.
+        parameters = inspect.signature(model.forward).parameters
+        self._last_logits = {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}
         # The shapes (layers, KV heads, head dim, dtype) come from one real forward pass: no per-architecture
         # config reading (GQA, head_dim overrides) to get wrong.
         with torch.inference_mode():
@@ -125,6 +130,7 @@ class KVPool:
                 position_ids=positions.to(device),
                 use_cache=True,
                 **{self.cache_kwarg: cache},
+                **self._last_logits,
             )
 
     def prefill(

@@ -46,8 +46,8 @@ def _error(message, code_name="INVALID_ARG"):
 class _Stream:
     """What has been sent to one Triton request so far (the deltas of the next streamed response)."""
 
-    def __init__(self, sender, engine, prompt, stream, prepend, flags):
-        self.sender, self.engine, self.prompt = sender, engine, prompt
+    def __init__(self, model_name, sender, engine, prompt, stream, prepend, flags):
+        self.model_name, self.sender, self.engine, self.prompt = model_name, sender, engine, prompt
         self.stream, self.prepend, self.flags = stream, prepend, flags
         self.sent_chars, self.sent_tokens = {}, {}
 
@@ -59,7 +59,7 @@ class _Stream:
             )
         elif request.cancelled:
             generated = max(len(c.token_ids) for c in request.choices)
-            pb_utils.Logger.log_info(f"tinylm cancelled {request.request_id} after {generated} tokens")
+            pb_utils.Logger.log_info(f"{self.model_name} cancelled {request.request_id} after {generated} tokens")
             self.sender.send(
                 pb_utils.InferenceResponse(error=_error("Request was cancelled", "CANCELLED")),
                 flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
@@ -134,9 +134,12 @@ class TritonPythonModel:
 
         self._sampling_params = SamplingParams
         config = json.loads(args["model_config"])
+        self._name = args["model_name"]
         hf_dir = _parameter(config, "HF_DIR", "hf")
         if not Path(hf_dir).is_absolute():
-            hf_dir = str(Path(__file__).resolve().parent / hf_dir)
+            # This model's own version folder, not this file's: another model (triton_models/smollm2) serves
+            # its own weights through this file by a symbolic link to it.
+            hf_dir = str(Path(args["model_repository"]) / args["model_version"] / hf_dir)
         device = "cpu"
         if args.get("model_instance_kind") == "GPU":
             device = f"cuda:{args.get('model_instance_device_id', 0)}"
@@ -149,11 +152,12 @@ class TritonPythonModel:
             prefix_caching=_parameter(config, "ENABLE_PREFIX_CACHING", "true").lower() == "true",
             device=device,
             threads=int(_parameter(config, "INTRA_OP_THREADS", "1")),
+            max_model_len=int(_parameter(config, "MAX_MODEL_LEN", "0")) or None,
         )
         self.engine.start()
         self._counter = 0
         pb_utils.Logger.log_info(
-            f"tinylm instance {args['model_instance_name']} loaded {hf_dir} on {device} in "
+            f"{args['model_name']} instance {args['model_instance_name']} loaded {hf_dir} on {device} in "
             f"{time.monotonic() - started:.2f}s: KV budget {self.engine.kv_budget_tokens} tokens, "
             f"max {self.engine.max_seqs} sequences, context {self.engine.context_length}"
         )
@@ -184,7 +188,7 @@ class TritonPythonModel:
         raw = pb_utils.get_input_tensor_by_name(request, "sampling_parameters")
         params = self._sampling_params.from_json(raw.as_numpy().reshape(-1)[0] if raw is not None else None)
         flags = {name for name in _FLAGS if _bool_input(request, name, False)}
-        state = _Stream(sender, self.engine, prompt, stream, not exclude, flags)
+        state = _Stream(self._name, sender, self.engine, prompt, stream, not exclude, flags)
         self._counter += 1
         self.engine.submit(
             prompt,

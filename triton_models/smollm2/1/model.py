@@ -1,0 +1,1 @@
+../../tinylm/1/model.py
