@@ -15,7 +15,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from openai import OpenAI  # noqa: E402
 
-from deploy.local.stack import Stack, find_free_port  # noqa: E402
+from deploy.local.stack import DEFAULT_WARM_MODELS, SERVED_LLM, Stack, find_free_port  # noqa: E402
 
 TERMINAL = {"completed", "failed", "cancelled", "expired"}
 
@@ -27,7 +27,13 @@ def main() -> int:
     env = {"DATABASE_URL": "", "CELERY_BROKER_URL": "filesystem://", "STORAGE_BACKEND": "local"}
     # Supervised like `make serve`: a crashed Triton, worker or beat is restarted and the restart logged.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    stack = Stack(var_dir=var_dir, web_port=find_free_port(), env=env, supervise=True)
+    stack = Stack(
+        var_dir=var_dir,
+        web_port=find_free_port(),
+        env=env,
+        supervise=True,
+        warm_models=(*DEFAULT_WARM_MODELS, SERVED_LLM),
+    )
     print(f"starting Triton, web, worker and beat (logs in {stack.log_dir}) ...", flush=True)
     started = time.monotonic()
     with stack:
@@ -73,7 +79,9 @@ def main() -> int:
                 target = out_dir / f"{batch.id}_output.jsonl"
                 target.write_text("\n".join(content) + "\n")
                 print(f"   output file {batch.output_file_id}: {len(content)} lines, saved to {target}")
-                for raw in content[:3]:
+                # Every answer of the chat example (the real LLM's); the first three lines of the others.
+                shown = content if batch.endpoint == "/v1/chat/completions" else content[:3]
+                for raw in shown:
                     record = json.loads(raw)
                     print("   " + _summary(record))
             ok = ok and batch.status == "completed" and batch.request_counts.failed == 0

@@ -14,14 +14,14 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from deploy.local.stack import Stack  # noqa: E402
+from deploy.local.stack import DEFAULT_WARM_MODELS, SERVED_LLM, Stack  # noqa: E402
 
 
 def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     port = int(os.environ.get("PORT", "8000"))
     var_dir = Path(os.environ.get("CONTROLPLANE_VAR_DIR", REPO_ROOT / "var"))
-    stack = Stack(var_dir=var_dir, web_port=port, supervise=True)
+    stack = Stack(var_dir=var_dir, web_port=port, supervise=True, warm_models=(*DEFAULT_WARM_MODELS, SERVED_LLM))
     stopping = False
 
     def stop(signum: int, _frame: object) -> None:

@@ -49,6 +49,10 @@ from deploy.local.triton_server import (
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
+# The real instruct LLM (triton_models/smollm2): warm in `make demo` and `make serve`, not in every test stack,
+# where its ~7 s load and ~1.4 GB would be paid by stacks that never generate.
+SERVED_LLM = "smollm2-135m-instruct"
+DEFAULT_WARM_MODELS = ("identity", "scale2", "all-MiniLM-L6-v2")
 logger = logging.getLogger(__name__)
 
 
@@ -86,7 +90,7 @@ class Stack:
     triton_gpu_memory: str = field(default_factory=lambda: os.environ.get("LOCAL_TRITON_GPU_MEMORY", "16G"))
     # Kept loaded while idle (min_instances=1) so the first small batch does not wait for a model load:
     # the catalogue models shipped in triton_models/ (controlplane/fleet/seed.py).
-    warm_models: tuple[str, ...] = ("identity", "scale2", "all-MiniLM-L6-v2")
+    warm_models: tuple[str, ...] = DEFAULT_WARM_MODELS
     warm_timeout_s: float = 180.0
     # How long registering and loading the warm models took (the benchmark shows it).
     warm_seconds: float = field(default=0.0, init=False)
