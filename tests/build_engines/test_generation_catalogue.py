@@ -1,8 +1,8 @@
 """A generation manifest against the catalogue: `catalogue_register` enters a vLLM model as a generation entry
 (context, sequences, gang profile, tokenizer) after checking that the served files are the emitted ones, that
 the config speaks the generation kind's interface and that the tokenizer is readable here; a TensorRT-LLM model,
-which takes token ids, is refused with the reason. The last test registers the shipped tinylm_vllm spec with
-the real trained tokenizer and parses a chat line against the entry."""
+which takes token ids, is refused with the reason. The last test registers the shipped vLLM specs with
+the real tokenizers and parses a chat line against the entry."""
 
 from __future__ import annotations
 
@@ -127,24 +127,28 @@ def test_a_tokenizer_not_readable_here_is_refused_and_can_be_named(tmp_path):
     assert Path(CatalogueModel.objects.get(name="lm").tokenizer_dir) == elsewhere.resolve()
 
 
-def test_the_shipped_tinylm_vllm_registers_and_its_entry_parses_a_chat_line(tmp_path):
-    """The real counterpart: the shipped spec emitted beside the trained tinylm (`make install`), registered,
-    and a chat body parsed against the entry with the real tokenizer and chat template."""
+@pytest.mark.parametrize(
+    ("spec_name", "folder_name", "context"), [("tinylm_vllm", "tinylm", 256), ("smollm2_vllm", "smollm2", 2048)]
+)
+def test_a_shipped_vllm_spec_registers_and_its_entry_parses_a_chat_line(tmp_path, spec_name, folder_name, context):
+    """The real counterpart: a shipped spec emitted beside the model `make install` builds (tinylm trained,
+    SmolLM2 converted from its GGUF), registered, and a chat body parsed against the entry with the real
+    tokenizer and chat template."""
     from controlplane.fleet.models import CatalogueModel
     from controlplane.kinds.registry import kind_for
 
-    trained = Path(settings.BASE_DIR) / "triton_models" / "tinylm" / "1" / "hf"
-    assert (trained / "tokenizer_config.json").is_file(), "make install trains tinylm"
+    built = Path(settings.BASE_DIR) / "triton_models" / folder_name / "1" / "hf"
+    assert (built / "tokenizer_config.json").is_file(), "make install builds the model"
     models = tmp_path / "triton_models"
-    (models / "tinylm" / "1").mkdir(parents=True)
-    (models / "tinylm" / "1" / "hf").symlink_to(trained)
-    spec = load_any_spec("tinylm_vllm")
+    (models / folder_name / "1").mkdir(parents=True)
+    (models / folder_name / "1" / "hf").symlink_to(built)
+    spec = load_any_spec(spec_name)
     folder = emit_generation(spec, tmp_path / "out", models, command="test", echo=lambda _: None)
-    register(tmp_path, spec, folder, name="tinylm-gpu")
-    model = CatalogueModel.objects.get(name="tinylm-gpu")
-    # Inside the project: stored relative, as the seed's tinylm, so the entry holds on every checkout.
-    assert model.tokenizer_dir == "triton_models/tinylm/1/hf"
-    assert (model.context_length, model.max_num_seqs, model.gpus_per_instance) == (256, 64, 1)
-    body = {"model": "tinylm-gpu", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8}
+    register(tmp_path, spec, folder, name="lm-gpu")
+    model = CatalogueModel.objects.get(name="lm-gpu")
+    # Inside the project: stored relative, as the seed's entries, so the entry holds on every checkout.
+    assert model.tokenizer_dir == f"triton_models/{folder_name}/1/hf"
+    assert (model.context_length, model.max_num_seqs, model.gpus_per_instance) == (context, 64, 1)
+    body = {"model": "lm-gpu", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8}
     line = kind_for("/v1/chat/completions").parse_body(body, model=model)
     assert line.request.prompt_tokens > 2 and line.units >= line.request.prompt_tokens
