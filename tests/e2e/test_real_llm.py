@@ -70,6 +70,20 @@ def test_chat_batch_answers_right_with_exact_usage(e2e):
         ),
         _ask("seeded", "Name a colour.", **seeded),
         _ask("other", "Name an animal.", temperature=0, max_tokens=8),
+        # The sampling options on the real vocabulary: n, a seed, logprobs with alternatives, a stop string, penalties.
+        _ask(
+            "options",
+            "List three fruits, separated by commas.",
+            n=2,
+            temperature=0.8,
+            seed=3,
+            logprobs=True,
+            top_logprobs=3,
+            stop=[","],
+            frequency_penalty=0.5,
+            presence_penalty=0.3,
+            max_tokens=16,
+        ),
         # 2,000 words are over 2,000 tokens: with max_tokens past the rest of the 2,048-token context, a 400 line.
         _ask("too-long", "word " * 2000, max_tokens=100),
     ]
@@ -85,9 +99,18 @@ def test_chat_batch_answers_right_with_exact_usage(e2e):
     person = json.loads(answers["json"].choices[0].message.content or "")
     jsonschema.validate(person, PERSON)
     assert "Alice" in person["name"]
+    options = answers["options"]
+    assert [c.index for c in options.choices] == [0, 1]
+    for choice in options.choices:
+        assert "," not in (choice.message.content or "") and choice.finish_reason in {"stop", "length"}
+        assert choice.logprobs and all(len(t.top_logprobs) == 3 for t in choice.logprobs.content)
+        assert all(t.logprob <= 0 for t in choice.logprobs.content)  # log-probabilities of the raw distribution
+    assert options.usage.completion_tokens == sum(len(c.logprobs.content) for c in options.choices)
     for line in lines[:-1]:  # usage: the prompt as transformers templates and counts it, BOS and all, once
         usage = answers[line["custom_id"]].usage
         assert usage.prompt_tokens == _chat_prompt_tokens(line["body"]["messages"]), line["custom_id"]
+        if line["custom_id"] == "options":
+            continue  # two choices, cut at a stop string: counted above, token by token
         generated = reference_tokenizer().encode(answers[line["custom_id"]].choices[0].message.content or "")
         # The text re-encoded may merge differently at the end; the engine's count includes the EOS it stopped on.
         assert abs(usage.completion_tokens - len(generated)) <= 2, line["custom_id"]
