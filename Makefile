@@ -148,6 +148,7 @@ bench-quick: install
 bench-generation: install
 	bash scripts/ensure_services.sh
 	$(PY) bench/generation.py
+	$(PY) bench/real_generation.py
 
 # What `batchctl follow` costs a running 200k-line batch (docs/PERFORMANCE.md); FOLLOW_LINES for a smaller run.
 FOLLOW_LINES ?= 200000

@@ -107,7 +107,7 @@ def shared_prefix_corpus(n: int, seed: int = 7) -> list[Line]:
     return lines
 
 
-def jsonl(lines: list[Line]) -> bytes:
+def jsonl(lines: list[Line], model: str = MODEL) -> bytes:
     return (
         "\n".join(
             json.dumps(
@@ -116,7 +116,7 @@ def jsonl(lines: list[Line]) -> bytes:
                     "method": "POST",
                     "url": CHAT,
                     "body": {
-                        "model": MODEL,
+                        "model": model,
                         "messages": line.messages,
                         "max_tokens": line.max_tokens,
                         "temperature": 0,
