@@ -255,13 +255,14 @@ class Engine:
             chain, blocks = self.prefix_cache.lookup(request.prompt_token_ids) if self.prefix_cache else (0, [])
             groups.setdefault(chain, (blocks, []))[1].append(request)
         size = self.prefix_cache.block_size if self.prefix_cache else 0
-        for blocks, requests in groups.values():
+        for blocks, group in groups.values():
             past = torch.tensor([slot + i for slot in blocks for i in range(size)], dtype=torch.long)
-            tails = [r.prompt_token_ids[len(past) :] for r in requests]
-            logits = self.pool.prefill(past, tails, [r.choices[0].start for r in requests], self._pad_id)
-            for row, request in enumerate(requests):
-                request.num_cached_tokens = len(past)
-                self._start(request, logits[row])
+            for requests in _similar_lengths(group, len(past)):
+                tails = [r.prompt_token_ids[len(past) :] for r in requests]
+                logits = self.pool.prefill(past, tails, [r.choices[0].start for r in requests], self._pad_id)
+                for row, request in enumerate(requests):
+                    request.num_cached_tokens = len(past)
+                    self._start(request, logits[row])
 
     def _start(self, request: Request, logits: torch.Tensor) -> None:
         ids, params = request.prompt_token_ids, request.params
@@ -377,6 +378,27 @@ class Engine:
         while len(done) < len(requests):
             self.step()
         return requests
+
+
+# A prefill pass pads every row to its longest: rows are passed together while the padding stays under this share
+# of their tokens. On the real corpus (prompts of 36-370 tokens) one pass per step padded 5,033 prompt tokens to
+# 6,816 (+35%), and a prefill token costs the same padded or not; a pass more costs only its fixed overhead.
+PREFILL_PADDING = 0.1
+
+
+def _similar_lengths(requests: list[Request], cached: int) -> list[list[Request]]:
+    """The requests (sharing `cached` prefix tokens) in passes of similar tail lengths, shortest first."""
+    passes: list[list[Request]] = []
+    current: list[Request] = []
+    tokens = 0
+    for request in sorted(requests, key=lambda r: len(r.prompt_token_ids)):
+        tail = len(request.prompt_token_ids) - cached  # the longest so far: sorted
+        if current and tail * (len(current) + 1) > (1 + PREFILL_PADDING) * (tokens + tail):
+            passes.append(current)
+            current, tokens = [], 0
+        current.append(request)
+        tokens += tail
+    return [*passes, current] if current else passes
 
 
 def _collect(done: list[Request]) -> Callable[[Request], None]:
