@@ -136,16 +136,16 @@ class InProcess:
     """tinylm's engine and tokenizer in this process, prompts rendered with the model's chat template as the
     service renders them (kinds/generation_bodies.py)."""
 
-    def __init__(self) -> None:
+    def __init__(self, hf: Path = MODEL_DIR / "hf", *, threads: int = 1) -> None:
         import torch
 
-        torch.set_num_threads(1)  # the Triton model's INTRA_OP_THREADS
+        torch.set_num_threads(threads)  # the Triton model's INTRA_OP_THREADS
         from cb_engine import Engine
 
-        self.hf = str(MODEL_DIR / "hf")
-        self.cached = Engine(self.hf, kv_budget_tokens=KV_BUDGET_TOKENS, max_seqs=MAX_NUM_SEQS, threads=1)
+        self.hf = str(hf)
+        self.cached = Engine(self.hf, kv_budget_tokens=KV_BUDGET_TOKENS, max_seqs=MAX_NUM_SEQS, threads=threads)
         self.uncached = Engine(
-            self.hf, kv_budget_tokens=KV_BUDGET_TOKENS, max_seqs=MAX_NUM_SEQS, threads=1, prefix_caching=False
+            self.hf, kv_budget_tokens=KV_BUDGET_TOKENS, max_seqs=MAX_NUM_SEQS, threads=threads, prefix_caching=False
         )
         self.tokenizer = self.cached.tokenizer
 

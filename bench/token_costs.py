@@ -14,7 +14,9 @@ token is computed), two runs over the same prompts, side by side, each repeated 
 
     TOKEN_COSTS prefill_us_per_token=… decode_us_per_token=… completion_weight=… lines=… load1=…
 
-    .venv/bin/python bench/token_costs.py [--lines 64] [--repeat 3]
+    .venv/bin/python bench/token_costs.py [--lines 64] [--repeat 3] [--model-dir DIR --threads N]
+
+``--model-dir triton_models/smollm2/1/hf --threads 2`` measures SmolLM2 as triton_models/smollm2 serves it.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.generation import FILLER, InProcess, Line
+from bench.generation import FILLER, MODEL_DIR, InProcess, Line
 
 LONG_MAX_TOKENS = 48  # long enough that decode dominates the second run, inside tinylm's 256-token context
 
@@ -55,7 +57,7 @@ def timed(local: InProcess, lines: list[Line]) -> tuple[float, int, int]:
     started = time.perf_counter()
     requests = engine.generate(prompts, params)
     seconds = time.perf_counter() - started
-    prompt_tokens = sum(len(local.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts)
+    prompt_tokens = sum(len(local.tokenizer(p, add_special_tokens=True)["input_ids"]) for p in prompts)
     completion = sum(len(choice.token_ids) for request in requests for choice in request.choices)
     return seconds, prompt_tokens, completion
 
@@ -64,12 +66,14 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--lines", type=int, default=64, help="prompts per run (default 64: max_num_seqs)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each kind; medians are reported")
+    parser.add_argument("--model-dir", type=Path, default=MODEL_DIR / "hf", help="default: tinylm's")
+    parser.add_argument("--threads", type=int, default=1, help="the Triton model's INTRA_OP_THREADS")
     args = parser.parse_args()
     load = os.getloadavg()[0]
     messages = corpus(args.lines)
     short = [Line(m, 1) for m in messages]
     long = [Line(m, LONG_MAX_TOKENS) for m in messages]
-    local = InProcess()
+    local = InProcess(args.model_dir, threads=args.threads)
     timed(local, short[:8])  # warm-up: the first forward passes allocate
     prefill_us, decode_us, weights = [], [], []
     for _ in range(args.repeat):

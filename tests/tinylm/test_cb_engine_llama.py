@@ -57,3 +57,25 @@ def test_batched_greedy_with_cached_prefixes_is_transformers_greedy(llama_engine
     assert first[0].num_cached_tokens == 0 and all(r.num_cached_tokens >= 48 for r in rest)
     for prompt, request in zip(prompts, first + rest, strict=True):
         assert request.choices[0].token_ids == _reference(engine, prompt)
+
+
+def test_prompts_sharing_a_prefix_in_one_step_compute_it_once(llama_engine):
+    """Lines that share a system prompt arrive together: the first is prefilled and cached, the others start
+    from its blocks in a second round of the same step, and every answer is still transformers' greedy."""
+    from cb_sampling import SamplingParams
+
+    engine = llama_engine
+    engine.prefix_cache.evict(engine.prefix_cache.held_tokens)
+    prompts = [
+        engine.tokenizer.apply_chat_template(
+            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        for q in reversed(QUESTIONS)
+    ]
+    params = SamplingParams.from_json(f'{{"max_tokens": {NEW_TOKENS}, "temperature": 0, "ignore_eos": true}}')
+    requests = engine.generate(prompts, params)
+    assert requests[0].num_cached_tokens == 0 and all(r.num_cached_tokens >= 48 for r in requests[1:])
+    for prompt, request in zip(prompts, requests, strict=True):
+        assert request.choices[0].token_ids == _reference(engine, prompt)

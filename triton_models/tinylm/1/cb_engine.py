@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 import torch
 from cb_forward import KVPool
 from cb_grammar import GrammarCompiler
-from cb_prefix import PrefixCache
+from cb_prefix import PrefixCache, block_keys
 from cb_request import Choice, Request
 from cb_sampling import SamplingParams, TokenPick, choice_generator, pick_tokens
 from cb_threads import name_os_thread
@@ -249,7 +249,26 @@ class Engine:
         self.peak_reserved_tokens = max(self.peak_reserved_tokens, self.pool.used_tokens)
 
     def _prefill(self, admitted: list[Request]) -> None:
-        """Prefill the admitted requests, one batched pass per distinct cached prefix (usually one or two)."""
+        """Prefill the admitted requests in two rounds: a prompt whose uncached blocks an earlier prompt of this
+        step holds too (lines that share a system prompt arrive together: the control plane sends them so) waits
+        for that one to be prefilled and cached, then starts from its blocks instead of computing them again."""
+        if self.prefix_cache is None or len(admitted) < 2:
+            self._prefill_round(admitted)
+            return
+        first: list[Request] = []
+        later: list[Request] = []
+        coming: set[int] = set()  # blocks this step's first round will cache
+        for request in admitted:
+            keys = block_keys(request.prompt_token_ids, self.prefix_cache.block_size)
+            new = [key for key in keys if not self.prefix_cache.holds(key)]
+            (later if new and new[0] in coming else first).append(request)
+            coming.update(new)
+        self._prefill_round(first)
+        if later:
+            self._prefill_round(later)
+
+    def _prefill_round(self, admitted: list[Request]) -> None:
+        """One batched pass (or a few, by length) per distinct cached prefix (usually one or two)."""
         groups: dict[int, tuple[list[int], list[Request]]] = {}
         for request in admitted:
             chain, blocks = self.prefix_cache.lookup(request.prompt_token_ids) if self.prefix_cache else (0, [])

@@ -32,6 +32,9 @@ class PrefixCache:
     def held_tokens(self) -> int:
         return len(self._blocks) * self.block_size
 
+    def holds(self, key: int) -> bool:
+        return key in self._blocks
+
     def lookup(self, token_ids: Sequence[int]) -> tuple[int, list[int]]:
         """The cached blocks of the longest cached prefix, leaving at least one prompt token to compute (the
         model needs it to produce the next token's logits), and the key of the last one (0 for none): prompts
