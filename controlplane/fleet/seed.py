@@ -31,7 +31,10 @@ ENGINE_OUTPUTS = [
 # 1,657 MiB (2026-12-06): float32 weights 513 MiB + the 16,384-token KV pool 720 MiB + torch and the stub ~420 MiB;
 # 1,792 MiB leaves room for a 64-sequence step's activations.
 MEMORY_SMOLLM2 = 1792 * 1024**2
-COMPLETION_WEIGHT_SMOLLM2 = 20.0
+# `bench/token_costs.py --model-dir triton_models/smollm2/1/hf --threads 2 --lines 32` (2026-12-06): a prompt token
+# 2.27 ms of the engine, a completion token 12.0 ms at 32 sequences (weights 5.9 and 4.7 in two runs). A real
+# model's decode step is mostly its matrix products, so the ratio is far below tinylm's 20.
+COMPLETION_WEIGHT_SMOLLM2 = 5.0
 
 # The models shipped in triton_models/; operators add more in the admin.
 SEED = [
@@ -121,8 +124,10 @@ SEED = [
         "structured_outputs": True,
         "completion_weight": COMPLETION_WEIGHT_SMOLLM2,
         "memory_per_instance_bytes": MEMORY_SMOLLM2,
-        "load_seconds": 8.0,
+        "load_seconds": 8.0,  # measured 7-8 s (the stub's log: weights, tokenizer, KV pool)
         "max_instances": 1,
-        "seconds_per_work_unit": 0.0002,
+        # A work unit is a prompt token or 1/5 of a completion token: ~2.3 ms of the engine (above), declared
+        # until the first shards settle.
+        "seconds_per_work_unit": 0.0023,
     },
 ]
