@@ -370,7 +370,7 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
 # (controlplane/core/beat.py says why, and how the sent time is read off the expiry). The expiry itself only bounds
 # the queue a stopped control worker finds when it comes back: an hour of sends, each skipped in a few ms. It is far
 # longer than any interval on purpose: expiring a message after its own interval (the rule before) dropped every
-# message once the queue was longer than that, and housekeeping stopped altogether (docs/RELIABILITY.md, session 20).
+# message once the queue was longer than that, and housekeeping stopped altogether (docs/RELIABILITY.md).
 BEAT_MESSAGE_EXPIRY_SECONDS = 3600.0
 for _entry in CELERY_BEAT_SCHEDULE.values():
     _every = _entry["schedule"]
