@@ -23,7 +23,7 @@ TRITON_TIMEOUT_SECONDS = env_float("TRITON_TIMEOUT_SECONDS", 120.0)
 # Each prefork shard-worker process loads the enabled generation models' tokenizers in the background as it
 # starts (controlplane/celery.py): a tokenizer that only transformers loads (kinds/generation_tokenizer.py) means
 # importing transformers and torch, 3–5 s, up to 35 s on a loaded host, inside the first generation shard each
-# process ran (docs/PERFORMANCE.md, session 12); one read from its files takes ~0.05 s.
+# process ran (docs/PERFORMANCE.md); one read from its files takes ~0.05 s.
 WORKER_PRELOAD_TOKENIZERS = env_bool("WORKER_PRELOAD_TOKENIZERS", True)
 TRITON_MODEL_REPOSITORY = Path(env_str("TRITON_MODEL_REPOSITORY", str(BASE_DIR / "triton_models")))
 
