@@ -19,9 +19,10 @@ Decisions (OpenAI's behaviour unless said otherwise):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypedDict
+from typing import Any, Literal, Protocol, TypedDict, cast
 
 from jinja2 import TemplateError
 
@@ -196,11 +197,19 @@ def parse_chat_body(body: Any, *, tokenizer: ChatTokenizer, context_length: int)
 
 def _without_added_bos(tokenizer: ChatTokenizer, text: str) -> str:
     """The template's text less a leading BOS that the tokenizer adds by itself when it encodes."""
+    bos = _added_bos(cast(Hashable, tokenizer))  # tokenizers hash by identity
+    return text[len(bos) :] if bos and text.startswith(bos) else text
+
+
+@functools.lru_cache(maxsize=32)
+def _added_bos(tokenizer: Any) -> str | None:
+    """The BOS text a tokenizer puts in front of what it encodes with special tokens (Llama 2/3), else None;
+    asked once per tokenizer, not per line (validation parses every line of a batch)."""
     bos = getattr(tokenizer, "bos_token", None)
-    if not isinstance(bos, str) or not bos or not text.startswith(bos):
-        return text
+    if not isinstance(bos, str) or not bos:
+        return None
     added = tokenizer.encode("", add_special_tokens=True)
-    return text[len(bos) :] if added[:1] == tokenizer.encode(bos, add_special_tokens=False) else text
+    return bos if added[:1] == tokenizer.encode(bos, add_special_tokens=False) else None
 
 
 def parse_completion_body(body: Any, *, tokenizer: ChatTokenizer, context_length: int) -> GenerationRequest:

@@ -28,7 +28,8 @@ from collections.abc import Callable, Sequence
 import torch
 from cb_forward import KVPool
 from cb_grammar import GrammarCompiler
-from cb_prefix import PrefixCache, block_keys
+from cb_passes import prefill_rounds, similar_lengths
+from cb_prefix import PrefixCache
 from cb_request import Choice, Request
 from cb_sampling import SamplingParams, TokenPick, choice_generator, pick_tokens
 from cb_threads import name_os_thread
@@ -249,20 +250,12 @@ class Engine:
         self.peak_reserved_tokens = max(self.peak_reserved_tokens, self.pool.used_tokens)
 
     def _prefill(self, admitted: list[Request]) -> None:
-        """Prefill the admitted requests in two rounds: a prompt whose uncached blocks an earlier prompt of this
-        step holds too (lines that share a system prompt arrive together: the control plane sends them so) waits
-        for that one to be prefilled and cached, then starts from its blocks instead of computing them again."""
+        """Prefill the admitted requests in two rounds (cb_passes.py): lines sharing a system prompt arrive
+        together, and the later ones start from the first one's cached blocks instead of computing them again."""
         if self.prefix_cache is None or len(admitted) < 2:
             self._prefill_round(admitted)
             return
-        first: list[Request] = []
-        later: list[Request] = []
-        coming: set[int] = set()  # blocks this step's first round will cache
-        for request in admitted:
-            keys = block_keys(request.prompt_token_ids, self.prefix_cache.block_size)
-            new = [key for key in keys if not self.prefix_cache.holds(key)]
-            (later if new and new[0] in coming else first).append(request)
-            coming.update(new)
+        first, later = prefill_rounds(admitted, self.prefix_cache)
         self._prefill_round(first)
         if later:
             self._prefill_round(later)
@@ -276,7 +269,7 @@ class Engine:
         size = self.prefix_cache.block_size if self.prefix_cache else 0
         for blocks, group in groups.values():
             past = torch.tensor([slot + i for slot in blocks for i in range(size)], dtype=torch.long)
-            for requests in _similar_lengths(group, len(past)):
+            for requests in similar_lengths(group, len(past)):
                 tails = [r.prompt_token_ids[len(past) :] for r in requests]
                 logits = self.pool.prefill(past, tails, [r.choices[0].start for r in requests], self._pad_id)
                 for row, request in enumerate(requests):
@@ -397,27 +390,6 @@ class Engine:
         while len(done) < len(requests):
             self.step()
         return requests
-
-
-# A prefill pass pads every row to its longest: rows are passed together while the padding stays under this share
-# of their tokens. On the real corpus (prompts of 36-370 tokens) one pass per step padded 5,033 prompt tokens to
-# 6,816 (+35%), and a prefill token costs the same padded or not; a pass more costs only its fixed overhead.
-PREFILL_PADDING = 0.1
-
-
-def _similar_lengths(requests: list[Request], cached: int) -> list[list[Request]]:
-    """The requests (sharing `cached` prefix tokens) in passes of similar tail lengths, shortest first."""
-    passes: list[list[Request]] = []
-    current: list[Request] = []
-    tokens = 0
-    for request in sorted(requests, key=lambda r: len(r.prompt_token_ids)):
-        tail = len(request.prompt_token_ids) - cached  # the longest so far: sorted
-        if current and tail * (len(current) + 1) > (1 + PREFILL_PADDING) * (tokens + tail):
-            passes.append(current)
-            current, tokens = [], 0
-        current.append(request)
-        tokens += tail
-    return [*passes, current] if current else passes
 
 
 def _collect(done: list[Request]) -> Callable[[Request], None]:
