@@ -37,6 +37,7 @@ token id appears). Ends with one parseable line:
     ttft_p50_s=… lines=… max_tokens=… load1=… inprocess_tokens_per_s=… inprocess_sweep_best_tokens_per_s=…
 
     .venv/bin/python bench/real_generation.py [--lines 256] [--max-tokens 32] [--quick] [--no-llamacpp]
+    .venv/bin/python bench/real_generation.py --lines 128 --profile-e2e   # where the gap to (b) goes
 
 The corpus is prefill-heavy (~53k prompt tokens for ~8k completion tokens at 256 lines), so on the two-core
 development host the full sweeps take the better part of an hour; ``--lines 32 --quick`` takes ~7 minutes, plus
@@ -59,7 +60,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 # bench.generation puts the engine's folder on sys.path (tinylm's engine serves smollm2 too).
-from bench.generation import CHAT, Line, _refused_connections, jsonl, run_batch  # noqa: E402
+from bench.generation import CHAT, Line, jsonl, profile_batch, refused_connections, run_batch  # noqa: E402
 from bench.hotpath import Bench  # noqa: E402
 from bench.llamacpp_worker import llamacpp_runs  # noqa: E402
 from bench.real_corpus import real_corpus  # noqa: E402
@@ -195,15 +196,19 @@ def hf_continuous(model, prompts: list[list[int]], max_tokens: int, num_blocks: 
 # -- (a): the product end to end ---------------------------------------------------------------------------
 
 
-def product_e2e(lines: list[Line], reference) -> tuple[Measured, list[Measured]]:
-    """One batch of the corpus through the local stack, the in-process reference right before and after it."""
-    bench = Bench(REPO_ROOT / "var" / "bench-real-generation", warm_models=(MODEL,))
+def product_e2e(lines: list[Line], reference, *, profile: bool = False) -> tuple[Measured, list[Measured]]:
+    """One batch of the corpus through the local stack, the in-process reference right before and after it;
+    with ``profile``, first one more batch of it under py-spy (not timed: where the stack's CPU goes)."""
+    out = REPO_ROOT / "var" / "bench-real-generation"
+    bench = Bench(out, warm_models=(MODEL,))
     around: list[Measured] = []
     try:
         bench.start()
         bench.stack.manage("catalogue_warm", MODEL, "--min-instances", "1", "--actor", "bench")
         bench.stack.wait_warm()
         bench.run(jsonl(lines[:8], MODEL), 8, endpoint=CHAT)  # warm-up: the model's first shard
+        if profile:
+            profile_batch(bench, jsonl(lines, MODEL), len(lines), TRITON_MODEL.name, out)
         around.append(reference())
         run, tokens = run_batch(bench, jsonl(lines, MODEL), len(lines))
         around.append(reference())
@@ -211,7 +216,7 @@ def product_e2e(lines: list[Line], reference) -> tuple[Measured, list[Measured]]
             f"  e2e {tokens} tokens in {run.e2e_s:.1f} s: {tokens / run.e2e_s:,.1f} tokens/s (upload {run.upload_s:.1f} s, "
             f"validating {run.validating_s:.1f} s, in progress {run.in_progress_s:.1f} s, finalizing "
             f"{run.finalizing_s:.1f} s, download {run.download_s:.1f} s; load {os.getloadavg()[0]:.1f})"
-            f"{_refused_connections(bench)}",
+            f"{refused_connections(bench)}",
             flush=True,
         )
     finally:
@@ -220,6 +225,28 @@ def product_e2e(lines: list[Line], reference) -> tuple[Measured, list[Measured]]
 
 
 # -- the run -------------------------------------------------------------------------------------------------
+
+
+def profile_gap(lines: list[Line], prompts: list[list[int]], max_tokens: int) -> int:
+    """(a) with a profiled batch first, against the served configuration in process (its CPU seconds too)."""
+    settings = engine_settings()
+    seqs, threads = int(settings["MAX_NUM_SEQS"]), int(settings["INTRA_OP_THREADS"])
+    cpu: list[float] = []
+
+    def reference() -> Measured:
+        before = time.process_time()
+        measured = engine_run(prompts, max_tokens, max_seqs=seqs, threads=threads)
+        cpu.append(time.process_time() - before)
+        return measured
+
+    product, around = product_e2e(lines, reference, profile=True)
+    inprocess = statistics.mean(m.rate for m in around)
+    print(
+        f"in process (max_seqs {seqs}, threads {threads}): {', '.join(f'{m.rate:,.1f}' for m in around)} tokens/s, "
+        f"{statistics.mean(m.seconds for m in around):.1f} s wall, {statistics.mean(cpu):.1f} CPU s a run"
+    )
+    print(f"REAL_GENERATION_GAP e2e_tokens_per_s={product.rate:.1f} vs_inprocess={product.rate / inprocess:.3f}")
+    return 0
 
 
 def _best(runs: list[Measured]) -> Measured:
@@ -244,6 +271,12 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=32, help="max_tokens of every line (default 32)")
     parser.add_argument("--quick", action="store_true", help="smaller sweeps (one or two settings a contender)")
     parser.add_argument("--no-llamacpp", action="store_true", help="leave out llama.cpp (vs_llamacpp prints 0)")
+    parser.add_argument(
+        "--profile-e2e",
+        action="store_true",
+        help="only (a) beside the served engine configuration in process, with one more batch under py-spy first "
+        "(the stub, the shard and control workers, tritonserver's threads): where the gap to in process goes",
+    )
     args = parser.parse_args()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -258,6 +291,9 @@ def main() -> int:
     lengths = sorted(map(len, prompts))
     print(f"prompt tokens: min {lengths[0]}, median {lengths[len(lengths) // 2]}, max {lengths[-1]}; "
           f"{len(shared)} lines open with a shared system prompt", flush=True)  # fmt: skip
+
+    if args.profile_e2e:
+        return profile_gap(lines, prompts, args.max_tokens)
 
     # (b) the engine in process: the sweep, then the best configuration for (f).
     sweep = ENGINE_SWEEP_QUICK if args.quick else ENGINE_SWEEP
