@@ -1,12 +1,17 @@
-"""Typed environment readers that fail loudly on a bad value.
+"""Typed environment readers that fail loudly on a bad value, and the registry of what they read.
 
 Settings call these so that a typo in a deployment's environment stops the process at start-up with
-an ImproperlyConfigured naming the variable, instead of surfacing later as odd behaviour.
+an ImproperlyConfigured naming the variable, instead of surfacing later as odd behaviour. Each reader takes
+the variable's meaning (``help``) and records the variable in ``VARIABLES``, from which
+scripts/config_reference.py writes docs/operations/configuration.md; ``env_declare`` lists a variable that
+other code reads itself (a library, a process before Django starts).
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -15,12 +20,42 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
-def env_str(name: str, default: str) -> str:
+@dataclass(frozen=True)
+class Variable:
+    """One environment variable as the configuration reference lists it."""
+
+    name: str
+    kind: str  # the values it takes, in words: "integer ≥ 1", "one of: fair, fifo"
+    default: object  # the typed default; None: unset
+    meaning: str
+    module: str  # the module that reads or declares it: its area in the reference
+
+
+VARIABLES: dict[str, Variable] = {}
+
+
+def _record(name: str, kind: str, default: object, meaning: str) -> None:
+    # The area is the module that called the reader, the first frame outside this one: a settings module
+    # stays a list of plain assignments, with no area to repeat on each line.
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_globals.get("__name__") == __name__:
+        frame = frame.f_back
+    VARIABLES[name] = Variable(name, kind, default, meaning, str(frame.f_globals.get("__name__", "")))
+
+
+def env_declare(name: str, default: object, *, kind: str, help: str) -> None:
+    """List a variable that is read elsewhere (by a library, or by code that runs before settings load)."""
+    _record(name, kind, default, help)
+
+
+def env_str(name: str, default: str, *, help: str = "") -> str:
     """An unset or empty variable means the default, so `FOO= cmd` resets FOO."""
+    _record(name, "string", default, help)
     return os.environ.get(name) or default
 
 
-def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+def env_int(name: str, default: int, *, minimum: int | None = None, help: str = "") -> int:
+    _record(name, "integer" if minimum is None else f"integer ≥ {minimum}", default, help)
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
@@ -33,7 +68,8 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
     return value
 
 
-def env_float(name: str, default: float) -> float:
+def env_float(name: str, default: float, *, help: str = "") -> float:
+    _record(name, "number", default, help)
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
@@ -43,7 +79,8 @@ def env_float(name: str, default: float) -> float:
         raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from exc
 
 
-def env_bool(name: str, default: bool) -> bool:
+def env_bool(name: str, default: bool, *, help: str = "") -> bool:
+    _record(name, "boolean (1/0, true/false, yes/no, on/off)", default, help)
     raw = os.environ.get(name)
     if raw is None:
         return default
@@ -55,17 +92,27 @@ def env_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name} must be a boolean (1/0, true/false), got {raw!r}")
 
 
-def env_list(name: str, default: list[str]) -> list[str]:
+def _items(name: str) -> list[str] | None:
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
-        return list(default)
+        return None
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
-def env_int_list(name: str, default: list[int], *, minimum: int, maximum: int) -> list[int]:
+def env_list(name: str, default: list[str], *, help: str = "") -> list[str]:
+    _record(name, "comma-separated list", default, help)
+    items = _items(name)
+    return list(default) if items is None else items
+
+
+def env_int_list(name: str, default: list[int], *, minimum: int, maximum: int, help: str = "") -> list[int]:
     """Comma-separated integers in [minimum, maximum] (e.g. WEBHOOK_EXTRA_PORTS=8443,9443)."""
+    _record(name, f"comma-separated integers in {minimum}..{maximum}", default, help)
+    items = _items(name)
+    if items is None:
+        return list(default)
     values = []
-    for item in env_list(name, [str(value) for value in default]):
+    for item in items:
         try:
             value = int(item)
         except ValueError as exc:
@@ -78,17 +125,19 @@ def env_int_list(name: str, default: list[int], *, minimum: int, maximum: int) -
     return values
 
 
-def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
-    value = env_str(name, default)
+def env_choice(name: str, default: str, choices: tuple[str, ...], *, help: str = "") -> str:
+    _record(name, f"one of: {', '.join(choices)}", default, help)
+    value = os.environ.get(name) or default
     if value not in choices:
         raise ImproperlyConfigured(f"{name} must be one of {', '.join(choices)}; got {value!r}.")
     return value
 
 
-def env_pair(name: str) -> tuple[str, str] | None:
+def env_pair(name: str, *, help: str = "") -> tuple[str, str] | None:
     """Two comma-separated values (e.g. SECURE_PROXY_SSL_HEADER=HTTP_X_FORWARDED_PROTO,https), or None."""
-    items = env_list(name, [])
-    if not items:
+    _record(name, "two comma-separated values", None, help)
+    items = _items(name)
+    if items is None:
         return None
     if len(items) != 2:
         raise ImproperlyConfigured(f"{name} must be two comma-separated values, got {os.environ.get(name)!r}")
@@ -101,7 +150,7 @@ SECRET_KEY_FILENAME = "secret_key"
 EMBEDDED_SECRET_KEY = "embedded-default-not-for-production"
 
 
-def env_secret_key(name: str, *, key_file: Path, debug: bool) -> str:
+def env_secret_key(name: str, *, key_file: Path, debug: bool, help: str = "") -> str:
     """The signing key: the variable ``name``, else the local runner's generated ``key_file``, else (only with
     DEBUG) the public embedded key. Anything else refuses to start.
 
@@ -112,6 +161,7 @@ def env_secret_key(name: str, *, key_file: Path, debug: bool) -> str:
     children as ``name``; a ``manage.py`` run next to it (``manage.py tenant_create`` after ``make serve``)
     reads the same file. Production sets ``name`` and has no such file, so a missing key is an error.
     """
+    _record(name, "string (secret)", None, help)
     value = os.environ.get(name, "").strip()
     if not value:
         try:
