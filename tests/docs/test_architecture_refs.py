@@ -1,6 +1,6 @@
-"""docs/ARCHITECTURE.md names files and functions as the way in to the code; a renamed or moved one makes the
-map lie. Every path it names must exist, and every `module.name` it names (``scheduling/runner.shard_run_next``)
-must be defined in that module."""
+"""docs/architecture/ names files and functions as the way in to the code; a renamed or moved one makes the
+map lie. Every path a page names must exist, every `module.name` it names (``scheduling/runner.shard_run_next``)
+must be defined in that module, and every page it links to must exist."""
 
 from __future__ import annotations
 
@@ -11,13 +11,22 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOC = ROOT / "docs" / "ARCHITECTURE.md"
+DOCS = ROOT / "docs" / "architecture"
+OVERVIEW_MAX_LINES = 400
 # Paths are written relative to the repository root, to controlplane/ (the apps), or to a model's directory.
 BASES = ("", "controlplane/", "deploy/", "docs/")
 EXTENSIONS = "py|yaml|yml|md|json|jsonl|sh|toml|pbtxt|html"
 PATH = re.compile(rf"(?<![\w./-])((?:[\w-]+/)+[\w-]+\.(?:{EXTENSIONS}))(?!\w)(?!\.\w)")
 # `app/module.name` or `app/sub/module.name`: a function, class or constant of that module.
 MODULE_NAME = re.compile(r"(?<![\w./-])((?:[a-z_]+/)+[a-z_]+)\.([A-Za-z_][A-Za-z0-9_]*)(?![\w(/])")
+
+
+def _pages() -> list[Path]:
+    return sorted(DOCS.glob("*.md"))
+
+
+def _text() -> str:
+    return "\n".join(page.read_text() for page in _pages())
 
 
 def _tracked() -> list[str]:
@@ -34,16 +43,16 @@ def _exists(path: str, tracked: list[str]) -> bool:
 
 def test_every_path_named_exists():
     tracked = _tracked()
-    text = DOC.read_text()
+    text = _text()
     named = sorted(set(PATH.findall(text)))
     assert len(named) > 50, "the pattern stopped finding the map's paths"
     missing = [path for path in named if not _exists(path, tracked)]
-    assert not missing, f"docs/ARCHITECTURE.md names files that do not exist: {missing}"
+    assert not missing, f"docs/architecture/ names files that do not exist: {missing}"
 
 
 @pytest.mark.parametrize("base", ["controlplane", "deploy"])
 def test_every_module_name_named_is_defined(base):
-    text = DOC.read_text()
+    text = _text()
     checked, missing = 0, []
     for module, name in sorted(set(MODULE_NAME.findall(text))):
         source = ROOT / base / f"{module}.py"
@@ -56,7 +65,7 @@ def test_every_module_name_named_is_defined(base):
             missing.append(f"{base}/{module}.py: {name}")
     if base == "controlplane":
         assert checked > 8, "the pattern stopped finding the map's module.name references"
-    assert not missing, f"docs/ARCHITECTURE.md names what these modules do not define: {missing}"
+    assert not missing, f"docs/architecture/ names what these modules do not define: {missing}"
 
 
 APPS = ("batches", "fleet", "scheduling", "core", "console", "webhooks", "usage", "files", "tenants", "metrics")
@@ -67,7 +76,7 @@ def test_every_task_named_is_registered():
     """`batches.shards_rescue` and the like are Celery task names (beat's schedule, the routing table): each must
     be a name some task is registered under, or (`usage.total_tokens`) a field or name the app defines."""
     code = "\n".join(path.read_text() for path in (ROOT / "controlplane").rglob("*.py"))
-    named = sorted(set(TASK.findall(DOC.read_text())))
+    named = sorted(set(TASK.findall(_text())))
     assert len(named) > 8, "the pattern stopped finding the map's task names"
     registered = set(re.findall(r"""shared_task\([^)]*name=["']([\w.]+)["']""", code))
     missing = [
@@ -75,7 +84,7 @@ def test_every_task_named_is_registered():
         for name in named
         if name not in registered and f'"{name}"' not in code and not _app_defines(*name.split(".", 1))
     ]
-    assert not missing, f"docs/ARCHITECTURE.md names tasks nobody registers: {missing}"
+    assert not missing, f"docs/architecture/ names tasks nobody registers: {missing}"
 
 
 def _app_defines(app: str, name: str) -> bool:
@@ -83,3 +92,26 @@ def _app_defines(app: str, name: str) -> bool:
         return True  # `files.models`: a module of the app
     source = "\n".join(path.read_text() for path in (ROOT / "controlplane" / app).rglob("*.py"))
     return re.search(rf"^\s*(?:def|class)\s+{name}\b|^\s*{name}\s*[:=]|[\"']{name}[\"']", source, re.M) is not None
+
+
+LINK = re.compile(r"\]\(([\w./-]+\.md)(?:#[\w-]+)?\)")
+
+
+def test_every_page_linked_exists_and_every_page_is_linked_from_the_overview():
+    pages = {page.name for page in _pages()}
+    assert "README.md" in pages, "docs/architecture/README.md is the overview"
+    broken = [
+        f"{page.name} -> {target}"
+        for page in _pages()
+        for target in LINK.findall(page.read_text())
+        if not (page.parent / target).resolve().exists()
+    ]
+    assert not broken, f"docs/architecture/ links to pages that do not exist: {broken}"
+    linked = set(LINK.findall((DOCS / "README.md").read_text()))
+    unlinked = sorted(pages - linked - {"README.md"})
+    assert not unlinked, f"the overview does not link these pages: {unlinked}"
+
+
+def test_the_overview_stays_short():
+    lines = len((DOCS / "README.md").read_text().splitlines())
+    assert lines <= OVERVIEW_MAX_LINES, f"docs/architecture/README.md has {lines} lines; keep detail on the pages"
