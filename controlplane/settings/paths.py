@@ -8,4 +8,10 @@ from pathlib import Path
 from controlplane.core.env import env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
-VAR_DIR = Path(env_str("CONTROLPLANE_VAR_DIR", str(BASE_DIR / "var")))
+VAR_DIR = Path(
+    env_str(
+        "CONTROLPLANE_VAR_DIR",
+        str(BASE_DIR / "var"),
+        help="The state directory: embedded database, broker, local storage, generated signing key.",
+    )
+)

@@ -52,23 +52,50 @@ def s3_storage_entry(
     }
 
 
-MEDIA_ROOT = Path(env_str("STORAGE_ROOT", str(VAR_DIR / "storage")))
-if env_choice("STORAGE_BACKEND", "local", ("local", "s3")) == "s3":
+MEDIA_ROOT = Path(
+    env_str("STORAGE_ROOT", str(VAR_DIR / "storage"), help="The directory of local storage (STORAGE_BACKEND=local).")
+)
+_backend = env_choice("STORAGE_BACKEND", "local", ("local", "s3"), help="Where files are stored.")
+# Read whatever the backend, so that every variable is checked at start-up and listed in the reference.
+_s3_bucket = env_str(
+    "S3_BUCKET",
+    env_str("AWS_STORAGE_BUCKET_NAME", "controlplane", help="The S3 bucket when S3_BUCKET is unset."),
+    help="The S3 bucket.",
+)
+_s3_endpoint_url = env_str("S3_ENDPOINT_URL", "", help="An S3-compatible store's URL (MinIO, Ceph); empty: AWS.")
+_s3_region = env_str(
+    "S3_REGION", env_str("AWS_DEFAULT_REGION", "", help="The S3 region when S3_REGION is unset."), help="The S3 region."
+)
+_s3_prefix = env_str("S3_PREFIX", "", help="Key prefix of every object the service stores in the bucket.")
+# S3 parts must be ≥ 5 MiB; with 4 in flight an upload holds ~40 MiB of RAM at most.
+_s3_chunk_bytes = env_int(
+    "S3_TRANSFER_CHUNK_BYTES", 8 * 1024 * 1024, minimum=5 * 1024 * 1024, help="Size of an upload's multipart parts."
+)
+_s3_concurrency = env_int("S3_TRANSFER_CONCURRENCY", 4, minimum=1, help="Parts of one upload in flight at once.")
+if _backend == "s3":
     _default_storage = s3_storage_entry(
-        bucket=env_str("S3_BUCKET", env_str("AWS_STORAGE_BUCKET_NAME", "controlplane")),
-        endpoint_url=env_str("S3_ENDPOINT_URL", "") or None,
-        region=env_str("S3_REGION", env_str("AWS_DEFAULT_REGION", "")) or None,
-        prefix=env_str("S3_PREFIX", ""),
-        # S3 parts must be ≥ 5 MiB; with 4 in flight an upload holds ~40 MiB of RAM at most.
-        chunk_bytes=env_int("S3_TRANSFER_CHUNK_BYTES", 8 * 1024 * 1024, minimum=5 * 1024 * 1024),
-        concurrency=env_int("S3_TRANSFER_CONCURRENCY", 4, minimum=1),
+        bucket=_s3_bucket,
+        endpoint_url=_s3_endpoint_url or None,
+        region=_s3_region or None,
+        prefix=_s3_prefix,
+        chunk_bytes=_s3_chunk_bytes,
+        concurrency=_s3_concurrency,
     )
 else:
     _default_storage = {"BACKEND": "django.core.files.storage.FileSystemStorage"}
-FILE_DOWNLOAD_ACCEL_PREFIX = env_str("FILE_DOWNLOAD_ACCEL_PREFIX", "")  # local storage served by nginx (files/views.py)
+FILE_DOWNLOAD_ACCEL_PREFIX = env_str(
+    "FILE_DOWNLOAD_ACCEL_PREFIX",
+    "",
+    help="Local storage's downloads are sent by nginx from this location (X-Accel-Redirect); empty: by Django.",
+)
 # On S3, GET /v1/files/{id}/content answers with a redirect to a presigned URL valid this long (0: streamed
 # through the web process instead). Only where clients can reach the S3 endpoint themselves (files/views.py).
-FILE_DOWNLOAD_PRESIGNED_SECONDS = env_int("FILE_DOWNLOAD_PRESIGNED_SECONDS", 0, minimum=0)
+FILE_DOWNLOAD_PRESIGNED_SECONDS = env_int(
+    "FILE_DOWNLOAD_PRESIGNED_SECONDS",
+    0,
+    minimum=0,
+    help="On S3, downloads redirect to a presigned URL valid this long; 0: streamed through the web process.",
+)
 STORAGES = {
     "default": _default_storage,
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
