@@ -1,6 +1,6 @@
 """What a completion token costs against a prompt token on a generation engine: the measurement behind a
 catalogue model's ``completion_weight`` (fair share charges (prompt - cached) + w × completion tokens,
-kinds/generation_units.py; issue 20 item 4).
+kinds/generation/units.py).
 
 Same engine and configuration as the Triton model (bench/generation.py's ``InProcess``: tinylm's
 continuous-batching engine, one thread, its KV budget and max_num_seqs, prefix caching off so every prompt

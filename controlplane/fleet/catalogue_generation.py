@@ -17,7 +17,7 @@ from django.conf import settings
 from controlplane.core.errors import ValidationFailed
 from controlplane.fleet.models import ModelKind
 
-# What kinds/generation.py sends and reads (triton/streaming.py): the vLLM backend's tensors.
+# What kinds/generation/kind.py sends and reads (triton/streaming.py): the vLLM backend's tensors.
 GENERATION_INTERFACE = {
     "inputs": {
         "text_input": "BYTES",

@@ -56,7 +56,7 @@ class CatalogueModel(models.Model):
     # db_default too: during a rolling upgrade the last release's INSERTs leave the column out (tests/deploy/
     # test_upgrade_contract.py); the same holds for the new TritonServer columns below.
     pool = models.CharField(max_length=64, default="default", db_default="default")
-    # Generation models (kinds/generation.py): what parsing and running a line needs. Nullable or with a
+    # Generation models (kinds/generation/kind.py): what parsing and running a line needs. Nullable or with a
     # database default, so the last release's INSERTs still work during a rolling upgrade.
     context_length = models.PositiveIntegerField(null=True, blank=True, help_text="Tokens: prompt + completion.")
     # The Hugging Face directory whose tokenizer and chat_template the service applies (the engine gets raw

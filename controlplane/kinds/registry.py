@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from controlplane.kinds.base import EndpointKind
 from controlplane.kinds.embeddings import EmbeddingsKind
-from controlplane.kinds.generation import ChatCompletionsKind, CompletionsKind
+from controlplane.kinds.generation.kind import ChatCompletionsKind, CompletionsKind
 from controlplane.kinds.tensors import TensorKind
 
 KINDS: dict[str, EndpointKind] = {

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 class CallClock:
     """A Backend that passes every call on and measures the wall time during which any ``infer`` call was in
     flight (overlapping calls from the shard's threads count once). A generation stream is passed on untimed:
-    ``model_seconds`` is then None (its kind sizes shards by its own rule, kinds/generation.py)."""
+    ``model_seconds`` is then None (its kind sizes shards by its own rule, kinds/generation/kind.py)."""
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend

@@ -180,7 +180,7 @@ def _speed_update(*, model_name: str, samples: dict[str, float]) -> None:
 
 def _completion_update(*, model_name: str, tokens_per_choice: float) -> None:
     """Fold a shard's mean completion per choice into the model's expected completion (generation estimates,
-    kinds/generation.py): smoothed like the speed, with no step limit (a count of tokens, not a timing: a
+    kinds/generation/kind.py): smoothed like the speed, with no step limit (a count of tokens, not a timing: a
     batch of short answers after long ones should be believed at once, up to the smoothing)."""
     model = CatalogueModel.objects.filter(name=model_name).only("id", "expected_completion_tokens").first()
     if model is None:

@@ -21,7 +21,7 @@ from controlplane.settings.paths import BASE_DIR
 TRITON_GRPC_URLS = env_list("TRITON_GRPC_URLS", ["127.0.0.1:8011"])
 TRITON_TIMEOUT_SECONDS = env_float("TRITON_TIMEOUT_SECONDS", 120.0)
 # Each prefork shard-worker process loads the enabled generation models' tokenizers in the background as it
-# starts (controlplane/celery.py): a tokenizer that only transformers loads (kinds/generation_tokenizer.py) means
+# starts (controlplane/celery.py): a tokenizer that only transformers loads (kinds/generation/tokenizer.py) means
 # importing transformers and torch, 3–5 s, up to 35 s on a loaded host, inside the first generation shard each
 # process ran (docs/PERFORMANCE.md); one read from its files takes ~0.05 s.
 WORKER_PRELOAD_TOKENIZERS = env_bool("WORKER_PRELOAD_TOKENIZERS", True)

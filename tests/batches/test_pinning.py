@@ -34,7 +34,7 @@ def test_validation_stores_the_entry_it_checked_against(tenant, eager):
         "inputs": identity.inputs,
         "outputs": identity.outputs,
         "embedding_dimensions": identity.embedding_dimensions,
-        # A generation model's (kinds/generation.py); a tensor model's are their defaults.
+        # A generation model's (kinds/generation/kind.py); a tensor model's are their defaults.
         "context_length": None,
         "tokenizer_dir": "",
         "completion_weight": 1.0,

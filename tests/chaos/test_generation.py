@@ -2,7 +2,7 @@
 each hitting while a shard's sequences are decoding on the engine's stream.
 
 - Triton SIGKILLed mid-stream, restarted empty after a short outage: the stream breaks, the shard is given
-  back for free (generation_run.py) and regenerated whole once the reconciler has loaded tinylm again.
+  back for free (kinds/generation/run.py) and regenerated whole once the reconciler has loaded tinylm again.
 - Triton paused (SIGSTOP) mid-stream: the sequences in flight wait (TRITON_TIMEOUT_SECONDS is far above
   the pause) and finish after SIGCONT.
 - The shard worker SIGKILLed mid-stream: Triton sees the stream's client go and cancels its sequences; the

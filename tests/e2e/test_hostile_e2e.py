@@ -136,7 +136,7 @@ def test_hostile_generation_lines_are_400_lines_naming_the_field(e2e):
         )
         for r in errors
     }
-    # The error file names the field as a path in the line (controlplane/kinds/generation.py): body.<param>.
+    # The error file names the field as a path in the line (controlplane/kinds/generation/kind.py): body.<param>.
     expected = {name: (400, f"body.{param}", code) for name, (_changes, param, code) in GENERATION_CASES.items()}
     assert got == expected
     # Refused lines are not billed: the batch's input tokens are the completed lines' prompts only.

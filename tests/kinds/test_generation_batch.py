@@ -22,7 +22,7 @@ from controlplane.files.models import File
 from controlplane.files.storage import blob_open
 from controlplane.fleet.backend import TritonBackend
 from controlplane.fleet.models import CatalogueModel
-from controlplane.kinds.generation import model_tokenizer
+from controlplane.kinds.generation.kind import model_tokenizer
 from controlplane.scheduling.runner import shard_run_next
 from controlplane.triton.client import TritonClient
 from tests.batches.helpers import jsonl, upload

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from controlplane.kinds.generation_bodies import (
+from controlplane.kinds.generation.bodies import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
     BodyError,
     parse_chat_body,
@@ -39,7 +39,7 @@ def _bos_tokenizer(tmp_path, *, adds_bos: bool):
     """A Llama-like tokenizer (its post-processor adds <s> when asked, or not) whose chat template writes <s>."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
-    from controlplane.kinds.generation_tokenizer import file_tokenizer
+    from controlplane.kinds.generation.tokenizer import file_tokenizer
 
     vocab = {"<unk>": 0, "<s>": 1, "<user>": 2, "<assistant>": 3, "hi": 4, "there": 5}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))

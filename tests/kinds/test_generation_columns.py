@@ -1,4 +1,4 @@
-"""Generation shard columns (kinds/generation_columns.py): validation keeps each shard's lines as it parsed them,
+"""Generation shard columns (kinds/generation/columns.py): validation keeps each shard's lines as it parsed them,
 the shard's run uses them instead of applying the chat template and tokenizer again, and a shard without
 usable columns (validated before they existed, a blob missing or damaged) parses its lines as before."""
 
@@ -15,9 +15,9 @@ from controlplane.batches.models import Batch, BatchStatus, Shard
 from controlplane.core import dispatch
 from controlplane.files.models import File
 from controlplane.files.storage import blob_open, blob_save, blob_storage
-from controlplane.kinds import generation
 from controlplane.kinds.base import ParsedLine
-from controlplane.kinds.generation_columns import generation_columns_decode, generation_columns_encode
+from controlplane.kinds.generation import kind as generation
+from controlplane.kinds.generation.columns import generation_columns_decode, generation_columns_encode
 from controlplane.kinds.registry import kind_for
 from tests.batches.helpers import jsonl, upload
 from tests.kinds.fake_engine import FakeEngine

@@ -9,7 +9,7 @@ import pickle
 import pytest
 
 from controlplane.batches.run.records import failed_response_record
-from controlplane.kinds.generation_bodies import BodyError, parse_chat_body, parse_completion_body
+from controlplane.kinds.generation.bodies import BodyError, parse_chat_body, parse_completion_body
 from tests.contracts.openai_schema import validate
 from tests.kinds.conftest import CONTEXT
 

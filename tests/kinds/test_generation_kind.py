@@ -1,4 +1,4 @@
-"""The generation kinds (kinds/generation.py) on their own: bodies parsed with the model's tokenizer into
+"""The generation kinds (kinds/generation/kind.py) on their own: bodies parsed with the model's tokenizer into
 work units or a 400 naming the field, and the run against a fake engine (tests/kinds/fake_engine.py; the
 real one in test_generation_batch.py): every line once, bounded lines in flight, a long line holding back
 no other, a stop cancelling what is out, per-line and stream errors, logprobs in OpenAI's shape."""
@@ -15,8 +15,8 @@ from openai.types.chat import ChatCompletion
 
 from controlplane.fleet.models import CatalogueModel
 from controlplane.fleet.seed import SEED
-from controlplane.kinds import generation
 from controlplane.kinds.base import BodyIssue, LineFailure, LineOutcome, LineOutput, ParsedLine
+from controlplane.kinds.generation import kind as generation
 from controlplane.kinds.registry import kind_for
 from controlplane.triton.errors import TransientTritonError
 from tests.contracts.openai_schema import validate
@@ -282,7 +282,7 @@ def test_an_answer_that_is_not_a_completion_is_a_server_error_line(monkeypatch):
 
 
 def test_lines_sharing_a_prompt_prefix_are_sent_together():
-    # System prompts longer than the grouping key (generation_run.PREFIX_KEY_TOKENS), told apart by their start.
+    # System prompts longer than the grouping key (generation/run.py's PREFIX_KEY_TOKENS), told apart by their start.
     system_a = {"role": "system", "content": "you " + "are a helpful assistant " * 10}
     system_b = {"role": "system", "content": "please " + "answer the question carefully " * 10}
     bodies = []

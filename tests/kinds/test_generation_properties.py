@@ -9,7 +9,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controlplane.kinds.generation_bodies import BodyError, GenerationRequest, parse_chat_body, parse_completion_body
+from controlplane.kinds.generation.bodies import BodyError, GenerationRequest, parse_chat_body, parse_completion_body
 from tests.contracts.openai_schema import schema_errors
 
 JSON = st.recursive(

@@ -11,7 +11,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
 from controlplane.batches.run.records import request_id
-from controlplane.kinds.generation_render import (
+from controlplane.kinds.generation.render import (
     LOGPROB_FLOOR,
     EngineChoice,
     EngineResult,

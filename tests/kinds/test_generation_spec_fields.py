@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.kinds.generation_bodies import (
+from controlplane.kinds.generation.bodies import (
     CHAT_HONOURED,
     CHAT_NOT_HONOURED,
     COMPLETION_HONOURED,

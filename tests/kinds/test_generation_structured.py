@@ -1,4 +1,4 @@
-"""response_format json_object / json_schema at validation and on the engine's wire (kinds/generation_schema.py):
+"""response_format json_object / json_schema at validation and on the engine's wire (kinds/generation/schema.py):
 accepted for a model whose catalogue entry says its engine constrains decoding, a 400 line otherwise; a schema
 the decoding library cannot compile is a 400 naming it; json_object needs the word JSON (OpenAI's rule)."""
 

@@ -1,4 +1,4 @@
-"""The tokenizer read from a model's files (controlplane/kinds/generation_tokenizer.py) against transformers'
+"""The tokenizer read from a model's files (controlplane/kinds/generation/tokenizer.py) against transformers'
 AutoTokenizer on the same directory: the same prompt text and token ids, or no file tokenizer at all."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jinja2.exceptions import TemplateError
 
-from controlplane.kinds.generation_tokenizer import FileTokenizer, file_tokenizer
+from controlplane.kinds.generation.tokenizer import FileTokenizer, file_tokenizer
 
 TINYLM = Path(__file__).resolve().parents[2] / "triton_models" / "tinylm" / "1" / "hf"
 pytestmark = pytest.mark.skipif(
@@ -129,7 +129,7 @@ def test_loading_tinylm_for_a_line_imports_neither_transformers_nor_torch():
     code = (
         "import sys, django; django.setup()\n"
         "from controlplane.fleet.models import CatalogueModel\n"
-        "from controlplane.kinds.generation import model_tokenizer\n"
+        "from controlplane.kinds.generation.kind import model_tokenizer\n"
         "tokenizer = model_tokenizer(CatalogueModel(name='tinylm', tokenizer_dir='triton_models/tinylm/1/hf'))\n"
         "assert tokenizer.encode('count', add_special_tokens=False)\n"
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.kinds.generation_render import EngineChoice, EngineResult
-from controlplane.kinds.generation_units import (
+from controlplane.kinds.generation.render import EngineChoice, EngineResult
+from controlplane.kinds.generation.units import (
     estimated_charge,
     fair_share_charge,
     line_prompt_tokens,

@@ -113,7 +113,7 @@ class Engine:
 
         Text is tokenized as vLLM tokenizes a text prompt, with the tokenizer's special tokens (a Llama BOS):
         the control plane sends chat prompts with the template's own BOS taken off the front, so that one BOS
-        is prefilled, as it counted (kinds/generation_bodies.py)."""
+        is prefilled, as it counted (kinds/generation/bodies.py)."""
         ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"] if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise ValueError("the prompt is empty")

@@ -2,7 +2,7 @@
 sampling parameter, JSON text: every release of Triton's vLLM backend parses that key (the newer ones map it
 to vLLM's ``structured_outputs``, which older ones do not know), and so does tinylm's cb_grammar.py.
 
-A schema that is valid Draft 2020-12 (generation_fields checks that) may still use a construct the decoding
+A schema that is valid Draft 2020-12 (fields.py checks that) may still use a construct the decoding
 library cannot compile (``not``, look-around in a ``pattern``, an unsatisfiable ``required``): that is a 400 line
 naming the schema at validation, never a failure at run time. The check compiles the schema with llguidance,
 tinylm's library (docs/ARCHITECTURE.md, "Constrained decoding"), with the engine's options, tokenizer aside.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 
-from controlplane.kinds.generation_fields import BodyError, ResponseFormat
+from controlplane.kinds.generation.fields import BodyError, ResponseFormat
 
 __all__ = ["check_json_object_prompt", "check_schema_compiles", "structured_outputs"]
 

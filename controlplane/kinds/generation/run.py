@@ -29,7 +29,7 @@ from django.conf import settings
 
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import Backend, LineFailure, LineOutput, ParsedLine, RunControl
-from controlplane.kinds.generation_engine import EngineAnswerError, engine_request, engine_result
+from controlplane.kinds.generation.engine import EngineAnswerError, engine_request, engine_result
 from controlplane.triton.errors import PermanentTritonError, TransientTritonError
 from controlplane.triton.streaming import GenerationResponse
 

@@ -2,10 +2,10 @@
 for a catalogue model of kind ``generation``, served by a decoupled Triton model that speaks the vLLM backend's
 interface (tinylm on CPU, vLLM on GPUs).
 
-The pieces, each in its own module: the bodies (generation_bodies: a body → GenerationRequest or BodyError,
-chat template applied here, with the model's own tokenizer), the engine's wire (generation_engine), the run
-(generation_run: one stream, lines in flight, each finished as it ends) and the rendering
-(generation_render). This module binds them to the endpoint-kind interface (kinds/base.py).
+The pieces, each in its own module of this package: the bodies (bodies.py: a body → GenerationRequest or
+BodyError, chat template applied here, with the model's own tokenizer), the engine's wire (engine.py), the run
+(run.py: one stream, lines in flight, each finished as it ends) and the rendering (render.py). This module binds
+them to the endpoint-kind interface (kinds/base.py).
 
 Work units (the enqueued-token quota, fair share's charge, the scheduler's shard sizing) are estimated at
 validation as (prompt tokens) + w × n × the expected completion, w the model's completion_weight (decode costs
@@ -38,19 +38,19 @@ from controlplane.kinds.base import (
     RunControl,
     TokenCounts,
 )
-from controlplane.kinds.generation_bodies import (
+from controlplane.kinds.generation.bodies import (
     BodyError,
     ChatTokenizer,
     GenerationRequest,
     parse_chat_body,
     parse_completion_body,
 )
-from controlplane.kinds.generation_columns import GenerationColumnCollector, generation_columns_load
-from controlplane.kinds.generation_render import EngineResult, render_completion
-from controlplane.kinds.generation_run import inflight_limit, run_generation
-from controlplane.kinds.generation_schema import check_schema_compiles
-from controlplane.kinds.generation_tokenizer import file_tokenizer
-from controlplane.kinds.generation_units import GenerationLine, estimated_charge, fair_share_charge
+from controlplane.kinds.generation.columns import GenerationColumnCollector, generation_columns_load
+from controlplane.kinds.generation.render import EngineResult, render_completion
+from controlplane.kinds.generation.run import inflight_limit, run_generation
+from controlplane.kinds.generation.schema import check_schema_compiles
+from controlplane.kinds.generation.tokenizer import file_tokenizer
+from controlplane.kinds.generation.units import GenerationLine, estimated_charge, fair_share_charge
 
 __all__ = ["ChatCompletionsKind", "CompletionsKind", "GenerationLine", "model_tokenizer", "tokenizers_preload"]
 
@@ -76,7 +76,7 @@ def tokenizer_path(model: CatalogueModel) -> Path:
 
 def model_tokenizer(model: CatalogueModel) -> ChatTokenizer:
     """The model's Hugging Face tokenizer (with its chat_template), loaded once per process per directory: read
-    from its files where that gives what transformers gives (kinds/generation_tokenizer.py), else transformers'
+    from its files where that gives what transformers gives (kinds/generation/tokenizer.py), else transformers'
     AutoTokenizer. Offline: the directory is the model's own, never a hub name."""
     tokenizer = _tokenizers_by_setting.get(model.tokenizer_dir)
     if tokenizer is not None:
@@ -196,13 +196,13 @@ class _GenerationKind(EndpointKind):
         calls: list[Call] | None = None,
     ) -> bool:
         # ``inflight`` counts calls of request/response kinds; generation bounds lines by the model's
-        # max_num_seqs instead (generation_run.py).
+        # max_num_seqs instead (run.py).
         return run_generation(
             lines, model=model, backend=backend, control=control, render=self.render, request_of=_request
         )
 
     def render(self, parsed: ParsedLine, pieces: dict[int, Any]) -> LineOutput:
-        """``pieces[0]``: the line's (EngineResult, output request id), from generation_run."""
+        """``pieces[0]``: the line's (EngineResult, output request id), from run.py."""
         result, request_id = pieces[0]
         assert isinstance(result, EngineResult)
         request = _request(parsed)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controlplane.kinds.generation_fields import BodyError, missing, short, wrong_type
+from controlplane.kinds.generation.fields import BodyError, missing, short, wrong_type
 
 __all__ = ["chat_conversation"]
 

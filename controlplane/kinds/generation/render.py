@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from controlplane.kinds.generation_bodies import GenerationRequest
+from controlplane.kinds.generation.bodies import GenerationRequest
 
 __all__ = [
     "EngineChoice",

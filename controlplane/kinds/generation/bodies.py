@@ -26,7 +26,7 @@ from typing import Any, Literal, Protocol, TypedDict, cast
 
 from jinja2 import TemplateError
 
-from controlplane.kinds.generation_fields import (
+from controlplane.kinds.generation.fields import (
     INT64_MAX,
     INT64_MIN,
     PLAIN_TEXT,
@@ -44,8 +44,8 @@ from controlplane.kinds.generation_fields import (
     short,
     wrong_type,
 )
-from controlplane.kinds.generation_messages import chat_conversation
-from controlplane.kinds.generation_schema import check_json_object_prompt
+from controlplane.kinds.generation.messages import chat_conversation
+from controlplane.kinds.generation.schema import check_json_object_prompt
 
 __all__ = [
     "BodyError",

@@ -32,7 +32,7 @@ _GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
 class FileTokenizer:
-    """The ChatTokenizer protocol (kinds/generation_bodies.py) over a tokenizer.json and a chat template."""
+    """The ChatTokenizer protocol (kinds/generation/bodies.py) over a tokenizer.json and a chat template."""
 
     def __init__(self, tokenizer: Any, chat_template: Any, special_tokens: dict[str, str]) -> None:
         self._tokenizer = tokenizer

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controlplane.kinds.generation_bodies import GenerationRequest
-from controlplane.kinds.generation_render import EngineResult
+from controlplane.kinds.generation.bodies import GenerationRequest
+from controlplane.kinds.generation.render import EngineResult
 
 __all__ = [
     "GenerationLine",

@@ -31,9 +31,9 @@ import orjson
 from controlplane.files.storage import blob_open
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import BodyIssue, ParsedLine
-from controlplane.kinds.generation_bodies import GenerationRequest
-from controlplane.kinds.generation_fields import ResponseFormat
-from controlplane.kinds.generation_units import GenerationLine
+from controlplane.kinds.generation.bodies import GenerationRequest
+from controlplane.kinds.generation.fields import ResponseFormat
+from controlplane.kinds.generation.units import GenerationLine
 from controlplane.kinds.tensor_columns import ColumnsUnusable, columns_name
 
 __all__ = ["GenerationColumnCollector", "generation_columns_decode", "generation_columns_load"]

@@ -1,5 +1,5 @@
 """A parsed generation line ↔ the engine's wire (Triton's vLLM-backend interface, triton/streaming.py): the
-request it is sent as, and the ``EngineResult`` its final response becomes (what generation_render renders).
+request it is sent as, and the ``EngineResult`` its final response becomes (what render.py renders).
 
 - The engine gets the prompt as text (chat templates were applied by the parser) with
   ``exclude_input_in_output`` (streaming.py always sets it): a completion's text is what was generated.
@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from controlplane.fleet.models import CatalogueModel
-from controlplane.kinds.generation_bodies import GenerationRequest
-from controlplane.kinds.generation_render import EngineChoice, EngineResult, TokenLogprob, TopLogprob
-from controlplane.kinds.generation_schema import structured_outputs
+from controlplane.kinds.generation.bodies import GenerationRequest
+from controlplane.kinds.generation.render import EngineChoice, EngineResult, TokenLogprob, TopLogprob
+from controlplane.kinds.generation.schema import structured_outputs
 from controlplane.triton.streaming import GenerationRequest as StreamRequest
 from controlplane.triton.streaming import GenerationResponse
 
