@@ -210,7 +210,7 @@ def _through_the_stack(
         content = jsonl(mixed)
         bench.run(jsonl(mixed[:8]), 8, endpoint=CHAT)  # warm-up: the model's first shard, its measured speed
         if profile:
-            _profile(bench, content, len(mixed))
+            profile_batch(bench, content, len(mixed), MODEL, REPO_ROOT / "var" / "bench-generation")
         for _ in range(repeat):
             before, _ = local.engine_tokens_per_s(mixed)
             run, tokens = run_batch(bench, content, len(mixed))
@@ -223,7 +223,7 @@ def _through_the_stack(
                 f"  e2e {tokens} tokens in {seconds:.1f} s: {tokens / seconds:,.0f} tokens/s (in process "
                 f"{reference:,.0f}; upload {run.upload_s:.1f} s, validating {run.validating_s:.1f} s, in progress "
                 f"{run.in_progress_s:.1f} s, finalizing {run.finalizing_s:.1f} s, download {run.download_s:.1f} s; "
-                f"CPU s: {cpu}; load {os.getloadavg()[0]:.1f}){_refused_connections(bench)}",
+                f"CPU s: {cpu}; load {os.getloadavg()[0]:.1f}){refused_connections(bench)}",
                 flush=True,
             )
         for _ in range(small_runs):
@@ -232,7 +232,7 @@ def _through_the_stack(
         bench.stop()
 
 
-def _refused_connections(bench: Bench) -> str:
+def refused_connections(bench: Bench) -> str:
     """A warning when Postgres refused the stack connections so far (max_connections, reached when several
     stacks and suites share the host): validation and shards then retry, and the run times that, not the code."""
     refused = sum(
@@ -241,12 +241,11 @@ def _refused_connections(bench: Bench) -> str:
     return f"; POSTGRES REFUSED {refused} CONNECTIONS SO FAR (host limit): not a fair run" if refused else ""
 
 
-def _profile(bench: Bench, content: bytes, lines: int) -> None:
-    """py-spy over the shard worker, the control worker and tinylm's python-backend stub (the engine) during one
-    batch of the corpus (not timed), and the CPU seconds of tritonserver's threads."""
-    out = REPO_ROOT / "var" / "bench-generation"
+def profile_batch(bench: Bench, content: bytes, lines: int, model: str, out: Path) -> None:
+    """py-spy over the shard worker, the control worker and the model's python-backend stub (the engine) during
+    one batch of the corpus (not timed), and the CPU seconds of tritonserver's threads; profiles under ``out``."""
     triton = bench.stack.procs["triton"].pid
-    stub = [pid for pid in _descendants(triton) if f"/{MODEL}/" in _cmdline(pid) and "stub" in _cmdline(pid)]
+    stub = [pid for pid in _descendants(triton) if f"/{model}/" in _cmdline(pid) and "stub" in _cmdline(pid)]
     trees = ["worker", "control", *(["engine"] if stub else [])]
     threads_before = thread_cpu_seconds(triton)
     summaries = bench.profile_trees(
@@ -258,7 +257,7 @@ def _profile(bench: Bench, content: bytes, lines: int) -> None:
     )
     threads = {name: s - threads_before.get(name, 0.0) for name, s in thread_cpu_seconds(triton).items()}
     for tree, summary in summaries.items():
-        print(f"-- profile of the {tree} tree (var/bench-generation/profile-{tree}.txt)\n{summary}\n", flush=True)
+        print(f"-- profile of the {tree} tree ({out / f'profile-{tree}.txt'})\n{summary}\n", flush=True)
     if bench.last_run is not None:
         cpu = ", ".join(f"{name} {seconds:.1f}" for name, seconds in sorted(bench.last_run.cpu.items()))
         print(f"CPU seconds during the profiled batch: {cpu}", flush=True)
