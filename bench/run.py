@@ -99,7 +99,7 @@ def corpus(n: int, seed: int = 42) -> list[str]:
 
 def served_shape() -> tuple[int, int]:
     """(total intra-op threads, max_batch_size) of the served MiniLM, from triton_models/minilm/config.pbtxt:
-    its CPU instances × INTRA_OP_THREADS (one placed instance on a CPU server, fleet/reconciler.py)."""
+    its CPU instances × INTRA_OP_THREADS (one placed instance on a CPU server, fleet/placement/reconciler.py)."""
     from controlplane.triton.client import cpu_instances, repository_model_config
 
     config = repository_model_config(REPO_ROOT / "triton_models", "minilm")

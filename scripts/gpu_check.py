@@ -6,7 +6,7 @@ Steps (each OK / SKIPPED / FAILED with its reason; a failing step never stops th
   env        python, torch, CUDA device, driver; where the python stub's libpython is
   nvml       the GPU inventory as NVML reports it (nvidia-ml-py)
   triton     the pip-bundled tritonserver started by deploy.local.triton_server (GPU metrics on)
-  metrics    Triton's /metrics read by the fleet's own parser (controlplane/fleet/gpu_metrics.py), vs NVML
+  metrics    Triton's /metrics read by the fleet's own parser (controlplane/fleet/membership/gpu_metrics.py), vs NVML
   identity   `identity` loaded with the reconciler's KIND_GPU instance_group override; a call echoes
   minilm     `minilm` CPU instance, then reloaded as KIND_GPU: same texts, embeddings agree; the stub holds
              GPU memory (NVML's process list) and its log names the device
@@ -249,7 +249,7 @@ def run_served_steps(
         if not on_gpu:
             raise Skip("CPU dry run: Triton exposes no GPU metrics")
         spec = importlib.util.spec_from_file_location(
-            "gpu_metrics", REPO_ROOT / "controlplane" / "fleet" / "gpu_metrics.py"
+            "gpu_metrics", REPO_ROOT / "controlplane" / "fleet" / "membership" / "gpu_metrics.py"
         )
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)

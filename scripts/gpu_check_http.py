@@ -39,7 +39,7 @@ def load(base: str, name: str, config: dict[str, Any]) -> dict[str, Any]:
 
 
 def gpu_groups(kind: str, count: int) -> list[dict[str, Any]]:
-    # What controlplane.fleet.reconciler._instance_groups writes for a real GPU server; on a CPU dry run the
+    # What controlplane.fleet.placement.reconciler._instance_groups writes for a real GPU server; on a CPU dry run the
     # same instances as KIND_CPU.
     return (
         [{"count": count, "kind": "KIND_GPU", "gpus": [0]}]

@@ -93,7 +93,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         ["tests/scheduling/test_policy.py", "tests/scheduling/test_policy_properties.py"],
     ),
     "planner": (
-        "controlplane/fleet/planner.py",
+        "controlplane/fleet/placement/planner.py",
         [
             "tests/fleet/test_planner_scenarios.py",
             "tests/fleet/test_planner_properties.py",
@@ -103,7 +103,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         ],
     ),
     "sizing": (
-        "controlplane/fleet/sizing.py",
+        "controlplane/fleet/sizing/planner.py",
         ["tests/fleet/test_sizing_rules.py", "tests/fleet/test_sizing_properties.py", "tests/fleet/test_size_plans.py"],
     ),
     "custom_ids": ("controlplane/batches/intake/custom_ids.py", ["tests/batches/test_custom_ids.py"]),

@@ -16,8 +16,7 @@ from django.urls import URLPattern, path
 
 from controlplane.core import dispatch
 from controlplane.core.audit import AuditedAdmin, ReadOnlyAdmin
-from controlplane.fleet import planner_types as pt
-from controlplane.fleet.inventory import server_set_operator_state
+from controlplane.fleet.membership.inventory import server_set_operator_state
 from controlplane.fleet.models import (
     CatalogueModel,
     FleetSizePlan,
@@ -27,6 +26,7 @@ from controlplane.fleet.models import (
     ServerState,
     TritonServer,
 )
+from controlplane.fleet.placement import types as pt
 from controlplane.fleet.selectors import fleet_overview
 from controlplane.fleet.services import model_set_paused
 

@@ -17,8 +17,9 @@ from functools import partial
 import numpy as np
 from django.conf import settings
 
-from controlplane.fleet.inventory import breaker_record
-from controlplane.fleet.routing import fleet_is_managed, pick_route, routes_for_model
+from controlplane.fleet.membership.inventory import breaker_record
+from controlplane.fleet.placement.routing import pick_route, routes_for_model
+from controlplane.fleet.selectors import fleet_is_managed
 from controlplane.triton.client import TransientTritonError, TritonClient, retry_transient
 from controlplane.triton.streaming import GenerationResponse, GenerationStream
 

@@ -20,7 +20,7 @@ from rest_framework.views import APIView
 from controlplane.core import dispatch
 from controlplane.core.errors import DomainError, ValidationFailed
 from controlplane.core.input import input_validate
-from controlplane.fleet.membership import DrainStatus, server_drain, server_join
+from controlplane.fleet.membership.join_leave import DrainStatus, server_drain, server_join
 from controlplane.fleet.render import server_render
 
 logger = logging.getLogger(__name__)

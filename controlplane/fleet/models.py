@@ -26,7 +26,7 @@ class CatalogueModel(models.Model):
     outputs = models.JSONField(default=list, blank=True)
     embedding_dimensions = models.PositiveIntegerField(null=True, blank=True)
     is_enabled = models.BooleanField(default=True)
-    # Placement profile, read by the planner (fleet/planner.py).
+    # Placement profile, read by the planner (fleet/placement/planner.py).
     memory_per_instance_bytes = models.PositiveBigIntegerField(default=512 * 1024**2)
     load_seconds = models.FloatField(default=10.0, help_text="Measured on the last load; declared until then")
     gpus_per_instance = models.PositiveIntegerField(default=1)
@@ -41,7 +41,7 @@ class CatalogueModel(models.Model):
     # charged, deadlines and queue estimates computed — and a slot's cycle is what is actually measured,
     # claim and commit included. A lines/s figure would drift with the length of the lines being served;
     # the planner derives its lines/s per instance from this at the pending work's lines per unit
-    # (fleet/demand.py), and the fleet-size loop uses work units directly (fleet/size_plans.py).
+    # (fleet/placement/demand.py), and the fleet-size loop uses work units directly (fleet/sizing/plans.py).
     seconds_per_work_unit = models.FloatField(default=0.0005)
     # What shards are cut by (batches/intake/validation.py): seconds per work unit with a Triton call in flight
     # (scheduling/call_clock.py), smoothed like the above. Not the cycle: its fixed costs would shrink shards
@@ -100,7 +100,7 @@ class TritonServer(models.Model):
     http_url = models.CharField(
         max_length=300, blank=True, default="", db_default="", help_text="http://host:port of Triton's HTTP endpoint"
     )
-    # One kind of GPU node: the fleet-size loop (fleet/sizing.py) plans servers per pool.
+    # One kind of GPU node: the fleet-size loop (fleet/sizing/planner.py) plans servers per pool.
     pool = models.CharField(max_length=64, default="default", db_default="default", db_index=True)
     # Declared GPUs (CPU hosts, tests) run instances as KIND_CPU; real ones as KIND_GPU with gpu ids.
     real_gpus = models.BooleanField(default=False)
@@ -161,12 +161,12 @@ class Placement(models.Model):
     status = models.CharField(max_length=16, choices=PlacementStatus.choices, default=PlacementStatus.LOADING)
     failed_until = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
-    # Loads that failed here in a row (fleet/reconciler.py: the backoff doubles with each); 0 after a good one.
+    # Loads that failed here in a row (fleet/placement/reconciler.py: the backoff doubles with each); 0 after a good one.
     load_failures = models.PositiveIntegerField(default=0, db_default=0)
     # Triton's own view, from its statistics API (averages since the model was loaded there).
     avg_queue_ms = models.FloatField(null=True, blank=True)
     avg_compute_ms = models.FloatField(null=True, blank=True)
-    # Bytes one instance holds on each of its GPUs as Triton's statistics report it (fleet/memory.py); null
+    # Bytes one instance holds on each of its GPUs as Triton's statistics report it (fleet/placement/memory.py); null
     # where nothing reports GPU memory (CPU hosts): the planner then uses the model's declared figure.
     measured_memory_bytes = models.PositiveBigIntegerField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -208,7 +208,7 @@ class PlacementEvent(models.Model):
 
 
 class FleetSizePlan(models.Model):
-    """The latest fleet-size plan of one pool (fleet/sizing.py), written by the ``fleet.size_plan`` beat task.
+    """The latest fleet-size plan of one pool (fleet/sizing/planner.py), written by the ``fleet.size_plan`` beat task.
 
     ``desired_workers`` is fleet-wide (the same on every row); ``inputs`` holds what the answer came from
     and the planner's memory (``below_since``, the start of the scale-down cooldown)."""

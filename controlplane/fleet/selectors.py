@@ -4,9 +4,34 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.db.models import Sum
 from django.utils import timezone
 
-from controlplane.fleet.models import CatalogueModel, Gpu, Placement, PlacementEvent, PlacementStatus, TritonServer
+from controlplane.fleet.models import (
+    CatalogueModel,
+    Gpu,
+    Placement,
+    PlacementEvent,
+    PlacementStatus,
+    ServerState,
+    TritonServer,
+)
+
+# Servers that get calls (cordoned: no new placements, but keeps serving what it has).
+ROUTABLE_STATES = (ServerState.HEALTHY, ServerState.CORDONED)
+
+
+def fleet_is_managed() -> bool:
+    """With no registered servers the service runs unmanaged on TRITON_GRPC_URLS, loading models on first use."""
+    return TritonServer.objects.exists()
+
+
+def model_ready_instances(*, model: CatalogueModel) -> int:
+    """The model's instances that take calls now: ready placements on routable servers."""
+    total = Placement.objects.filter(
+        model=model, status=PlacementStatus.READY, instances__gt=0, server__state__in=ROUTABLE_STATES
+    ).aggregate(n=Sum("instances"))["n"]
+    return int(total or 0)
 
 
 def catalogue_model_get(*, name: str) -> CatalogueModel | None:

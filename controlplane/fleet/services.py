@@ -6,8 +6,8 @@ from django.db import transaction
 
 from controlplane.core import dispatch
 from controlplane.core.errors import NotFound, ValidationFailed
+from controlplane.fleet.catalogue.seed import SEED
 from controlplane.fleet.models import CatalogueModel, PlacementEvent
-from controlplane.fleet.seed import SEED
 
 logger = logging.getLogger(__name__)
 

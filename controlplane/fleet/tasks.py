@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from controlplane.fleet.inventory import fleet_heartbeat, fleet_lost_models
+from controlplane.fleet.membership.inventory import fleet_heartbeat, fleet_lost_models
 from controlplane.fleet.models import ServerState, TritonServer
-from controlplane.fleet.reconciler import fleet_reconcile
-from controlplane.fleet.size_plans import fleet_size_plan
+from controlplane.fleet.placement.reconciler import fleet_reconcile
+from controlplane.fleet.sizing.plans import fleet_size_plan
 
 
 @shared_task(name="fleet.heartbeat")

@@ -6,7 +6,7 @@ versions and failure reasons.
 Only healthy registered servers with a ``metrics_url`` are scraped, all at once, each with a short timeout:
 a server that does not answer is skipped and counted in ``batch_triton_scrape_errors_total``, and never
 holds up the scrape of this service's metrics for long. The endpoint is plain Prometheus text over HTTP,
-not the inference API, so it is read here with urllib (as fleet/inventory.py does), not via triton/client.py.
+not the inference API, so it is read here with urllib (as fleet/membership/inventory.py does), not via triton/client.py.
 """
 
 from __future__ import annotations

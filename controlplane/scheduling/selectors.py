@@ -14,8 +14,8 @@ from django.utils import timezone
 
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
 from controlplane.batches.run.shards import RUNNABLE_BATCH_STATUSES
-from controlplane.fleet.models import CatalogueModel, Placement, PlacementStatus
-from controlplane.fleet.routing import ROUTABLE_STATES, fleet_is_managed
+from controlplane.fleet.models import CatalogueModel
+from controlplane.fleet.selectors import fleet_is_managed, model_ready_instances
 from controlplane.scheduling import policy
 from controlplane.scheduling.models import SchedulerClock, TenantShare
 
@@ -58,16 +58,8 @@ def model_call_cap(model: CatalogueModel) -> int:
     per ready instance (unmanaged: per configured server, one instance each)."""
     if model.max_inflight_calls:
         return model.max_inflight_calls
-    if fleet_is_managed():
-        instances = (
-            Placement.objects.filter(
-                model=model, status=PlacementStatus.READY, instances__gt=0, server__state__in=ROUTABLE_STATES
-            ).aggregate(n=Sum("instances"))["n"]
-            or 0
-        )
-    else:
-        instances = len(settings.TRITON_GRPC_URLS)
-    return int(instances) * settings.SCHEDULER_CALLS_PER_INSTANCE
+    instances = model_ready_instances(model=model) if fleet_is_managed() else len(settings.TRITON_GRPC_URLS)
+    return instances * settings.SCHEDULER_CALLS_PER_INSTANCE
 
 
 def model_slot_cap(model: CatalogueModel) -> int:

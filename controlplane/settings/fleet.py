@@ -14,7 +14,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 
 from controlplane.core.env import env_bool, env_float, env_int, env_list, env_str
-from controlplane.fleet.sizing_types import FleetScaling, PoolLimits, parse_pools
+from controlplane.fleet.sizing.types import FleetScaling, PoolLimits, parse_pools
 from controlplane.settings.paths import BASE_DIR
 
 # --- Triton ---------------------------------------------------------------------------------------

@@ -290,6 +290,6 @@ def repository_model_config(model_repository: str | Path, name: str) -> dict[str
 
 def cpu_instances(config: dict[str, Any]) -> int:
     """A model config's KIND_CPU instance count (1 without one): what the fleet reconciler loads per placed
-    instance on a CPU server (fleet/reconciler.py), and what the benchmark's ceiling matches."""
+    instance on a CPU server (fleet/placement/reconciler.py), and what the benchmark's ceiling matches."""
     counts = [int(g.get("count", 1)) for g in config.get("instance_group", []) if g.get("kind") == "KIND_CPU"]
     return max(1, sum(counts)) if counts else 1

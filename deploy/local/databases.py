@@ -32,7 +32,7 @@ _LOCK_KEY = 7_364_013_297  # any constant: the advisory lock that serialises tem
 
 def migrations_digest() -> str:
     """Every control-plane module, not only the migrations: data migrations import the code they seed from
-    (fleet/seed.py), so a template named by the migrations alone could outlive a change to what they write."""
+    (fleet/catalogue/seed.py), so a template named by the migrations alone could outlive a change to what they write."""
     digest = hashlib.sha256(version("django").encode())
     for path in sorted(REPO_ROOT.glob("controlplane/**/*.py")):
         digest.update(str(path.relative_to(REPO_ROOT)).encode())

@@ -57,7 +57,9 @@ def local_fleet(
                 f"gpu_memory_bytes={[gpu_bytes] * gpus_per_server})"
                 for i, h in enumerate(handles)
             )
-            stack.manage("shell", "-c", f"from controlplane.fleet.inventory import server_register; {register}")
+            stack.manage(
+                "shell", "-c", f"from controlplane.fleet.membership.inventory import server_register; {register}"
+            )
             key = stack.manage("tenant_create", "fleet-tenant").stdout.strip().splitlines()[-1]
             yield LocalFleet(stack, handles, db_url, key)
         finally:

@@ -18,7 +18,7 @@ in `events` with a monotonic timestamp, which the autoscaling scenario reads for
 
 Registration and drain go through `POST /internal/fleet/servers[/<name>/drain]` (FLEET_TOKEN) by default,
 or with ORCHESTRATOR_FLEET_API=manage through `manage.py fleet_register` / `fleet_drain`: the same
-services (controlplane/fleet/membership.py), but a manage.py run costs seconds of start-up on a loaded host.
+services (controlplane/fleet/membership/join_leave.py), but a manage.py run costs seconds of start-up on a loaded host.
 
 Turned on in the stack with `LOCAL_ORCHESTRATOR=1` (deploy/local/stack.py); `orchestrator_for` reads
 the ORCHESTRATOR_* variables below.

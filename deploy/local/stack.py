@@ -89,7 +89,7 @@ class Stack:
     # watch eviction, or to your card's size.
     triton_gpu_memory: str = field(default_factory=lambda: os.environ.get("LOCAL_TRITON_GPU_MEMORY", "16G"))
     # Kept loaded while idle (min_instances=1) so the first small batch does not wait for a model load:
-    # the catalogue models shipped in triton_models/ (controlplane/fleet/seed.py).
+    # the catalogue models shipped in triton_models/ (controlplane/fleet/catalogue/seed.py).
     warm_models: tuple[str, ...] = DEFAULT_WARM_MODELS
     warm_timeout_s: float = 180.0
     # How long registering and loading the warm models took (the benchmark shows it).

@@ -236,9 +236,9 @@ def test_a_shard_is_split_over_the_model_instances_and_no_further(tenant, eager,
 
 
 def test_the_fleet_backend_counts_the_ready_instances_it_routes_to(catalogue):
-    from controlplane.fleet import routing
     from controlplane.fleet.backend import backend_for_model
     from controlplane.fleet.models import CatalogueModel, Placement, PlacementStatus, TritonServer
+    from controlplane.fleet.placement import routing
 
     routing._cache.clear()
     model = CatalogueModel.objects.get(name="identity")

@@ -15,7 +15,7 @@ from django.core.management import CommandError, call_command
 
 from build_engines.emit_generation import emit_generation
 from build_engines.spec import load_any_spec
-from controlplane.fleet.catalogue_generation import GENERATION_LOAD_SECONDS, generation_profile
+from controlplane.fleet.catalogue.generation import GENERATION_LOAD_SECONDS, generation_profile
 from tests.build_engines.test_generation_emit import TRT, emit
 
 pytestmark = pytest.mark.django_db

@@ -12,7 +12,7 @@ from controlplane.batches.models import Shard, ShardStatus
 from controlplane.console.models import ModelSample, ServerSample
 from controlplane.console.samples import percentile, samples_take
 from controlplane.console.selectors import bucket_seconds_for, dashboard
-from controlplane.fleet.inventory import server_register
+from controlplane.fleet.membership.inventory import server_register
 from controlplane.fleet.models import CatalogueModel, Gpu, Placement
 from controlplane.scheduling.models import Slot, SlotState
 from tests.scheduling.helpers import new_tenant, runnable_batch

@@ -30,7 +30,7 @@ TOKEN = "deploy-scrape-token"
 # Prometheus' own series: `up` per scrape target.
 PROMETHEUS_BUILTINS = {"up"}
 # Triton's GPU metrics exist only on GPU hosts (the tritonserver here runs on CPU); the fleet's inventory
-# already parses exactly these names from real GPU hosts (controlplane/fleet/inventory.py).
+# already parses exactly these names from real GPU hosts (controlplane/fleet/membership/inventory.py).
 TRITON_GPU_ONLY = {"nv_gpu_utilization", "nv_gpu_memory_total_bytes", "nv_gpu_memory_used_bytes"}
 
 
@@ -121,7 +121,7 @@ def test_the_dashboard_covers_what_operators_watch():
 @pytest.mark.django_db(transaction=True)
 def test_every_queried_metric_is_exported(service_metric_names, triton_metric_names):
     exported = service_metric_names | triton_metric_names | PROMETHEUS_BUILTINS
-    inventory = (REPO / "controlplane" / "fleet" / "inventory.py").read_text()
+    inventory = (REPO / "controlplane" / "fleet" / "membership" / "inventory.py").read_text()
     assert all(name in inventory for name in TRITON_GPU_ONLY)
     unknown = {}
     for where, expr in _queries().items():

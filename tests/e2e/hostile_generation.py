@@ -12,7 +12,7 @@ from typing import Any
 
 CHAT = "/v1/chat/completions"
 MODEL = "tinylm"
-CONTEXT = 256  # tinylm's context_length in the catalogue (controlplane/fleet/seed.py)
+CONTEXT = 256  # tinylm's context_length in the catalogue (controlplane/fleet/catalogue/seed.py)
 DROP = object()  # a field removed from the valid body
 IMAGE = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}

@@ -5,7 +5,7 @@ build_engines maps a model's ``tensor_parallel_size`` k to the catalogue's ``gpu
 of two servers with two declared 512 MiB GPUs each, one of whose GPUs already holds 300 MiB of something
 else: the only place for the gang is both GPUs of the other server. A chat batch must complete with 0 failed
 lines, and the placement, its load event and the model Triton serves must be that one gang instance. On
-declared GPUs the instance runs as KIND_CPU (fleet/reconciler.py); on a GPU host the same placement becomes
+declared GPUs the instance runs as KIND_CPU (fleet/placement/reconciler.py); on a GPU host the same placement becomes
 ``instance_group { kind: KIND_GPU, gpus: [0, 1] }``."""
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from tests.running import run_batch
 
 pytestmark = pytest.mark.django_db(transaction=True)
 LINES = 20
-DIMENSIONS = 384  # all-MiniLM-L6-v2 (fleet/seed.py)
+DIMENSIONS = 384  # all-MiniLM-L6-v2 (fleet/catalogue/seed.py)
 EXPECTED = LINES * (OUTPUT_LINE_BYTES + DIMENSIONS * FLOAT_JSON_BYTES)
 INPUT = jsonl([embedding_line(f"r{i}", f"some text number {i}") for i in range(LINES)])
 

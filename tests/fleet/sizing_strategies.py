@@ -9,8 +9,8 @@ from dataclasses import dataclass, replace
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from controlplane.fleet.sizing import plan_fleet
-from controlplane.fleet.sizing_types import (
+from controlplane.fleet.sizing.planner import plan_fleet
+from controlplane.fleet.sizing.types import (
     DeadlineWork,
     FleetPlan,
     ModelBacklog,

@@ -6,7 +6,7 @@ import pytest
 from django.contrib.messages import ERROR, get_messages
 from django.core.management import CommandError, call_command
 
-from controlplane.fleet.inventory import server_register
+from controlplane.fleet.membership.inventory import server_register
 from controlplane.fleet.models import CatalogueModel, Gpu, Placement, PlacementEvent, TritonServer
 from controlplane.fleet.selectors import fleet_overview
 

@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from controlplane.fleet import inventory
-from controlplane.fleet.inventory import fleet_heartbeat, server_register
+from controlplane.fleet.membership import inventory
+from controlplane.fleet.membership.inventory import fleet_heartbeat, server_register
 from controlplane.fleet.models import ServerState, TritonServer
 
 pytestmark = pytest.mark.django_db

@@ -16,9 +16,9 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from controlplane.batches.models import Shard, ShardStatus
-from controlplane.fleet.gpu_metrics import parse_gpu_metrics
-from controlplane.fleet.inventory import gpus_store, server_register
-from controlplane.fleet.membership import server_drain
+from controlplane.fleet.membership.gpu_metrics import parse_gpu_metrics
+from controlplane.fleet.membership.inventory import gpus_store, server_register
+from controlplane.fleet.membership.join_leave import server_drain
 from controlplane.fleet.models import CatalogueModel, Gpu, Placement, PlacementEvent, ServerState, TritonServer
 
 pytestmark = pytest.mark.django_db(transaction=True)

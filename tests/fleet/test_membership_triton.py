@@ -14,10 +14,10 @@ from rest_framework.test import APIClient
 
 from controlplane.batches import services
 from controlplane.core import dispatch
-from controlplane.fleet.inventory import metrics_fetch
-from controlplane.fleet.membership import server_drain
+from controlplane.fleet.membership.inventory import metrics_fetch
+from controlplane.fleet.membership.join_leave import server_drain
 from controlplane.fleet.models import Placement, PlacementEvent, PlacementStatus, ServerState, TritonServer
-from controlplane.fleet.reconciler import fleet_reconcile
+from controlplane.fleet.placement.reconciler import fleet_reconcile
 from controlplane.triton.client import TritonClient
 from deploy.local.triton_server import running_local_server
 from tests.batches.helpers import jsonl, tensor_line, upload

@@ -1,11 +1,15 @@
-"""Measured memory per instance from Triton's statistics (fleet/memory.py), fed the answers a GPU server
+"""Measured memory per instance from Triton's statistics (fleet/placement/memory.py), fed the answers a GPU server
 gives: this CPU host reports no GPU memory, so the measured path is exercised here with those answers."""
 
 from __future__ import annotations
 
 import pytest
 
-from controlplane.fleet.memory import measured_bytes_per_gpu, measured_bytes_per_instance, planned_bytes_per_instance
+from controlplane.fleet.placement.memory import (
+    measured_bytes_per_gpu,
+    measured_bytes_per_instance,
+    planned_bytes_per_instance,
+)
 
 MIB = 1024**2
 
@@ -68,9 +72,9 @@ class _FakeTriton:
 @pytest.mark.django_db
 @pytest.mark.parametrize("real_gpus", [True, False])
 def test_the_reconciler_records_measured_memory_and_the_planner_uses_it(catalogue, real_gpus):
-    from controlplane.fleet import reconciler
-    from controlplane.fleet.inventory import server_register
+    from controlplane.fleet.membership.inventory import server_register
     from controlplane.fleet.models import CatalogueModel, Placement
+    from controlplane.fleet.placement import reconciler
 
     server = server_register(name="g0", grpc_url="g0:8001", gpu_memory_bytes=[80 * 1024 * MIB], real_gpus=real_gpus)
     model = CatalogueModel.objects.get(triton_name="minilm")

@@ -1,12 +1,12 @@
-"""Worked examples for consolidation (fleet/consolidation.py), the fleet issue 23 describes: four 80 GB GPUs,
+"""Worked examples for consolidation (fleet/placement/consolidation.py), the fleet issue 23 describes: four 80 GB GPUs,
 each holding busy small models with 30 GB free, and a large model that fits on none of them."""
 
 from __future__ import annotations
 
 import pytest
 
-from controlplane.fleet.plan_changes import execution_phases
-from controlplane.fleet.planner_types import ChangeKind, Gpu, ModelDemand, ModelProfile, Placement, Server
+from controlplane.fleet.placement.changes import execution_phases
+from controlplane.fleet.placement.types import ChangeKind, Gpu, ModelDemand, ModelProfile, Placement, Server
 from tests.fleet.test_planner_scenarios import NOW, busy, run
 
 GPUS = [Gpu("a", i, 80) for i in range(4)]

@@ -1,4 +1,4 @@
-"""Property tests for consolidation (fleet/consolidation.py): room for a large model, made by moving other
+"""Property tests for consolidation (fleet/placement/consolidation.py): room for a large model, made by moving other
 models' instances make-before-break.
 
 Fleets here are what issue 23 describes: GPUs of 80 units each holding a few busy small models with some
@@ -21,9 +21,9 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings, target
 from hypothesis import strategies as st
 
-from controlplane.fleet.payback import payback_gain_s
-from controlplane.fleet.plan_changes import execution_phases
-from controlplane.fleet.planner_types import Gpu, ModelDemand, ModelProfile, Placement, PlannerParams, Server
+from controlplane.fleet.placement.changes import execution_phases
+from controlplane.fleet.placement.payback import payback_gain_s
+from controlplane.fleet.placement.types import Gpu, ModelDemand, ModelProfile, Placement, PlannerParams, Server
 from tests.fleet.planner_strategies import NOW, SETTINGS, C, H, Scenario
 
 BIG = "big"

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controlplane.fleet.planner import plan
-from controlplane.fleet.planner_types import Gpu, ModelDemand, ModelProfile, Placement, PlannerParams, Server
+from controlplane.fleet.placement.planner import plan
+from controlplane.fleet.placement.types import Gpu, ModelDemand, ModelProfile, Placement, PlannerParams, Server
 from tests.fleet.planner_strategies import NOW, SETTINGS, C, H, Scenario
 
 LLM = "llm-tp"

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import assume, event, given
 from hypothesis import strategies as st
 
-from controlplane.fleet.planner import diff_placements, plan
-from controlplane.fleet.planner_types import (
+from controlplane.fleet.placement.planner import diff_placements, plan
+from controlplane.fleet.placement.types import (
     ChangeKind,
     Gpu,
     ModelDemand,

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.fleet.plan_changes import execution_phases
-from controlplane.fleet.planner import affordable_instances, diff_placements, payback_gain_s, plan
-from controlplane.fleet.planner_types import (
+from controlplane.fleet.placement.changes import execution_phases
+from controlplane.fleet.placement.planner import affordable_instances, diff_placements, payback_gain_s, plan
+from controlplane.fleet.placement.types import (
     Change,
     ChangeKind,
     Gpu,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.fleet.plan_changes import execution_phases
-from controlplane.fleet.planner_types import ChangeKind, Gpu, ModelProfile, Server, ServerState
+from controlplane.fleet.placement.changes import execution_phases
+from controlplane.fleet.placement.types import ChangeKind, Gpu, ModelProfile, Server, ServerState
 from tests.fleet.test_planner_scenarios import P, busy, idle, kinds, run
 
 

@@ -1,4 +1,4 @@
-"""A live server is not moved to other addresses by a registration made by mistake (fleet/membership.py,
+"""A live server is not moved to other addresses by a registration made by mistake (fleet/membership/join_leave.py,
 ``readdress_check``): refused with 409 unless an operator forces it, through ``fleet_register`` and the
 internal API; a server whose heartbeat went stale, or whose old address no longer answers, moves at once."""
 

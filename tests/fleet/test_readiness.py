@@ -9,9 +9,9 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from controlplane.core.errors import NotFound, ValidationFailed
-from controlplane.fleet.inventory import server_register
+from controlplane.fleet.membership.inventory import server_register
 from controlplane.fleet.models import CatalogueModel, Placement, PlacementEvent, PlacementStatus
-from controlplane.fleet.readiness import ModelsNotReady, fleet_wait_ready, models_not_ready
+from controlplane.fleet.placement.readiness import ModelsNotReady, fleet_wait_ready, models_not_ready
 from controlplane.fleet.services import catalogue_set_min_instances
 from controlplane.triton.client import TritonClient
 from tests.triton_fixture import pytest_runtest_makereport, triton_model_repository, triton_server

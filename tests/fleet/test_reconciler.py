@@ -8,9 +8,9 @@ import pytest
 from controlplane.batches import services
 from controlplane.batches.models import Batch
 from controlplane.core import dispatch
-from controlplane.fleet.inventory import server_register
+from controlplane.fleet.membership.inventory import server_register
 from controlplane.fleet.models import CatalogueModel, Placement, PlacementEvent, PlacementStatus
-from controlplane.fleet.reconciler import fleet_reconcile
+from controlplane.fleet.placement.reconciler import fleet_reconcile
 from controlplane.triton.client import TritonClient
 from tests.batches.helpers import jsonl, tensor_line, upload
 from tests.triton_fixture import pytest_runtest_makereport, triton_model_repository, triton_server
@@ -54,7 +54,7 @@ def test_demand_loads_the_model_and_records_events(fleet, tenant):
 
 def test_a_cpu_server_loads_the_configs_kind_cpu_count_per_placed_instance(fleet, tenant, monkeypatch):
     """A config asking for two CPU instances (as MiniLM's does) gets two Triton instances per placed one."""
-    from controlplane.fleet import reconciler
+    from controlplane.fleet.placement import reconciler
 
     real = reconciler.repository_model_config
 
@@ -121,7 +121,7 @@ def test_failed_loads_in_a_row_back_off_longer_and_a_good_load_starts_over(fleet
 
 
 def test_the_load_failure_backoff_doubles_from_10_s_up_to_2_min():
-    from controlplane.fleet.load_failures import load_failure_backoff
+    from controlplane.fleet.placement.load_failures import load_failure_backoff
 
     assert [load_failure_backoff(n).total_seconds() for n in range(1, 8)] == [10, 20, 40, 80, 120, 120, 120]
     assert load_failure_backoff(10**6).total_seconds() == 120
@@ -133,7 +133,7 @@ def test_a_recent_failed_load_is_passed_to_the_planner_as_a_server_to_avoid(cata
 
     from django.utils import timezone
 
-    from controlplane.fleet.reconciler import planner_inputs
+    from controlplane.fleet.placement.reconciler import planner_inputs
 
     server = server_register(name="t-oom", grpc_url="127.0.0.1:1", gpu_memory_bytes=[1024**3])
     model = CatalogueModel.objects.get(triton_name="identity")
@@ -154,7 +154,7 @@ def test_pools_reach_the_planner(catalogue):
     import time
 
     from controlplane.fleet.models import TritonServer
-    from controlplane.fleet.reconciler import planner_inputs
+    from controlplane.fleet.placement.reconciler import planner_inputs
 
     server_register(name="t-t4", grpc_url="127.0.0.1:2", gpu_memory_bytes=[1024**3])
     TritonServer.objects.filter(name="t-t4").update(pool="t4")
@@ -169,7 +169,7 @@ def test_the_planner_rate_comes_from_the_one_speed_estimate(tenant, settings, mo
     slot), at the pending lines' own work units per line; there is no second estimate to disagree with it."""
     import time
 
-    from controlplane.fleet.reconciler import planner_inputs
+    from controlplane.fleet.placement.reconciler import planner_inputs
 
     monkeypatch.setattr(dispatch, "send", lambda task_name, args: None)
     settings.SCHEDULER_CALLS_PER_INSTANCE = 6
@@ -234,8 +234,8 @@ def test_a_reconcile_that_dies_on_a_closed_connection_still_gives_its_lease_back
     on a new connection (left held, no reconcile ran for FLEET_RECONCILE_LOCK_SECONDS, 5 min)."""
     from django.db import DatabaseError, connection
 
-    from controlplane.fleet import reconciler
     from controlplane.fleet.models import FleetLock
+    from controlplane.fleet.placement import reconciler
 
     def database_restarted(servers):
         assert FleetLock.objects.get(name="reconcile").expires_at is not None  # the run holds the lease

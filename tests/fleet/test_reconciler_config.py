@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 
 from controlplane.fleet.models import TritonServer
-from controlplane.fleet.reconciler import _instance_groups
+from controlplane.fleet.placement.reconciler import _instance_groups
 from controlplane.triton.client import cpu_instances, repository_model_config
 
 

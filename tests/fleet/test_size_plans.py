@@ -14,9 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from controlplane.batches import services
 from controlplane.batches.models import Batch
 from controlplane.core import dispatch
-from controlplane.fleet.inventory import server_register
+from controlplane.fleet.membership.inventory import server_register
 from controlplane.fleet.models import CatalogueModel, FleetSizePlan, PlacementEvent
-from controlplane.fleet.sizing_types import PoolLimits
+from controlplane.fleet.sizing.types import PoolLimits
 from controlplane.fleet.tasks import fleet_size_plan_task
 from tests.batches.helpers import jsonl, tensor_line, upload
 
@@ -133,7 +133,7 @@ def test_the_admin_lists_the_plans_with_their_reason(sizing, tenant, admin_clien
 
 
 def test_pool_limits_come_from_fleet_pools():
-    from controlplane.fleet.sizing_types import parse_pools
+    from controlplane.fleet.sizing.types import parse_pools
 
     pools, fallback = parse_pools("default=0:4, a100=1:8,*=0:2,")
     assert pools == {"default": PoolLimits("default", 0, 4), "a100": PoolLimits("a100", 1, 8)}

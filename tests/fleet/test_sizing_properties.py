@@ -1,4 +1,4 @@
-"""Property tests for the fleet-size planner: one property per rule in sizing.py's docstring, stated from
+"""Property tests for the fleet-size planner: one property per rule in fleet/sizing/planner.py's docstring, stated from
 the inputs (independent restatements in sizing_strategies.py), never from the planner's own helpers."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controlplane.fleet.sizing import plan_fleet
-from controlplane.fleet.sizing_types import ModelBacklog, PoolLimits, PoolObservation, SizingParams
+from controlplane.fleet.sizing.planner import plan_fleet
+from controlplane.fleet.sizing.types import ModelBacklog, PoolLimits, PoolObservation, SizingParams
 from tests.fleet.sizing_strategies import CASES, NOW, SETTINGS, deadline_need
 
 

@@ -1,4 +1,4 @@
-"""Worked examples for the fleet-size planner's scale-down rules (sizing.py), one pool each, with the exact answer.
+"""Worked examples for the fleet-size planner's scale-down rules (fleet/sizing/planner.py), one pool each, with the exact answer.
 The property tests (test_sizing_properties.py) draw clocks where a cooldown's start is never far behind ``now``;
 these pin the rules where the sampled mutation pass found them unheld (docs/RELIABILITY.md, session 21)."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.fleet.sizing import plan_fleet
-from controlplane.fleet.sizing_types import (
+from controlplane.fleet.sizing.planner import plan_fleet
+from controlplane.fleet.sizing.types import (
     DeadlineWork,
     ModelBacklog,
     PoolLimits,

@@ -119,7 +119,7 @@ def _identity_outputs(call_inputs: dict[str, np.ndarray]) -> dict[str, np.ndarra
 
 
 def _generation_model(max_batch_size: int) -> CatalogueModel:
-    from controlplane.fleet.seed import SEED
+    from controlplane.fleet.catalogue.seed import SEED
 
     return CatalogueModel(**{**next(e for e in SEED if e["name"] == "tinylm"), "max_batch_size": max_batch_size})
 

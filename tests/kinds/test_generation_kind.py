@@ -13,8 +13,8 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
+from controlplane.fleet.catalogue.seed import SEED
 from controlplane.fleet.models import CatalogueModel
-from controlplane.fleet.seed import SEED
 from controlplane.kinds.base import BodyIssue, LineFailure, LineOutcome, LineOutput, ParsedLine
 from controlplane.kinds.generation import kind as generation
 from controlplane.kinds.registry import kind_for

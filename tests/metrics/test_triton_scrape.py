@@ -210,7 +210,7 @@ def test_a_real_tritonserver_is_scraped_after_inferences(settings, triton_server
 
 def test_the_fleet_reads_triton_metrics_over_http_only(tmp_path):
     """Registration and drains read a server's metrics URL through the same guarded fetch as the scrape."""
-    from controlplane.fleet.inventory import metrics_fetch
+    from controlplane.fleet.membership.inventory import metrics_fetch
 
     secret = tmp_path / "secret"
     secret.write_text("nv_gpu_memory_total_bytes 1\n")

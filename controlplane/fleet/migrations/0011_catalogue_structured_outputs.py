@@ -1,6 +1,6 @@
 from django.db import migrations, models
 
-from controlplane.fleet.seed import SEED
+from controlplane.fleet.catalogue.seed import SEED
 
 
 def mark_seeded(apps, schema_editor):

@@ -18,7 +18,7 @@ def backward(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    """tinylm's completion_weight, measured (fleet/seed.py has the figures)."""
+    """tinylm's completion_weight, measured (fleet/catalogue/seed.py has the figures)."""
 
     dependencies = [("fleet", "0010_merge_moves_expected_completion")]
     operations = [migrations.RunPython(forward, backward)]

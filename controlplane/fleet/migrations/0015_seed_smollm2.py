@@ -1,6 +1,6 @@
 from django.db import migrations
 
-from controlplane.fleet.seed import SEED
+from controlplane.fleet.catalogue.seed import SEED
 
 _NAME = "smollm2-135m-instruct"
 

@@ -6,8 +6,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from controlplane.fleet.membership import server_drain
-from controlplane.fleet.reconciler import fleet_reconcile
+from controlplane.fleet.membership.join_leave import server_drain
+from controlplane.fleet.placement.reconciler import fleet_reconcile
 
 
 class Command(BaseCommand):

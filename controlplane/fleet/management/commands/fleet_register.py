@@ -6,7 +6,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from controlplane.core.errors import DomainError
-from controlplane.fleet.membership import server_join
+from controlplane.fleet.membership.join_leave import server_join
 
 # Binary units: a "16G" card reports 16 GiB. "B"/"iB" suffixes are accepted and mean the same.
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}

@@ -5,7 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from controlplane.core.errors import DomainError
-from controlplane.fleet.readiness import fleet_wait_ready
+from controlplane.fleet.placement.readiness import fleet_wait_ready
 
 
 class Command(BaseCommand):

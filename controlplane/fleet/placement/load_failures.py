@@ -8,7 +8,6 @@ from datetime import timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.fleet import planner_types as pt
 from controlplane.fleet.models import (
     CatalogueModel,
     Placement,
@@ -16,7 +15,8 @@ from controlplane.fleet.models import (
     TritonServer,
     gpus_text,
 )
-from controlplane.fleet.moves import change_event_record
+from controlplane.fleet.placement import types as pt
+from controlplane.fleet.placement.moves import change_event_record
 
 # A failed load is not retried on the same server for a while (the planner may place the model elsewhere): 10 s
 # after the first failure, doubling with each one in a row up to 2 min. A flat 2 min kept a model off its only

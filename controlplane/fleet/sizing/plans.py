@@ -1,6 +1,6 @@
 """The fleet-size loop's database side: read the planner's inputs (backlog per model in work units by batch
 deadline, measured throughput, the servers of each pool with Triton's queue time and GPU readings, the
-previous plan), run the pure planner (sizing.py) and store one FleetSizePlan row per pool."""
+previous plan), run the pure planner (sizing/planner.py) and store one FleetSizePlan row per pool."""
 
 from __future__ import annotations
 
@@ -16,9 +16,6 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.fleet import sizing
-from controlplane.fleet import sizing_types as st
-from controlplane.fleet.demand import units_per_second_per_instance
 from controlplane.fleet.models import (
     CatalogueModel,
     FleetSizePlan,
@@ -29,7 +26,10 @@ from controlplane.fleet.models import (
     ServerState,
     TritonServer,
 )
-from controlplane.fleet.sizing_types import FleetScaling
+from controlplane.fleet.placement.demand import units_per_second_per_instance
+from controlplane.fleet.sizing import planner as sizing
+from controlplane.fleet.sizing import types as st
+from controlplane.fleet.sizing.types import FleetScaling
 from controlplane.fleet.work import work_source
 
 logger = logging.getLogger(__name__)

@@ -13,10 +13,10 @@ from django.conf import settings
 from django.utils import timezone
 
 from controlplane.core.errors import DomainError, NotFound
-from controlplane.fleet.inventory import fleet_heartbeat
+from controlplane.fleet.membership.inventory import fleet_heartbeat
 from controlplane.fleet.models import CatalogueModel, Placement, PlacementStatus
-from controlplane.fleet.reconciler import fleet_reconcile
-from controlplane.fleet.routing import ROUTABLE_STATES
+from controlplane.fleet.placement.reconciler import fleet_reconcile
+from controlplane.fleet.selectors import ROUTABLE_STATES
 from controlplane.triton.client import TritonClient, TritonError
 
 

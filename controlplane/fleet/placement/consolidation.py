@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import Protocol
 
-from controlplane.fleet.payback import payback_gain_s
-from controlplane.fleet.plan_changes import placement_totals
-from controlplane.fleet.planner_types import ModelDemand, ModelProfile, Placement, PlannerParams, Server, ServerState
+from controlplane.fleet.placement.changes import placement_totals
+from controlplane.fleet.placement.payback import payback_gain_s
+from controlplane.fleet.placement.types import ModelDemand, ModelProfile, Placement, PlannerParams, Server, ServerState
 
 Key = tuple[str, str, tuple[int, ...]]
 GpuId = tuple[str, int]

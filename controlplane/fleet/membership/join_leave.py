@@ -24,8 +24,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from controlplane.core.errors import Conflict, DomainError, ValidationFailed
-from controlplane.fleet.gpu_metrics import parse_gpu_metrics
-from controlplane.fleet.inventory import (
+from controlplane.fleet.membership.gpu_metrics import parse_gpu_metrics
+from controlplane.fleet.membership.inventory import (
     UNHEALTHY_AFTER_FAILURES,
     gpus_store,
     metrics_fetch,

@@ -1,7 +1,7 @@
-"""Value types for the fleet-size planner (see sizing.py).
+"""Value types for the fleet-size planner (see planner.py).
 
-Plain frozen dataclasses, like planner_types.py: the planner stays a pure function that can be
-property-tested without Django; controlplane/fleet/size_plans.py converts rows into these and the plan back
+Plain frozen dataclasses, like placement/types.py: the planner stays a pure function that can be
+property-tested without Django; controlplane/fleet/sizing/plans.py converts rows into these and the plan back
 into FleetSizePlan rows. Validation lives in ``__post_init__`` so a malformed input fails at the boundary.
 """
 
@@ -114,7 +114,7 @@ class PoolLimits:
 
 @dataclass(frozen=True)
 class SizingParams:
-    """Knobs of the sizing rules (sizing.py's docstring); ``now`` is an input so the planner reads no clock."""
+    """Knobs of the sizing rules (planner.py's docstring); ``now`` is an input so the planner reads no clock."""
 
     now: float
     drain_horizon_s: float = 300.0  # backlog without a nearer deadline is planned to drain within this

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.fleet.gpu_metrics import parse_gpu_metrics
+from controlplane.fleet.membership.gpu_metrics import parse_gpu_metrics
 from controlplane.fleet.models import Gpu, Placement, PlacementEvent, PlacementStatus, ServerState, TritonServer
 from controlplane.fleet.selectors import placed_bytes_per_gpu
 from controlplane.triton.client import TritonClient, TritonError, metrics_text

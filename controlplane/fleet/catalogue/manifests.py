@@ -1,5 +1,5 @@
 """Catalogue entries for models built by `python -m build_engines`: embeddings models (here) and generation
-models (the fields: catalogue_generation.py).
+models (the fields: generation.py).
 
 The manifest that `export` writes beside every artefact is the contract: this module reads it as plain
 JSON, checks that the file Triton will serve is the one the manifest describes, and takes the interface
@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import transaction
 
 from controlplane.core.errors import ValidationFailed
-from controlplane.fleet.catalogue_generation import generation_interface, generation_profile, interface_gaps
+from controlplane.fleet.catalogue.generation import generation_interface, generation_profile, interface_gaps
 from controlplane.fleet.models import CatalogueModel, ModelKind
 from controlplane.triton.client import repository_model_config
 

@@ -1,7 +1,7 @@
 """Fleet-size planner: a pure function (backlog per model, pool observations, pool limits, params) -> how
 many Triton servers each pool should have and how many shard workers, with the inputs behind each answer.
 
-The second loop beside placement (planner.py): placement decides which models run where inside the fleet,
+The second loop beside placement (placement/planner.py): placement decides which models run where inside the fleet,
 this decides how big the fleet is. Like the placement planner: no Django, no I/O, no clock (``params.now``
 is an input), and planning again from the plan with the same inputs changes nothing.
 
@@ -41,8 +41,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from controlplane.fleet.planner import _index  # the placement planner's duplicate-checking index
-from controlplane.fleet.sizing_types import (
+from controlplane.fleet.placement.planner import _index  # the placement planner's duplicate-checking index
+from controlplane.fleet.sizing.types import (
     FleetPlan,
     ModelBacklog,
     PoolLimits,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from controlplane.fleet.planner_types import Change, ChangeKind, Placement, Plan
+from controlplane.fleet.placement.types import Change, ChangeKind, Placement, Plan
 
 Key = tuple[str, str, tuple[int, ...]]  # (model, server_id, gpus)
 

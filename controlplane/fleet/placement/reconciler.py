@@ -25,11 +25,6 @@ from django.utils import timezone
 from controlplane.core import dispatch
 from controlplane.core.database import when_database_answers
 from controlplane.core.metrics import CONSOLIDATION_MOVES
-from controlplane.fleet import planner
-from controlplane.fleet import planner_types as pt
-from controlplane.fleet.demand import activity_touch, demand_by_model, lines_per_second_per_instance
-from controlplane.fleet.load_failures import load_failure_record
-from controlplane.fleet.memory import measured_bytes_per_instance, planned_bytes_per_instance
 from controlplane.fleet.models import (
     CatalogueModel,
     FleetLock,
@@ -42,9 +37,19 @@ from controlplane.fleet.models import (
     gpus_text,
     gpus_tuple,
 )
-from controlplane.fleet.moves import change_event_record, models_only_loading, move_history, moves_planned_record
-from controlplane.fleet.plan_changes import execution_phases
-from controlplane.fleet.routing import ROUTE_CACHE_SECONDS
+from controlplane.fleet.placement import planner
+from controlplane.fleet.placement import types as pt
+from controlplane.fleet.placement.changes import execution_phases
+from controlplane.fleet.placement.demand import activity_touch, demand_by_model, lines_per_second_per_instance
+from controlplane.fleet.placement.load_failures import load_failure_record
+from controlplane.fleet.placement.memory import measured_bytes_per_instance, planned_bytes_per_instance
+from controlplane.fleet.placement.moves import (
+    change_event_record,
+    models_only_loading,
+    move_history,
+    moves_planned_record,
+)
+from controlplane.fleet.placement.routing import ROUTE_CACHE_SECONDS
 from controlplane.triton.client import TritonClient, TritonError, cpu_instances, repository_model_config
 
 logger = logging.getLogger(__name__)

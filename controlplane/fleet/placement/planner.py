@@ -46,10 +46,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
-from controlplane.fleet import consolidation
-from controlplane.fleet.payback import affordable_instances, payback_gain_s
-from controlplane.fleet.plan_changes import diff_placements
-from controlplane.fleet.planner_types import (
+from controlplane.fleet.placement import consolidation
+from controlplane.fleet.placement.changes import diff_placements
+from controlplane.fleet.placement.payback import affordable_instances, payback_gain_s
+from controlplane.fleet.placement.types import (
     Gpu,
     ModelDemand,
     ModelProfile,

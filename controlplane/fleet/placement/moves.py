@@ -10,7 +10,6 @@ from datetime import timedelta
 from django.db.models import Max, Sum
 from django.utils import timezone
 
-from controlplane.fleet import planner_types as pt
 from controlplane.fleet.models import (
     CatalogueModel,
     Placement,
@@ -19,6 +18,7 @@ from controlplane.fleet.models import (
     TritonServer,
     gpus_text,
 )
+from controlplane.fleet.placement import types as pt
 
 MOVE_IN, MOVE_OUT, CONSOLIDATE = "move_in", "move_out", "consolidate"
 

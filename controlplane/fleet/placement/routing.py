@@ -12,13 +12,12 @@ from dataclasses import dataclass
 from django.db.models import Sum
 from django.utils import timezone
 
-from controlplane.fleet.models import Placement, PlacementStatus, ServerState, TritonServer
+from controlplane.fleet.models import Placement, PlacementStatus
+from controlplane.fleet.selectors import ROUTABLE_STATES
 
 # Routes are read from Postgres at most this often per process: fresh enough to follow a rebalance
 # within a beat interval, rare enough that dispatch is not a database load.
 ROUTE_CACHE_SECONDS = 1.0
-# Servers that get calls (cordoned: no new placements, but keeps serving what it has).
-ROUTABLE_STATES = (ServerState.HEALTHY, ServerState.CORDONED)
 
 
 @dataclass(frozen=True)
@@ -31,11 +30,6 @@ class Route:
 
 _cache: dict[str, tuple[float, list[Route]]] = {}
 _lock = threading.Lock()
-
-
-def fleet_is_managed() -> bool:
-    """With no registered servers the service runs unmanaged on TRITON_GRPC_URLS, loading models on first use."""
-    return TritonServer.objects.exists()
 
 
 def routes_for_model(triton_name: str, *, fresh: bool = False) -> list[Route]:
