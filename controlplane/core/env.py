@@ -48,13 +48,13 @@ def env_declare(name: str, default: object, *, kind: str, help: str) -> None:
     _record(name, kind, default, help)
 
 
-def env_str(name: str, default: str, *, help: str = "") -> str:
+def env_str(name: str, default: str, *, help: str) -> str:
     """An unset or empty variable means the default, so `FOO= cmd` resets FOO."""
     _record(name, "string", default, help)
     return os.environ.get(name) or default
 
 
-def env_int(name: str, default: int, *, minimum: int | None = None, help: str = "") -> int:
+def env_int(name: str, default: int, *, minimum: int | None = None, help: str) -> int:
     _record(name, "integer" if minimum is None else f"integer ≥ {minimum}", default, help)
     raw = os.environ.get(name)
     if raw is None or raw == "":
@@ -68,7 +68,7 @@ def env_int(name: str, default: int, *, minimum: int | None = None, help: str = 
     return value
 
 
-def env_float(name: str, default: float, *, help: str = "") -> float:
+def env_float(name: str, default: float, *, help: str) -> float:
     _record(name, "number", default, help)
     raw = os.environ.get(name)
     if raw is None or raw == "":
@@ -79,8 +79,8 @@ def env_float(name: str, default: float, *, help: str = "") -> float:
         raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from exc
 
 
-def env_bool(name: str, default: bool, *, help: str = "") -> bool:
-    _record(name, "boolean (1/0, true/false, yes/no, on/off)", default, help)
+def env_bool(name: str, default: bool, *, help: str) -> bool:
+    _record(name, "boolean", default, help)
     raw = os.environ.get(name)
     if raw is None:
         return default
@@ -99,13 +99,13 @@ def _items(name: str) -> list[str] | None:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
-def env_list(name: str, default: list[str], *, help: str = "") -> list[str]:
+def env_list(name: str, default: list[str], *, help: str) -> list[str]:
     _record(name, "comma-separated list", default, help)
     items = _items(name)
     return list(default) if items is None else items
 
 
-def env_int_list(name: str, default: list[int], *, minimum: int, maximum: int, help: str = "") -> list[int]:
+def env_int_list(name: str, default: list[int], *, minimum: int, maximum: int, help: str) -> list[int]:
     """Comma-separated integers in [minimum, maximum] (e.g. WEBHOOK_EXTRA_PORTS=8443,9443)."""
     _record(name, f"comma-separated integers in {minimum}..{maximum}", default, help)
     items = _items(name)
@@ -125,7 +125,7 @@ def env_int_list(name: str, default: list[int], *, minimum: int, maximum: int, h
     return values
 
 
-def env_choice(name: str, default: str, choices: tuple[str, ...], *, help: str = "") -> str:
+def env_choice(name: str, default: str, choices: tuple[str, ...], *, help: str) -> str:
     _record(name, f"one of: {', '.join(choices)}", default, help)
     value = os.environ.get(name) or default
     if value not in choices:
@@ -133,7 +133,7 @@ def env_choice(name: str, default: str, choices: tuple[str, ...], *, help: str =
     return value
 
 
-def env_pair(name: str, *, help: str = "") -> tuple[str, str] | None:
+def env_pair(name: str, *, help: str) -> tuple[str, str] | None:
     """Two comma-separated values (e.g. SECURE_PROXY_SSL_HEADER=HTTP_X_FORWARDED_PROTO,https), or None."""
     _record(name, "two comma-separated values", None, help)
     items = _items(name)
@@ -150,7 +150,7 @@ SECRET_KEY_FILENAME = "secret_key"
 EMBEDDED_SECRET_KEY = "embedded-default-not-for-production"
 
 
-def env_secret_key(name: str, *, key_file: Path, debug: bool, help: str = "") -> str:
+def env_secret_key(name: str, *, key_file: Path, debug: bool, help: str) -> str:
     """The signing key: the variable ``name``, else the local runner's generated ``key_file``, else (only with
     DEBUG) the public embedded key. Anything else refuses to start.
 

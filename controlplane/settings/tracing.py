@@ -11,12 +11,12 @@ from controlplane.core.tracing import SAMPLERS
 TRACING_ENDPOINT = env_str(
     "OTEL_EXPORTER_OTLP_ENDPOINT",
     "",
-    help="The OTLP/HTTP collector's base URL (spans go to <it>/v1/traces); empty: no tracing.",
+    help="The OTLP/HTTP collector's base URL (spans go to its /v1/traces); empty: no tracing.",
 )
 TRACING_SERVICE_NAME = env_str(
     "OTEL_SERVICE_NAME",
     "controlplane",
-    help="Service name of the spans; each process reports as <name>-<role> (web, worker, beat, manage).",
+    help="Service name of the spans; a process reports as NAME-ROLE (web, worker, beat, manage).",
 )
 # Decided once per batch, at its create request; every later span of the batch follows that decision.
 TRACING_SAMPLER = env_choice(

@@ -82,11 +82,11 @@ def test_the_extra_ports_setting_fails_loudly(monkeypatch):
     from controlplane.core.env import env_int_list
 
     monkeypatch.setenv("WEBHOOK_EXTRA_PORTS", "8443, 9443")
-    assert env_int_list("WEBHOOK_EXTRA_PORTS", [], minimum=1, maximum=65535) == [8443, 9443]
+    assert env_int_list("WEBHOOK_EXTRA_PORTS", [], minimum=1, maximum=65535, help="Extra ports.") == [8443, 9443]
     for bad in ("https", "70000", "0"):
         monkeypatch.setenv("WEBHOOK_EXTRA_PORTS", bad)
         with pytest.raises(ImproperlyConfigured, match="WEBHOOK_EXTRA_PORTS"):
-            env_int_list("WEBHOOK_EXTRA_PORTS", [], minimum=1, maximum=65535)
+            env_int_list("WEBHOOK_EXTRA_PORTS", [], minimum=1, maximum=65535, help="Extra ports.")
 
 
 @pytest.fixture
