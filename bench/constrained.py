@@ -1,4 +1,4 @@
-"""Constrained-decoding libraries side by side on tinylm's tokenizer (issue 20 item 1: "pick by measurement").
+"""Constrained-decoding libraries side by side on tinylm's tokenizer, to pick one by measurement.
 
 For each candidate installed in this venv (xgrammar, llguidance, outlines-core, lm-format-enforcer), on the
 byte-level BPE tokenizer of triton_models/tinylm/1/hf and a realistic schema (an object with a string, an integer

@@ -1,4 +1,4 @@
-"""Generation through the stack, side by side with the same engine in one process (issue 20, item 10).
+"""Generation through the stack, side by side with the same engine in one process.
 
 Three ratios, each measured in this run against a reference measured beside it:
 

@@ -128,7 +128,6 @@ _GROUPS = (
     # 801 s run, 2026-12-03), and both mostly wait (outages, restarts: 473 CPU-s in those 767 s). A group of its
     # own needs a worker of its own: on three workers the four groups held every worker and the ~1,600 other
     # tests waited until one ended (8 % done after 13 min, 2026-12-02), hence TEST_WORKERS=5 in the Makefile.
-    # (Reverted for a while in session 17 over two loaded runs' expiries: a lost-lines bug, fixed in 7a1244a.)
     ("tests/chaos/", "chaos"),
     ("tests/e2e/", "stack"),
     ("tests/triton/", "processes"),

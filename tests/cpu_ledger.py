@@ -1,4 +1,4 @@
-"""Where the suite's CPU goes (issue 19: the suite is CPU-bound on the 2-core host, so its wall time follows its
+"""Where the suite's CPU goes (the suite is CPU-bound on the 2-core host, so its wall time follows its
 CPU seconds, not its sleeps). With ``SUITE_CPU_LOG=<dir>``, each pytest process (each xdist worker) appends one
 JSON line per test to ``<dir>/<worker>.jsonl``: the test's wall seconds and the CPU seconds spent during it by the
 worker and by the children it reaped (a stack's gunicorn, workers and tritonserver with its model stubs are

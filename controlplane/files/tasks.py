@@ -8,8 +8,8 @@ from django.utils import timezone
 from controlplane.files import retention
 
 
-# The name predates the move into files: kept, so beat and workers of the last release still agree on it
-# (deploy/upgrade/contract.json).
+# Named in batches' namespace, the name beat and workers of the previous release send and run during a rolling
+# upgrade (deploy/upgrade/contract.json).
 @shared_task(name="batches.files_expire")
 def files_expire_task() -> int:
     return len(retention.files_expire(now=timezone.now()))

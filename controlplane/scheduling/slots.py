@@ -70,9 +70,9 @@ def _topup_one(model_id: int, now: datetime) -> tuple[str, int]:
 def _running_lease() -> timedelta:
     # Three renewals (3 s by default): the slot runner renews it every second in the background while its
     # shards run (runner.slot_run, batches.leases.LeaseKeeper), so a live slot survives two missed renewals,
-    # and a killed worker's slots stop counting against the cap within seconds. It used to be a whole shard
-    # lease (10 s): the model's other shards then waited that long after every worker death, and rescued
-    # shards of one kill waited again for the slots of the next (tests/chaos measured 20 s).
+    # and a killed worker's slots stop counting against the cap within seconds. A whole shard
+    # lease (10 s) would make the model's other shards wait that long after every worker death, and rescued
+    # shards of one kill wait again for the slots of the next (tests/chaos measured 20 s).
     return timedelta(seconds=min(settings.SHARD_LEASE_SECONDS, 3 * lease_renew_interval()))
 
 

@@ -1,5 +1,5 @@
-"""Two validations of one tenant at the same moment, on Postgres, in two threads with their own connections
-(issue 21 item 5): the enqueued-token check runs under the tenant row lock until the batch starts, so of two
+"""Two validations of one tenant at the same moment, on Postgres, in two threads with their own connections:
+the enqueued-token check runs under the tenant row lock until the batch starts, so of two
 batches that each fit the limit alone but not together, exactly one starts and the other fails with
 token_limit_exceeded. Without the lock both read the other's tokens as not yet enqueued and both start."""
 

@@ -206,7 +206,7 @@ def test_cancel_while_validating_discards_shards_and_a_running_one_publishes_not
 
 
 def test_cancel_while_validating_charges_the_finished_shards_toward_the_spend_cap(tenant, eager, monkeypatch, on_flush):
-    """Issue 21 item 5: a tenant cannot run GPU work for free by cancelling (or spoiling) a batch after its first
+    """A tenant cannot run GPU work for free by cancelling (or spoiling) a batch after its first
     shards ran early. The finished shard's ledger row is written, marked discarded, and the spend cap counts it."""
     from decimal import Decimal
 

@@ -29,7 +29,7 @@ from tests.e2e.helpers import read_jsonl, submit, tensor_lines
 FULL = os.environ.get("CHAOS_FULL", "") not in ("", "0")
 RESULTS_DIR = Path(os.environ.get("CHAOS_RESULTS_DIR", REPO_ROOT / "var" / "chaos"))
 
-# Targets (issue 8) and the bounds the tests assert: 3× the target, times the host's contention measured in the
+# Targets and the bounds the tests assert: 3× the target, times the host's contention measured in the
 # scenario (contention(): ~1 when idle), for a shared, noisy 2-core machine. The measured figures, not the
 # bounds, go to docs/RELIABILITY.md.
 WORKER_RESCUE_TARGET_S = 15.0  # a killed worker's shards run again within

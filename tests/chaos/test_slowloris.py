@@ -1,4 +1,4 @@
-"""Slowloris against the proxy (issue 21 item 10): the chaos stack with the shipped nginx.conf in front of its
+"""Slowloris against the proxy: the chaos stack with the shipped nginx.conf in front of its
 gunicorn (deploy/local/proxy.py). While a victim tenant's batch runs and the victim polls the API through nginx,
 an attacker holds 200 slow connections open (full profile: 1,000): half send their header one byte every few
 seconds and reconnect when dropped, half send valid headers and then a JSON body a byte at a time before going

@@ -1,4 +1,4 @@
-"""A hostile tenant against the real stack (issue 21 item 10): while a victim tenant's batch runs and the victim
+"""A hostile tenant against the real stack: while a victim tenant's batch runs and the victim
 polls the API, an abuser floods uploads, sends files larger than its storage quota, multipart bodies where
 only JSON is parsed, files of malformed lines, more batches than its quota allows, a cancel storm and a rerun
 loop over its own batches, and guesses the victim's batch and file ids.

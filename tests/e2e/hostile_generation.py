@@ -1,4 +1,4 @@
-"""The generation part of the end-to-end hostile corpus (issue 20 item 8): tinylm chat-completions bodies the
+"""The generation part of the end-to-end hostile corpus: tinylm chat-completions bodies the
 chat kind refuses, each a valid body with one thing changed, with the field (`param`) and code its 400 line
 must name. The parse-level corpus (tests/kinds/test_generation_hostile.py) has more cases against a test
 tokenizer; these run against the served model's own tokenizer and context (256), through a worker.

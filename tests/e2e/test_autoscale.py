@@ -1,4 +1,4 @@
-"""The fleet follows the work, with real processes (issue: scale the fleet with the work, item 6).
+"""The fleet follows the work, with real processes.
 
 The local runner in orchestrator mode (deploy/local/orchestrator.py) starts with one tritonserver and
 follows `batch_fleet_desired_servers{pool="default"}` from the control plane's /metrics, as KEDA would.
@@ -262,7 +262,7 @@ def test_servers_follow_a_flood_out_and_back_in(scaled):
         f"backlog_drained_s={results['backlog_drained_s']} extra_servers_removed_s={results['extra_servers_removed_s']} "
         f"scale_in_s={results['scale_in_s']} failed=0"
     )
-    # The order of events, not a wall-clock window (issue 24: on a loaded 2-core host the window's figure moves with
+    # The order of events, not a wall-clock window (on a loaded 2-core host the window's figure moves with
     # the load, as the drain time of 47.6 s against a 40 s window did once): a server was added and served a line
     # before the backlog drained and before the extra servers went. Which of those two comes first is not fixed:
     # the need falls with the backlog, so the fleet may shrink while the tail runs on the server that stays (each

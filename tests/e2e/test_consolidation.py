@@ -1,4 +1,4 @@
-"""Consolidation on real tritonservers (issue 23): a large model's batch completes only because another
+"""Consolidation on real tritonservers: a large model's batch completes only because another
 model's instance was moved make-before-break to make room, with 0 failed lines during the move.
 
 Two servers with one declared 256 MiB GPU each. Something else holds 100 MiB of triton0's GPU and the small

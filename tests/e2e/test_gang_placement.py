@@ -1,4 +1,4 @@
-"""A tensor-parallel generation model placed as a gang on real tritonservers (issue 20 item 7).
+"""A tensor-parallel generation model placed as a gang on real tritonservers.
 
 build_engines maps a model's ``tensor_parallel_size`` k to the catalogue's ``gpus_per_instance`` k
 (emit_generation.py). Here tinylm is declared a 2-way tensor-parallel model of 300 MiB per GPU, on a fleet

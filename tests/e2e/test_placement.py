@@ -1,4 +1,4 @@
-"""Placement follows demand across three real tritonserver processes (issue: fleet and placement).
+"""Placement follows demand across three real tritonserver processes.
 
 Three servers with declared GPUs (256 MiB each; the models are declared at 64 MiB per instance), a flood
 of batches for model A, then for model B. Placements must follow each shift while it runs, never exceed a

@@ -1,4 +1,4 @@
-"""The storage quota's reservation of a batch's results (files/quota.py; issue 21 item 5): validation estimates the
+"""The storage quota's reservation of a batch's results (files/quota.py): validation estimates the
 output size (kinds/base.EndpointKind.output_bytes_estimate; embeddings: lines × dimensions) and, under the tenant
 row lock, refuses a batch that does not fit or passes BATCH_MAX_OUTPUT_BYTES, else reserves the bytes until the
 batch ends and its result files count instead. Uploads see the reserved bytes as used."""

@@ -1,4 +1,4 @@
-"""Worked examples for consolidation (fleet/placement/consolidation.py), the fleet issue 23 describes: four 80 GB GPUs,
+"""Worked examples for consolidation (fleet/placement/consolidation.py) on a fleet of four 80 GB GPUs,
 each holding busy small models with 30 GB free, and a large model that fits on none of them."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Property tests for consolidation (fleet/placement/consolidation.py): room for a large model, made by moving other
 models' instances make-before-break.
 
-Fleets here are what issue 23 describes: GPUs of 80 units each holding a few busy small models with some
+Fleets here are those consolidation is for: GPUs of 80 units each holding a few busy small models with some
 room left, and one large model (one GPU, or a gang of 2 on one server) that fits on no GPU as things stand.
 Small models are busy without a throughput estimate, so the planner keeps their size and the only changes
 a plan can make are the large model's placement and the moves for it. Memory is in GiB-like integer units.

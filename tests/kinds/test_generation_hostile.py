@@ -1,4 +1,4 @@
-"""Every bad body of issue 20 item 8 and more: each is one line error naming the field (`param`) with a stable
+"""Every bad generation body the chat kind refuses: each is one line error naming the field (`param`) with a stable
 code, rendered as OpenAI's error body. Each case is a valid body with one thing changed, so a case passes only
 for the reason it names."""
 

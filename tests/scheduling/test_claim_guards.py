@@ -1,4 +1,4 @@
-"""The production claim's guards, each caught on its own (issue 24): the claim never waits on a shard row that
+"""The production claim's guards, each caught on its own: the claim never waits on a shard row that
 another transaction holds (``skip_locked=True`` in scheduling/claims.py), and the claim's UPDATE takes only a
 shard that is still pending (the ``status`` guard in batches/shards.shard_claim_selected). Removing either
 guard alone fails one of these tests."""

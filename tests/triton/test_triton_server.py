@@ -56,7 +56,7 @@ def test_model_missing_from_repository_cannot_load(triton_client: TritonClient) 
 
 
 def test_not_loaded_model_is_transient(triton_client: TritonClient) -> None:
-    # Never loaded in this session: a placement state the caller fixes with ensure_loaded, not a tenant error.
+    # Never loaded on this server: a placement state the caller fixes with ensure_loaded, not a tenant error.
     with pytest.raises(ModelNotLoadedError):
         triton_client.infer("no_such_model", {"INPUT0": np.ones((1, 1), dtype=np.float32)}, ["OUTPUT0"])
 

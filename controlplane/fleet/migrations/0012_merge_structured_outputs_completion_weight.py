@@ -1,4 +1,4 @@
-# Two 0011 migrations of one session (structured_outputs, tinylm's measured completion_weight) meet here.
+# Two 0011 migrations (structured_outputs, tinylm's measured completion_weight) meet here.
 
 from django.db import migrations
 

@@ -92,7 +92,7 @@ class Engine:
         # requests in turn, so each is asked every ceil(in flight / batch) intervals: 0.8 s for the 128 a shard
         # keeps in flight, inside the second a cancel is allowed. Triton's is_cancelled is an IPC round trip
         # through the stub's and the server's threads: asked of every request every 50 ms, 512 in flight, it
-        # held the engine thread 45% of the wall time on a loaded host (docs/PERFORMANCE.md, session 14).
+        # held the engine thread 45% of the wall time on a loaded host (docs/PERFORMANCE.md).
         self.cancel_poll_s = cancel_poll_s
         self.cancel_poll_batch = cancel_poll_batch
         self._next_cancel_poll = 0.0
