@@ -7,8 +7,8 @@ class BatchesConfig(AppConfig):
 
     def ready(self) -> None:
         # Fleet sits below the batch pipeline and reads shard facts only through this port (fleet/work.py).
-        from controlplane.batches.file_use import BatchFileUse
-        from controlplane.batches.work_facts import ShardWork
+        from controlplane.batches.results.file_use import BatchFileUse
+        from controlplane.batches.run.work_facts import ShardWork
         from controlplane.files.in_use import file_user_register
         from controlplane.fleet.work import work_source_register
 

@@ -40,6 +40,9 @@ ACTIVE_STATUSES = (
     BatchStatus.FINALIZING,
     BatchStatus.CANCELLING,
 )
+# The batches whose shards run: a validating batch's too, unseen until its file proves valid
+# (batches/intake/early_dispatch.py).
+RUNNABLE_BATCH_STATUSES = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)
 
 
 class StopReason(models.TextChoices):

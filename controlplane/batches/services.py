@@ -6,27 +6,28 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.conf import settings
 from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
 from controlplane.batches.intake.admission import batch_admit, batch_admit_validated
 from controlplane.batches.intake.early_dispatch import (
-    EarlyShards,
     ValidationSuperseded,
     shard_rows,
     shards_discard,
     validation_attempt_begin,
 )
-from controlplane.batches.intake.validation import BatchColumns, validate_input
-from controlplane.batches.intake.validation_deadline import DeadlineStream, ValidationDeadlinePassed, attempt_stop_at
+from controlplane.batches.intake.validation_deadline import ValidationDeadlinePassed
+from controlplane.batches.intake.verdict import (
+    CheckedInput,
+    batch_input_check,
+    batch_validation_fail,
+    validation_error_entry,
+)
 from controlplane.batches.intake.windows import parse_completion_window
 from controlplane.batches.models import Batch, BatchStatus, Shard, StopReason
 from controlplane.batches.run.shards import shards_skip_pending
-from controlplane.batches.selectors import batch_input_name
 from controlplane.batches.transitions import (
     batch_cancel_validating,
-    batch_fail,
     batch_start,
     batch_stop_running,
     event_record,
@@ -36,9 +37,8 @@ from controlplane.core.errors import Conflict, ValidationFailed
 from controlplane.core.jsontext import bad_text
 from controlplane.files.lifecycle import expires_after_parse
 from controlplane.files.quota import storage_reserve
-from controlplane.files.selectors import file_batch_input_get, file_storage_name
-from controlplane.files.storage import blob_delete, blob_open, blob_save
-from controlplane.kinds.registry import KINDS, endpoint_urls, kind_for
+from controlplane.files.selectors import file_batch_input_get
+from controlplane.kinds.registry import KINDS, endpoint_urls
 from controlplane.tenants.models import Tenant
 from controlplane.usage.services import batch_origin_record
 
@@ -135,7 +135,9 @@ def batch_validate(*, batch_id: str) -> None:
     attributes = {"batch.id": batch.id, "validation.attempt": attempt}
     with tracing.batch_span("batch.validate", traceparent=batch.trace_parent, attributes=attributes) as span:
         try:
-            _batch_validate_input(batch, attempt)
+            checked = batch_input_check(batch, attempt)
+            if checked is not None:
+                _batch_start_validated(batch, attempt, checked)
         except ValidationSuperseded:
             logger.info("batch=%s validation attempt %s superseded", batch.id, attempt)
         except ValidationDeadlinePassed:
@@ -154,68 +156,10 @@ def batch_validate(*, batch_id: str) -> None:
             )
 
 
-def validation_error_entry(batch_id: str, what_happened: str) -> dict[str, Any]:
-    """The one error of a batch whose validation gave no verdict on its lines."""
-    return {
-        "code": "validation_error",
-        "param": None,
-        "line": None,
-        "message": (
-            f"{what_happened}; no result was kept or charged. "
-            f"Create the batch again; if this repeats, report batch {batch_id}."
-        ),
-    }
-
-
-def _batch_validate_input(batch: Batch, attempt: int) -> None:
-    # file_delete refuses a live batch's input; this catches a delete that raced the batch's create.
-    if file_storage_name(tenant_id=batch.tenant_id, file_id=batch.input_file_id) is None:
-        batch_validation_fail(
-            batch,
-            [
-                {
-                    "code": "file_not_found",
-                    "message": "The input file was deleted.",
-                    "param": "input_file_id",
-                    "line": None,
-                }
-            ],
-            attempt=attempt,
-        )
-        return
-    early = EarlyShards(batch_id=batch.id, attempt=attempt)
-    columns = BatchColumns(
-        kind=kind_for(batch.endpoint), batch_id=batch.id, attempt=attempt, save=blob_save, delete=blob_delete
-    )
-    stop_at = attempt_stop_at(batch_id=batch.id, created_at=batch.created_at)
-    with blob_open(batch_input_name(batch)) as stream:
-        result = validate_input(
-            DeadlineStream(stream, stop_at=stop_at),  # type: ignore[arg-type]  # readline is all it reads
-            endpoint=batch.endpoint,
-            max_line_bytes=settings.BATCH_MAX_LINE_BYTES,
-            max_lines=settings.BATCH_MAX_LINES,
-            shard_lines=settings.SHARD_MAX_LINES,
-            shard_bytes=settings.SHARD_MAX_BYTES,
-            shard_seconds=settings.SCHEDULER_SHARD_SECONDS,
-            min_shard_lines=settings.SCHEDULER_SHARD_MIN_LINES,
-            on_shard=early if settings.BATCH_EARLY_DISPATCH else None,
-            columns_for=columns if settings.BATCH_SHARD_COLUMNS else None,
-        )
-    if not result.ok:
-        errors = result.errors
-        if result.error_count > len(errors):
-            errors = [
-                *errors,
-                {
-                    "code": "more_errors",
-                    "param": None,
-                    "line": None,
-                    "message": f"{result.error_count - len(errors)} more errors not listed.",
-                },
-            ]
-        batch_validation_fail(batch, errors, attempt=attempt)
-        columns.discard()
-        return
+def _batch_start_validated(batch: Batch, attempt: int, checked: CheckedInput) -> None:
+    """Admit the valid input against the tenant's limits and start the batch with all its shards, in one
+    transaction; a refusal fails it."""
+    result, early, columns = checked.result, checked.early, checked.columns
     now = timezone.now()
     with transaction.atomic():
         # The batch row first (NO KEY UPDATE, as batch_start's own UPDATE takes), then the tenant's: the order of
@@ -267,21 +211,6 @@ def _batch_validate_input(batch: Batch, attempt: int) -> None:
     if refused is not None:
         batch_validation_fail(batch, [refused], attempt=attempt)
         columns.discard()
-
-
-def batch_validation_fail(batch: Batch, errors: list[dict[str, Any]], *, attempt: int | None = None) -> None:
-    """Fail a validating batch (only as its current validation ``attempt``, when given); the shards that
-    ran while it validated go with it, those that finished charged (batches/intake/early_dispatch.py)."""
-    with transaction.atomic():
-        if batch_fail(batch_id=batch.id, errors=errors, attempt=attempt, now=timezone.now()):
-            shards_discard(batch_id=batch.id, charge=True)
-        else:
-            return
-    # Each line-numbered error becomes an event of the validation span (when it is traced).
-    line_errors = tracing.current_line_errors()
-    for error in errors:
-        line_errors.add(line=error.get("line") or 0, code=str(error.get("code")), message=str(error.get("message")))
-    line_errors.close()
 
 
 def batch_cancel(*, batch: Batch) -> Batch:

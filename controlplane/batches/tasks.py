@@ -10,8 +10,9 @@ from celery import shared_task
 from django.db import InterfaceError, OperationalError
 from django.utils import timezone
 
-from controlplane.batches import retention, services, validation_rescue
-from controlplane.batches.results import finalize, rerun_input
+from controlplane.batches import services
+from controlplane.batches.intake import validation_rescue
+from controlplane.batches.results import finalize, rerun_input, retention
 from controlplane.batches.run import shards
 from controlplane.core.logs import log_context_bind
 from controlplane.files.storage_gc import orphans_collect
@@ -61,7 +62,7 @@ def batches_expire_task() -> int:
     return len(services.batches_expire())
 
 
-# Data lifecycle (batches/retention.py; files' expiry and orphan collection are files/retention.py,
+# Data lifecycle (batches/results/retention.py; files' expiry and orphan collection are files/retention.py,
 # files/storage_gc.py, the expiry task files/tasks.py): each run is bounded; the next goes on.
 @shared_task(name="batches.history_prune")
 def history_prune_task() -> dict[str, int]:

@@ -11,8 +11,7 @@ from typing import Any
 from django.db.models import Count, Min, Q, Sum
 from django.db.models.functions import Coalesce
 
-from controlplane.batches.models import SHARD_OPEN_STATUSES, Shard, ShardStatus
-from controlplane.batches.run.shards import RUNNABLE_BATCH_STATUSES
+from controlplane.batches.models import RUNNABLE_BATCH_STATUSES, SHARD_OPEN_STATUSES, Shard, ShardStatus
 from controlplane.fleet.models import CatalogueModel
 from controlplane.scheduling import policy
 from controlplane.scheduling.models import Slot, SlotState, TenantShare

@@ -12,8 +12,7 @@ from django.conf import settings
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum
 from django.utils import timezone
 
-from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
-from controlplane.batches.run.shards import RUNNABLE_BATCH_STATUSES
+from controlplane.batches.models import RUNNABLE_BATCH_STATUSES, Batch, BatchStatus, Shard, ShardStatus
 from controlplane.fleet.models import CatalogueModel
 from controlplane.fleet.selectors import fleet_is_managed, model_ready_instances
 from controlplane.scheduling import policy

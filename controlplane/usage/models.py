@@ -2,7 +2,7 @@
 capacity the compute seconds are attributed from (controlplane/usage/attribution.py).
 
 Batches and shards are named by id, not by foreign key: the ledger is what was charged, and it outlives
-the batch history that retention prunes (batches/retention.py)."""
+the batch history that retention prunes (batches/results/retention.py)."""
 
 from __future__ import annotations
 

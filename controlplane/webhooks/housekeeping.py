@@ -8,7 +8,7 @@
   WEBHOOK_LOG_RETENTION_DAYS go with their attempt log, then the events no delivery refers to any more.
 
 Both are bounded per run and delete or update in small chunks, each its own short statement, like
-batches/retention.py."""
+batches/results/retention.py."""
 
 from __future__ import annotations
 

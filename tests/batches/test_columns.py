@@ -14,11 +14,12 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from controlplane.batches import services
+from controlplane.batches.intake import verdict
 from controlplane.batches.intake.quickcheck import FastLane
 from controlplane.batches.intake.requests import ModelResolver
 from controlplane.batches.intake.validation import BatchColumns
 from controlplane.batches.models import Batch, BatchStatus, Shard
-from controlplane.batches.retention import parts_collect
+from controlplane.batches.results.retention import parts_collect
 from controlplane.batches.run import execution
 from controlplane.core import dispatch
 from controlplane.files.models import File
@@ -326,7 +327,7 @@ def test_a_file_with_an_error_writes_no_columns_after_it(tenant, quiet, monkeypa
         saved.append(name)
         return blob_save(name, content)
 
-    monkeypatch.setattr(services, "blob_save", counting_save)
+    monkeypatch.setattr(verdict, "blob_save", counting_save)
     bad = {"custom_id": "bad", "method": "GET", "url": "/v2/infer", "body": {"model": "identity"}}  # envelope
     batch = _validated(tenant, [*_lines(20)[:4], bad, *_lines(20)[5:]])  # one good shard, then the error
     assert batch.status == BatchStatus.FAILED

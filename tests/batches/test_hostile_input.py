@@ -15,6 +15,7 @@ import pytest
 from django.db import OperationalError
 
 from controlplane.batches import services
+from controlplane.batches.intake import verdict
 from controlplane.batches.intake.requests import ModelResolver, parse_line
 from controlplane.batches.intake.validation import ValidationResult, validate_input
 from controlplane.batches.models import Batch, BatchStatus, Shard
@@ -370,7 +371,7 @@ def test_an_unexpected_failure_fails_the_batch_with_validation_error(api, catalo
     def explode(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(services, "validate_input", explode)
+    monkeypatch.setattr(verdict, "validate_input", explode)
     services.batch_validate(batch_id=batch_id)
     batch = Batch.objects.get(id=batch_id)
     assert batch.status == BatchStatus.FAILED
@@ -384,7 +385,7 @@ def test_a_lost_database_connection_is_raised_for_a_retry(api, catalogue, no_bro
     def lost(*args: Any, **kwargs: Any) -> Any:
         raise OperationalError("server closed the connection unexpectedly")
 
-    monkeypatch.setattr(services, "validate_input", lost)
+    monkeypatch.setattr(verdict, "validate_input", lost)
     with pytest.raises(OperationalError):
         services.batch_validate(batch_id=batch_id)
     assert Batch.objects.get(id=batch_id).status == BatchStatus.VALIDATING

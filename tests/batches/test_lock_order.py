@@ -12,6 +12,7 @@ import threading
 import pytest
 
 from controlplane.batches import services
+from controlplane.batches.intake import verdict
 from controlplane.batches.models import Batch, BatchStatus
 from controlplane.core import dispatch
 from controlplane.tenants.models import Tenant
@@ -34,7 +35,7 @@ def test_validation_takes_the_batch_row_before_the_tenant_row_as_a_cancel_does(t
 
     # Validation stops after reading the file, before its verdict's transaction, until the "cancel" holds the row.
     read, held = threading.Event(), threading.Event()
-    validate_input = services.validate_input
+    validate_input = verdict.validate_input
 
     def reading_then_waiting(*args, **kwargs):
         result = validate_input(*args, **kwargs)
@@ -42,7 +43,7 @@ def test_validation_takes_the_batch_row_before_the_tenant_row_as_a_cancel_does(t
         assert held.wait(GIVE_UP_SECONDS)
         return result
 
-    monkeypatch.setattr(services, "validate_input", reading_then_waiting)
+    monkeypatch.setattr(verdict, "validate_input", reading_then_waiting)
     errors: list[BaseException] = []
 
     def validate() -> None:

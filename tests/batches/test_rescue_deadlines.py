@@ -11,7 +11,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from controlplane.batches import services, tasks, validation_rescue
+from controlplane.batches import services, tasks
+from controlplane.batches.intake import validation_rescue, verdict
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard, ShardStatus
 from controlplane.batches.results.finalize import batches_finalize_stuck
 from controlplane.core import dispatch
@@ -216,8 +217,8 @@ def test_a_validation_stops_itself_at_its_deadline_so_no_retry_runs_beside_it(te
     # attempt's own. 2 s, stopping a tenth early; 40 lines at 0.1 s each would take 4 s.
     settings.BATCH_VALIDATION_DEADLINE_SECONDS = 2
     batch = _create(tenant, _lines(40))
-    real_open = services.blob_open
-    monkeypatch.setattr(services, "blob_open", lambda name: _SlowStream(real_open(name), 0.1))
+    real_open = verdict.blob_open
+    monkeypatch.setattr(verdict, "blob_open", lambda name: _SlowStream(real_open(name), 0.1))
     started = time.monotonic()
     services.batch_validate(batch_id=batch.id)
     assert time.monotonic() - started < 2.5
@@ -225,7 +226,7 @@ def test_a_validation_stops_itself_at_its_deadline_so_no_retry_runs_beside_it(te
     # At the rescuer's deadline nothing is running any more; it retries, and the retry completes the batch.
     _age(batch)
     assert validation_rescue.batches_validation_rescue() == [batch.id]
-    monkeypatch.setattr(services, "blob_open", real_open)
+    monkeypatch.setattr(verdict, "blob_open", real_open)
     services.batch_validate(batch_id=batch.id)
     batch = Batch.objects.get(id=batch.id)
     assert batch.status == BatchStatus.IN_PROGRESS and batch.total_lines == 40

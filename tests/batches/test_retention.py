@@ -1,4 +1,4 @@
-"""The batch pipeline's data lifecycle sweeps (batches/retention.py: history pruning, part blobs of ended
+"""The batch pipeline's data lifecycle sweeps (batches/results/retention.py: history pruning, part blobs of ended
 batches) and beat's lifecycle tasks, called as beat calls them (tests/sweeps.py)."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from controlplane.batches import retention, tasks
+from controlplane.batches import tasks
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard
+from controlplane.batches.results import retention
 from controlplane.files import tasks as files_tasks
 from controlplane.files.models import File
 from tests.batches.helpers import upload

@@ -1,4 +1,4 @@
-"""What the shard table tells fleet (batches/work_facts.py): the demand and backlog the planner and the
+"""What the shard table tells fleet (batches/run/work_facts.py): the demand and backlog the planner and the
 fleet-size loop read count every shard the scheduler may claim, including the early-dispatched shards of a
 batch still validating (batches/intake/early_dispatch.py)."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
-from controlplane.batches.work_facts import ShardWork
+from controlplane.batches.run.work_facts import ShardWork
 from controlplane.core import dispatch
 from tests.batches.helpers import jsonl, tensor_line, upload
 

@@ -1,5 +1,5 @@
 """File expiry (files/retention.py), called as beat calls it; the batch pipeline's inputs and results come from
-batches run for real (tests/sweeps.py), so the in-use hook it asks is the registered one (batches/file_use.py)."""
+batches run for real (tests/sweeps.py), so the in-use hook it asks is the registered one (batches/results/file_use.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The orphan collector (files/storage_gc.py) on local storage, with the batch pipeline's part blobs named by its
-registered hook (batches/file_use.py); batches are run for real (tests/sweeps.py). On S3: test_storage_gc_s3.py."""
+registered hook (batches/results/file_use.py); batches are run for real (tests/sweeps.py). On S3: test_storage_gc_s3.py."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from controlplane.batches import retention
 from controlplane.batches.models import Shard
+from controlplane.batches.results import retention
 from controlplane.files import storage_gc
 from controlplane.files.models import File
 from controlplane.files.storage import blob_save

@@ -11,7 +11,7 @@ time, on one core, with the other idle. Nothing of it shows before the whole fil
   ``in_progress``, so a tenant is never charged for a batch that then fails;
 - if the file turns out invalid, or the batch is cancelled while validating, its shards are deleted with the
   terminal state (``shards_discard``): a running shard's commit and lease renewals then match no row, so it
-  publishes nothing, and its part is deleted (or collected by batches/retention.py's parts_collect). The
+  publishes nothing, and its part is deleted (or collected by batches/results/retention.py's parts_collect). The
   shards that had finished are charged first: ledger rows marked ``discarded`` (the GPU time was spent; the
   spend cap counts them). A superseded attempt is the service's doing and charges nothing;
 - a batch that expires while validating keeps its shards: the pending ones are skipped, a running one stops

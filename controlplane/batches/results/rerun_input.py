@@ -23,9 +23,9 @@ from django.db import InterfaceError, OperationalError
 
 from controlplane.batches.intake.lines import iter_lines, load_json_line
 from controlplane.batches.intake.validation_deadline import DeadlineStream, ValidationDeadlinePassed, attempt_stop_at
+from controlplane.batches.intake.verdict import batch_validation_fail, validation_error_entry
 from controlplane.batches.models import Batch, BatchStatus
 from controlplane.batches.selectors import batch_input_name
-from controlplane.batches.services import batch_validation_fail, validation_error_entry
 from controlplane.batches.transitions import event_record
 from controlplane.core.errors import DomainError
 from controlplane.files.selectors import file_storage_name

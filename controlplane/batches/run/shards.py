@@ -33,9 +33,6 @@ from controlplane.usage.services import usage_record_shard
 
 logger = logging.getLogger(__name__)
 
-# A validating batch's shards run too, unseen until its file proves valid (batches/intake/early_dispatch.py).
-RUNNABLE_BATCH_STATUSES = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)
-
 
 def _lease_until() -> datetime:
     return timezone.now() + timedelta(seconds=settings.SHARD_LEASE_SECONDS)

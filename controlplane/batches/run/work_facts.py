@@ -8,8 +8,7 @@ import re
 from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
-from controlplane.batches.models import Shard, ShardStatus
-from controlplane.batches.run.shards import RUNNABLE_BATCH_STATUSES
+from controlplane.batches.models import RUNNABLE_BATCH_STATUSES, Shard, ShardStatus
 from controlplane.fleet.work import BatchBacklog, Demand
 
 

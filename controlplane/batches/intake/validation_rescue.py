@@ -11,8 +11,8 @@ from django.db.models import Max, Q
 from django.utils import timezone
 
 from controlplane.batches.intake.validation_deadline import VALIDATION_ATTEMPT_EVENTS
+from controlplane.batches.intake.verdict import batch_validation_fail, validation_error_entry
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus
-from controlplane.batches.services import batch_validation_fail, validation_error_entry
 from controlplane.batches.transitions import event_record
 from controlplane.core import dispatch
 

@@ -1,6 +1,6 @@
 """The batch pipeline's data lifecycle sweeps (beat, batches/tasks.py). Files' own sweeps (expiry, orphan
 blobs) are files/retention.py and files/storage_gc.py, which ask the pipeline what it still needs
-(batches/file_use.py).
+(batches/results/file_use.py).
 
 - ``history_prune``: the events and shard rows of batches that ended more than BATCH_RETENTION_DAYS ago;
   the Batch row itself, with its counts and file ids, stays.
