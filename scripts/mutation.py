@@ -108,7 +108,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     ),
     "custom_ids": ("controlplane/batches/intake/custom_ids.py", ["tests/batches/test_custom_ids.py"]),
     "quickcheck": ("controlplane/batches/intake/quickcheck.py", ["tests/batches/test_quickcheck.py"]),
-    "fastparse": ("controlplane/kinds/tensor_fast.py", ["tests/batches/test_fastparse.py"]),
+    "fastparse": ("controlplane/kinds/tensors/fast.py", ["tests/batches/test_fastparse.py"]),
 }
 # Per mutant: a mutant that makes its tests hang (a loop that never ends) counts as killed at this limit. Each
 # test also gets pytest-timeout's limit of ten times its unmutated duration (at least a minute: the host is noisy).

@@ -175,7 +175,7 @@ class Shard(models.Model):
     lease_owner = models.CharField(max_length=200, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     part_name = models.CharField(max_length=500, blank=True, default="")
-    # The arrays validation kept of the shard's lines (kinds/tensor_columns.py); blank: the run parses its lines.
+    # The arrays validation kept of the shard's lines (kinds/tensors/columns.py); blank: the run parses its lines.
     columns_name = models.CharField(max_length=500, blank=True, default="", db_default="")
     # Lines whose envelope is valid but whose body the endpoint kind refused at validation (kinds/base.py,
     # BodyIssue): the run answers them with a 400 each and parses every line of the shard with the checked

@@ -7,7 +7,7 @@ from __future__ import annotations
 from controlplane.kinds.base import EndpointKind
 from controlplane.kinds.embeddings import EmbeddingsKind
 from controlplane.kinds.generation.kind import ChatCompletionsKind, CompletionsKind
-from controlplane.kinds.tensors import TensorKind
+from controlplane.kinds.tensors.kind import TensorKind
 
 KINDS: dict[str, EndpointKind] = {
     kind.url: kind for kind in (EmbeddingsKind(), TensorKind(), ChatCompletionsKind(), CompletionsKind())

@@ -35,7 +35,7 @@ OUTBOX_RELAY_INTERVAL_SECONDS = env_float(
     "OUTBOX_RELAY_INTERVAL_SECONDS", 1.0, help="How often beat retries the outbox's messages whose send failed."
 )
 # Shards run while the rest of their file is validated, invisible until it is valid (batches/intake/early_dispatch.py);
-# tensor shards run from the arrays validation kept of their lines, not from their JSON (kinds/tensor_columns.py).
+# tensor shards run from the arrays validation kept of their lines, not from their JSON (kinds/tensors/columns.py).
 BATCH_EARLY_DISPATCH = env_bool(
     "BATCH_EARLY_DISPATCH", True, help="Shards run while the rest of their input file is still being validated."
 )

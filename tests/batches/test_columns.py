@@ -1,4 +1,4 @@
-"""Shard columns (kinds/tensor_columns.py): the arrays validation keeps of a tensor shard's lines give exactly the
+"""Shard columns (kinds/tensors/columns.py): the arrays validation keeps of a tensor shard's lines give exactly the
 calls the shard's own lines would have given, a shard runs from them to the same output, and anything
 unusable (a line the fast lane left to the checked parse, mixed value types, named outputs, a damaged blob)
 means the lines are parsed as before."""
@@ -25,17 +25,17 @@ from controlplane.core import dispatch
 from controlplane.files.models import File
 from controlplane.files.storage import blob_open, blob_save, blob_storage
 from controlplane.files.storage_gc import orphans_collect
-from controlplane.kinds import tensor_columns as columns_module
 from controlplane.kinds.base import LineIssue
 from controlplane.kinds.registry import kind_for
-from controlplane.kinds.tensor_columns import (
+from controlplane.kinds.tensors import columns as columns_module
+from controlplane.kinds.tensors.columns import (
     ColumnsUnusable,
     ShardColumns,
     columns_decode,
     columns_encode,
 )
-from controlplane.kinds.tensor_packing import pack_tensors
-from controlplane.kinds.tensor_values import KSERVE_DTYPES
+from controlplane.kinds.tensors.packing import pack_tensors
+from controlplane.kinds.tensors.values import KSERVE_DTYPES
 from tests.batches.helpers import jsonl, parse_accepted, tensor_line, upload
 from tests.batches.test_fastparse import DTYPES, _assert_same_arrays, _model, _values
 from tests.fakes import FakeBackend

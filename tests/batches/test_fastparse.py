@@ -1,5 +1,5 @@
-"""The unchecked parse of validated tensor lines (kinds/tensor_fast.py) gives exactly what the checked parse
-gives (kinds/tensor_requests.py), for every KServe datatype, with and without named outputs, and declines
+"""The unchecked parse of validated tensor lines (kinds/tensors/fast.py) gives exactly what the checked parse
+gives (kinds/tensors/requests.py), for every KServe datatype, with and without named outputs, and declines
 (None) rather than guessing on anything it does not expect."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from controlplane.batches.intake.requests import ModelResolver
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import LineIssue
-from controlplane.kinds.tensor_fast import ValidatedTensorLines
-from controlplane.kinds.tensor_packing import pack_tensors
-from controlplane.kinds.tensor_requests import RawTensorRequest
-from controlplane.kinds.tensor_values import KSERVE_DTYPES
+from controlplane.kinds.tensors.fast import ValidatedTensorLines
+from controlplane.kinds.tensors.packing import pack_tensors
+from controlplane.kinds.tensors.requests import RawTensorRequest
+from controlplane.kinds.tensors.values import KSERVE_DTYPES
 from tests.batches.helpers import parse_accepted
 
 DTYPES = [d for d in KSERVE_DTYPES if d != "BYTES"]
@@ -112,7 +112,7 @@ def shards(draw):
 @settings(max_examples=300, deadline=None)
 @given(shards())
 def test_calls_stacked_from_fast_lines_equal_calls_from_checked_lines(case):
-    """The fast lines' lists become one array per call (tensor_packing._stack_raw): the same values, types and
+    """The fast lines' lists become one array per call (tensors.packing._stack_raw): the same values, types and
     shapes as stacking the checked parse's per-line arrays, whatever mix of ints, floats and bools."""
     model, raws = case
     checked, fast = {}, {}
@@ -233,7 +233,7 @@ def test_a_one_input_line_naming_another_input_is_declined(name):
 def test_big_integers_beside_a_bytes_input_keep_every_digit():
     """Found by the stacking property once input B could be BYTES: a line with a BYTES input keeps one array per
     input, and its integer input was cast from numpy's float64 inference, so 2**63 + 1 beside a 0 became 2**63.
-    It is cast as the checked parse casts now (tensor_values.exact_integers)."""
+    It is cast as the checked parse casts now (tensors.values.exact_integers)."""
     model = _model("UINT64", 2, b_datatype="BYTES")
     body = {
         "model": model.name,

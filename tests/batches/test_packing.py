@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 from controlplane.kinds.base import Member, ParsedLine
 from controlplane.kinds.embeddings import EmbeddingRequest, pack_embeddings
-from controlplane.kinds.tensor_packing import call_rows, pack_tensors, tensor_body
-from controlplane.kinds.tensor_requests import TensorInput, TensorRequest
-from controlplane.kinds.tensor_values import NUMPY_TO_KSERVE
+from controlplane.kinds.tensors.packing import call_rows, pack_tensors, tensor_body
+from controlplane.kinds.tensors.requests import TensorInput, TensorRequest
+from controlplane.kinds.tensors.values import NUMPY_TO_KSERVE
 
 
 def _emb(texts: list[str]) -> dict[int, ParsedLine]:

@@ -7,7 +7,7 @@ once more, ~2 ms a line of the shard worker's CPU on tinylm (docs/PERFORMANCE.md
 or refused lines (their BodyIssue) in one blob, written when the shard closes, before its row exists; the run
 loads them (``generation_columns_load``).
 
-Like the tensor kind's columns (kinds/tensor_columns.py), an optimisation, never a source of truth the run
+Like the tensor kind's columns (kinds/tensors/columns.py), an optimisation, never a source of truth the run
 depends on: a shard without columns (``Shard.columns_name`` blank: validated before this existed, or columns
 off), or whose blob is missing, unreadable or not this shard's and model's, parses its lines as before (logged).
 The blob shares the tensor columns' name and lifecycle (``parts/<batch>/<index>.columns<attempt>.bin``, deleted
@@ -34,7 +34,7 @@ from controlplane.kinds.base import BodyIssue, ParsedLine
 from controlplane.kinds.generation.bodies import GenerationRequest
 from controlplane.kinds.generation.fields import ResponseFormat
 from controlplane.kinds.generation.units import GenerationLine
-from controlplane.kinds.tensor_columns import ColumnsUnusable, columns_name
+from controlplane.kinds.tensors.columns import ColumnsUnusable, columns_name
 
 __all__ = ["GenerationColumnCollector", "generation_columns_decode", "generation_columns_load"]
 

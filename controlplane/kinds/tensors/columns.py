@@ -10,7 +10,7 @@ shard took ~20 ms of the shard worker's CPU, loading its columns ~1 ms (docs/PER
 Columns are an optimisation, never a source of truth the run depends on:
 - a shard gets columns only when every one of its lines went through the fast lane, named no outputs, had
   the same non-batch dims, and every value of each input had one Python type; the arrays are then cast
-  exactly as tensor_packing._stack_raw casts a call (``tensor_values.stack_values``), which property tests hold equal to
+  exactly as packing._stack_raw casts a call (``values.stack_values``), which property tests hold equal to
   the checked parse, line by line. Anything else leaves the shard without columns (``Shard.columns_name``
   blank) and it parses its lines as before;
 - a worker that cannot use a shard's columns (missing, unreadable, not matching the shard or the pinned
@@ -34,7 +34,7 @@ import orjson
 from controlplane.files.storage import blob_open
 from controlplane.fleet.models import CatalogueModel, ModelKind
 from controlplane.kinds.base import Call, Member, ParsedLine
-from controlplane.kinds.tensor_values import KSERVE_DTYPES, stack_values
+from controlplane.kinds.tensors.values import KSERVE_DTYPES, stack_values
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class ShardColumns(NamedTuple):
     inputs: dict[str, np.ndarray]  # stacked along the batch dimension, in the model's input order
 
     def calls(self, max_batch_size: int, output_names: list[str]) -> list[Call]:
-        """Consecutive lines up to ``max_batch_size`` rows per call: the calls tensor_packing.pack_tensors makes of
+        """Consecutive lines up to ``max_batch_size`` rows per call: the calls packing.pack_tensors makes of
         the same lines (one signature, line order)."""
         calls: list[Call] = []
         members: list[Member] = []

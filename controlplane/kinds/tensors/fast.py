@@ -1,10 +1,10 @@
 """Parsing a line that validation already accepted, without checking it again.
 
-Validation (batches/intake/validation.py) reads every line once with every check (kinds/tensor_requests.py), against
+Validation (batches/intake/validation.py) reads every line once with every check (kinds/tensors/requests.py), against
 the catalogue entry the batch pins (batches/intake/pinning.py); the input file cannot change after upload. A
 shard therefore re-reads only what it needs to build Triton calls: orjson instead of json, none of the
 range checks, and numeric inputs kept as the JSON's lists (a RawTensorRequest) so that packing casts one
-array per call rather than one per line (tensor_packing._stack_raw). The hot-path profile (docs/PERFORMANCE.md)
+array per call rather than one per line (packing._stack_raw). The hot-path profile (docs/PERFORMANCE.md)
 had the checked parse at ~37 % of a worker's busy time on identity lines, then the per-line arrays of
 this parse at ~18 %.
 
@@ -23,8 +23,8 @@ import orjson
 
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import ParsedLine
-from controlplane.kinds.tensor_requests import RawTensorRequest, Signature, TensorInput, TensorRequest
-from controlplane.kinds.tensor_values import cast_exactly
+from controlplane.kinds.tensors.requests import RawTensorRequest, Signature, TensorInput, TensorRequest
+from controlplane.kinds.tensors.values import cast_exactly
 
 _DIMS = itemgetter(slice(1, None))  # a shape's non-batch dims
 

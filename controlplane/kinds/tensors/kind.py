@@ -1,10 +1,8 @@
 """The generic tensor kind, ``/v2/infer``: a KServe v2 inference request (plus "model") as a line's body, for
 any Triton model in the catalogue, so non-text models can be batched too. Work units are rows.
 
-Its modules: tensor_requests.py (the checked parse of a body), tensor_values.py (datatypes and casts),
-tensor_quick.py (validation's fast lane), tensor_fast.py (re-reading validated lines at run time),
-tensor_columns.py (arrays validation keeps so a shard parses no JSON), tensor_packing.py (stacking lines
-into calls and cutting outputs back into KServe v2 responses)."""
+The modules of this package it binds to the endpoint-kind interface (kinds/base.py) are listed in its
+``__init__``."""
 
 from __future__ import annotations
 
@@ -16,11 +14,11 @@ import numpy as np
 from controlplane.fleet.models import CatalogueModel, ModelKind
 from controlplane.kinds.base import Call, LedgerUnits, LineOutput, Member, ParsedLine, TokenCounts
 from controlplane.kinds.calls import CallKind
-from controlplane.kinds.tensor_columns import ColumnCollector, columns_load
-from controlplane.kinds.tensor_fast import ValidatedTensorLines
-from controlplane.kinds.tensor_packing import call_rows, pack_tensors, tensor_body
-from controlplane.kinds.tensor_quick import TensorQuickLane
-from controlplane.kinds.tensor_requests import RawTensorRequest, TensorRequest, tensor_request_parse
+from controlplane.kinds.tensors.columns import ColumnCollector, columns_load
+from controlplane.kinds.tensors.fast import ValidatedTensorLines
+from controlplane.kinds.tensors.packing import call_rows, pack_tensors, tensor_body
+from controlplane.kinds.tensors.quick import TensorQuickLane
+from controlplane.kinds.tensors.requests import RawTensorRequest, TensorRequest, tensor_request_parse
 
 
 class TensorKind(CallKind):

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from controlplane.kinds.base import Call, Member, ParsedLine
-from controlplane.kinds.tensor_requests import RawTensorRequest, TensorRequest
-from controlplane.kinds.tensor_values import NUMPY_TO_KSERVE, stack_values
+from controlplane.kinds.tensors.requests import RawTensorRequest, TensorRequest
+from controlplane.kinds.tensors.values import NUMPY_TO_KSERVE, stack_values
 
 
 def pack_tensors(lines: dict[int, ParsedLine], max_batch_size: int) -> list[Call]:

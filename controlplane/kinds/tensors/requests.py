@@ -1,4 +1,4 @@
-"""A ``/v2/infer`` line's body → its typed request (kinds/tensors.py is the kind): a KServe v2 inference
+"""A ``/v2/infer`` line's body → its typed request (kinds/tensors/kind.py is the kind): a KServe v2 inference
 request, every input checked against the catalogue entry's specs and every value against its datatype."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 from controlplane.core.errors import quote
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import BodyIssue
-from controlplane.kinds.tensor_values import cast_exactly, tensor_array
+from controlplane.kinds.tensors.values import cast_exactly, tensor_array
 
 # (name, datatype, non-batch dims) per input, then ("outputs", names, ()): lines that share one stack.
 Signature = tuple[tuple[str, str, tuple[int, ...]], ...]
@@ -44,8 +44,8 @@ class TensorRequest:
 
 
 class RawTensorRequest(NamedTuple):
-    """A validated tensor line's inputs as its JSON gave them (kinds/tensor_fast.py): the values are cast
-    when the line's call is stacked (tensor_packing.pack_tensors), one array per call instead of one per line.
+    """A validated tensor line's inputs as its JSON gave them (kinds/tensors/fast.py): the values are cast
+    when the line's call is stacked (packing.pack_tensors), one array per call instead of one per line.
     ``arrays()`` gives what the checked parse would have built for this line alone."""
 
     key: Signature  # what signature() answers: computed once, at parse
@@ -60,7 +60,7 @@ class RawTensorRequest(NamedTuple):
         return self.key
 
     def arrays(self) -> tuple[np.ndarray, ...]:
-        # Inferred first, then cast, exactly as the checked parse does (tensor_values.tensor_array).
+        # Inferred first, then cast, exactly as the checked parse does (values.tensor_array).
         return tuple(
             cast_exactly(values, datatype, shape)
             for values, datatype, shape in zip(self.values, self.datatypes, self.shapes, strict=True)

@@ -1,5 +1,5 @@
 """Validation's fast lane for a tensor body (batches/intake/quickcheck.py runs the envelope's part): the rows a
-well-formed body asks for, checked by the same rules as the checked parse (kinds/tensor_requests.py) in plain
+well-formed body asks for, checked by the same rules as the checked parse (kinds/tensors/requests.py) in plain
 Python over orjson's parse, or None whenever a body is unusual (nested data, a BOOL tensor, a float in an
 integer tensor, an integer past 64 bits): then the checked parse decides. It never refuses a body itself."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from controlplane.fleet.models import CatalogueModel
-from controlplane.kinds.tensor_values import KSERVE_DTYPES
+from controlplane.kinds.tensors.values import KSERVE_DTYPES
 
 # orjson reads an integer literal past 64 bits as a float, where the checked parse keeps it exact (and refuses
 # it in a tensor): a float value this large leaves for the checked parse (a float literal that large, rare,
@@ -91,7 +91,7 @@ def _input_rows(item: dict[str, Any], spec: dict[str, Any], max_batch_size: int)
 
 
 def _limits(datatype: str) -> tuple[str, float, float]:
-    """(kind, lowest, highest) of the values the checked parse takes for ``datatype`` (tensor_values.tensor_array)."""
+    """(kind, lowest, highest) of the values the checked parse takes for ``datatype`` (values.tensor_array)."""
     target = np.dtype(KSERVE_DTYPES[datatype])
     if target.kind == "f":
         limit = float(np.finfo(target).max)
@@ -109,7 +109,7 @@ _LIMITS = {datatype: _limits(datatype) for datatype in KSERVE_DTYPES if datatype
 
 
 def _values_fit(data: list[Any], datatype: str) -> bool:
-    """Every value a plain scalar the checked parse would take for ``datatype`` (tensor_values.tensor_array)."""
+    """Every value a plain scalar the checked parse would take for ``datatype`` (values.tensor_array)."""
     if datatype == "BYTES":
         return all(type(v) is str for v in data)
     kind, low, high = _LIMITS[datatype]
