@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.utils import timezone
@@ -20,22 +20,29 @@ _LAST_USED_RESOLUTION = timedelta(minutes=1)
 REQUEST_RATE_ATTR = "api_request_rate"
 
 
+def usable_api_key(header: str, now: datetime) -> ApiKey:
+    """The usable key an ``Authorization: Bearer`` header names (its tenant loaded), or AuthenticationFailed.
+    Reads only: the API's authentication below records the request, the edge's check (views.py) does not."""
+    scheme, _, raw_key = header.partition(" ")
+    if scheme.lower() != "bearer" or not raw_key.strip():
+        raise exceptions.AuthenticationFailed("Use 'Authorization: Bearer <api key>'.")
+    key = ApiKey.objects.select_related("tenant").filter(key_hash=hash_api_key(raw_key.strip())).first()
+    if key is None or not key.tenant.is_active:
+        raise exceptions.AuthenticationFailed("Incorrect API key provided.")
+    # Naming the reason leaks nothing: only the holder of the key's secret can reach this line.
+    reason = key.unusable_reason(now)
+    if reason is not None:
+        raise exceptions.AuthenticationFailed(f"{reason} Use another key.")
+    return key
+
+
 class ApiKeyAuthentication(authentication.BaseAuthentication):
     def authenticate(self, request: Any) -> tuple[Tenant, ApiKey] | None:
         header = authentication.get_authorization_header(request).decode(errors="replace")
         if not header:
             return None
-        scheme, _, raw_key = header.partition(" ")
-        if scheme.lower() != "bearer" or not raw_key.strip():
-            raise exceptions.AuthenticationFailed("Use 'Authorization: Bearer <api key>'.")
-        key = ApiKey.objects.select_related("tenant").filter(key_hash=hash_api_key(raw_key.strip())).first()
-        if key is None or not key.tenant.is_active:
-            raise exceptions.AuthenticationFailed("Incorrect API key provided.")
         now = timezone.now()
-        # Naming the reason leaks nothing: only the holder of the key's secret can reach this line.
-        reason = key.unusable_reason(now)
-        if reason is not None:
-            raise exceptions.AuthenticationFailed(f"{reason} Use another key.")
+        key = usable_api_key(header, now)
         # Counted here, so every authenticated API request is, whatever the view; over the limit is a 429.
         rate = api_request_record(api_key=key, now=now)
         setattr(request._request, REQUEST_RATE_ATTR, rate)

@@ -30,6 +30,7 @@ _TENANT_LISTEN = "listen 8080;"
 _FLEET_LISTEN = "listen 8081;"
 _MIME_TYPES = "include /etc/nginx/mime.types;"
 _STORAGE_ALIAS = "alias /var/lib/controlplane/storage/;"
+_TRUSTED_PROXIES = "include /etc/nginx/trusted-proxies/*.conf;"
 _POD_TMP = " /tmp/"  # the pid file and the temporary paths (the pod's emptyDir)
 
 # nginx's types for what the internal blob location serves (result files; everything else is the file's
@@ -61,6 +62,7 @@ def nginx_conf_render(
         (_TENANT_LISTEN, f"listen 127.0.0.1:{port};"),
         (_FLEET_LISTEN, f"listen 127.0.0.1:{fleet_port};"),
         (_MIME_TYPES, f"include {directory / 'mime.types'};"),
+        (_TRUSTED_PROXIES, f"include {directory / 'trusted-proxies'}/*.conf;"),
         (_STORAGE_ALIAS, f"alias {storage_root}/;"),
     ]
     for old, new in replacements:
@@ -92,6 +94,8 @@ class LocalProxy:
     # Its workers run as nobody when it is started as root: every parent of this directory must let them through
     # (the default, a fresh directory in /tmp, does; a pytest tmp_path, in a 0700 directory, does not).
     directory: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="nginx-")))
+    # Addresses whose X-Forwarded-For nginx believes (the deployments' trusted-proxies/*.conf): none by default.
+    trusted_proxies: tuple[str, ...] = ()
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     @property
@@ -109,6 +113,12 @@ class LocalProxy:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.directory.chmod(0o755)
         (self.directory / "mime.types").write_text(_LOCAL_MIME_TYPES)
+        trusted = self.directory / "trusted-proxies"
+        trusted.mkdir(exist_ok=True)
+        if self.trusted_proxies:
+            lines = [f"set_real_ip_from {address};" for address in self.trusted_proxies]
+            lines += ["real_ip_header X-Forwarded-For;", "real_ip_recursive on;"]
+            (trusted / "local.conf").write_text("\n".join(lines) + "\n")
         conf = self.directory / "nginx.conf"
         conf.write_text(
             nginx_conf_render(

@@ -6,8 +6,12 @@ Two kinds of slow client, on one asyncio loop so hundreds cost one thread:
   stop. nginx's ``client_header_timeout`` bounds the whole header, counted from the connection.
 - ``body``: complete, valid headers of a JSON POST with a Content-Length, then a few body bytes, one every few
   seconds, then silence. nginx's ``client_body_timeout`` bounds the pause between two reads of the body.
+- ``upload``: the headers of an authenticated 1 GiB upload (POST /v1/files), then a byte every few seconds.
+  nginx lets a bounded number of uploads in at once (nginx.conf's uploads budget) and answers the rest 429.
 Each connection records when it opened, when it last sent a byte and when it saw the proxy close it (EOF or a
-reset), and whatever the proxy answered before closing."""
+reset), and whatever the proxy answered before closing. Each slow client connects from its own loopback address
+(127.10.0.0/16 and up), as an attack from many hosts does: the proxy's per-address connection limit would
+otherwise answer most of them 429 at once (that limit's own test: tests/deploy/test_edge_limits.py)."""
 
 from __future__ import annotations
 
@@ -46,6 +50,7 @@ class Attack:
     body_drips: int
     # How long to wait, past a connection's timeout, for the proxy to close it before recording it as open.
     give_up_after_s: float
+    upload_clients: int = 0
 
     def run(self, header_timeout_s: float, body_timeout_s: float) -> list[SlowConnection]:
         return asyncio.run(self._run(header_timeout_s, body_timeout_s))
@@ -61,7 +66,11 @@ class Attack:
             asyncio.create_task(self._headers(i, header_timeout_s + self.give_up_after_s, stop, done))
             for i in range(self.header_clients)
         ]
-        await asyncio.gather(*bodies)
+        uploads = [
+            asyncio.create_task(self._upload(i, body_timeout_s + self.give_up_after_s, done))
+            for i in range(self.upload_clients)
+        ]
+        await asyncio.gather(*bodies, *uploads)
         stop.set()  # the header clients finish the connection they hold and stop reconnecting
         await asyncio.gather(*headers)
         return done
@@ -77,7 +86,7 @@ class Attack:
         while not stop.is_set():
             request_id = f"slowloris-h{index}-{attempt}"
             drip = b"X-Slowloris: " + b"a" * 10_000  # never the blank line that ends the header
-            done.append(await self._slow("header", request_id, self._head("GET", request_id), drip, wait_s))
+            done.append(await self._slow("header", request_id, self._head("GET", request_id), drip, wait_s, index))
             attempt += 1
 
     async def _body(self, index: int, wait_s: float, done: list[SlowConnection]) -> None:
@@ -87,13 +96,24 @@ class Attack:
             self._head("POST", request_id)
             + (f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
         )
-        done.append(await self._slow("body", request_id, head, body[: self.body_drips], wait_s))
+        done.append(await self._slow("body", request_id, head, body[: self.body_drips], wait_s, index))
 
-    async def _slow(self, kind: str, request_id: str, head: bytes, drip: bytes, wait_s: float) -> SlowConnection:
+    async def _upload(self, index: int, wait_s: float, done: list[SlowConnection]) -> None:
+        request_id = f"trickle-u{index}"  # its key check reaches gunicorn (nginx's auth subrequest), its body not
+        head = (
+            f"POST /v1/files HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\nAuthorization: Bearer {self.api_key}\r\n"
+            f"X-Request-Id: {request_id}\r\nContent-Type: multipart/form-data; boundary=x\r\n"
+            f"Content-Length: {1024**3}\r\n\r\n"
+        ).encode()
+        done.append(await self._slow("upload", request_id, head, b"--x\r\n"[: self.body_drips], wait_s, index))
+
+    async def _slow(
+        self, kind: str, request_id: str, head: bytes, drip: bytes, wait_s: float, index: int = 0
+    ) -> SlowConnection:
         # Stamped before the connect and before each write, never after: with hundreds of connections on one
         # loop on a busy host, the loop may resume here late, and a late stamp would make nginx's close look early.
         started = time.monotonic()
-        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.port, local_addr=(source(kind, index), 0))
         conn = SlowConnection(kind, request_id, opened=started, last_sent=started)
         reading = asyncio.create_task(_read_until_closed(reader, conn))
         try:
@@ -117,6 +137,15 @@ class Attack:
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
         return conn
+
+
+_KIND_NETWORKS = {"header": 10, "body": 11, "upload": 12}
+
+
+def source(kind: str, index: int) -> str:
+    """The loopback address slow client ``index`` of ``kind`` connects from: one of its own (Linux routes all of
+    127.0.0.0/8 to lo)."""
+    return f"127.{_KIND_NETWORKS[kind]}.{index // 250}.{index % 250 + 1}"
 
 
 async def _read_until_closed(reader: asyncio.StreamReader, conn: SlowConnection) -> None:

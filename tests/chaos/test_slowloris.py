@@ -39,6 +39,8 @@ API_P99_TARGET_S = 1.0
 # the host: this target, times MARGIN and the contention, is the bound.
 CLOSE_SLACK_TARGET_S = 1.0
 SLOW_CLIENTS = 1000 if FULL else 200
+# Clients trickling a 1 GiB upload each: past nginx's uploads budget, the rest are answered 429 at once.
+UPLOAD_CLIENTS = 20
 DRIP_INTERVAL_S = 2.0  # "one byte every few seconds": under both timeouts, so no single pause trips them
 BODY_DRIPS = 6 if FULL else 3
 VICTIM_LINES = 3000 if FULL else 1000
@@ -70,9 +72,18 @@ def _http_setting(proxy: LocalProxy, name: str) -> str:
     return directive[1]
 
 
+def _upload_location(proxy: LocalProxy) -> list[Any]:
+    """The body of the upload location (POST /v1/files) of the file nginx runs."""
+    [http] = nginx_directives(nginx_parse((proxy.directory / "nginx.conf").read_text()), "http")
+    locations = [d for s in nginx_directives(http[-1], "server") for d in nginx_directives(s[-1], "location")]
+    [upload] = [d[-1] for d in locations if d[1:3] == ["=", "/v1/files"]]
+    return upload
+
+
 def _oversize_upload(proxy: LocalProxy, api_key: str) -> bytes:
     """Headers of an upload one byte over the proxy's limit, and what comes back before any body byte is sent."""
-    length = nginx_size(_http_setting(proxy, "client_max_body_size")) + 1
+    [limit] = nginx_directives(_upload_location(proxy), "client_max_body_size")
+    length = nginx_size(limit[1]) + 1
     head = (
         f"POST /v1/files HTTP/1.1\r\nHost: 127.0.0.1:{proxy.port}\r\nAuthorization: Bearer {api_key}\r\n"
         f"X-Request-Id: oversize-through-nginx\r\nContent-Type: multipart/form-data; boundary=x\r\n"
@@ -125,6 +136,7 @@ def test_slow_clients_are_cut_by_nginx_and_never_reach_gunicorn(chaos, proxy, re
         drip_interval_s=DRIP_INTERVAL_S,
         body_drips=BODY_DRIPS,
         give_up_after_s=30,
+        upload_clients=UPLOAD_CLIENTS,
     )
     with PortWatch(chaos.stack.web_port) as gunicorn:
         probe.start()
@@ -179,8 +191,14 @@ def test_slow_clients_are_cut_by_nginx_and_never_reach_gunicorn(chaos, proxy, re
     # its timeout: the configured timeout is what ended it, within the slack.
     still_open = [c.request_id for c in connections if c.closed is None]
     assert not still_open, f"nginx left {len(still_open)} slow connections open: {still_open[:5]}"
-    answered = [(c.request_id, c.answer[:40]) for c in connections if c.answer]
+    answered = [(c.request_id, c.answer[:40]) for c in connections if c.answer and c.kind != "upload"]
     assert not answered, f"nginx answered slow clients: {answered[:5]}"
+    # The trickled uploads: as many as the uploads budget let in were read until their body timed out, unanswered;
+    # every other one was answered 429 from its headers (no temporary file, no gunicorn thread).
+    budget = int(next(d[2] for d in nginx_directives(_upload_location(proxy), "limit_conn") if d[1] == "uploads_total"))
+    uploads = [c for c in connections if c.kind == "upload"]
+    refused = [c for c in uploads if c.answer.startswith(b"HTTP/1.1 429 ")]
+    assert len(refused) >= UPLOAD_CLIENTS - budget and all(c.answer == b"" for c in uploads if c not in refused)
     assert len(body_late) == SLOW_CLIENTS // 2 and len(header_late) >= SLOW_CLIENTS // 2
     slack = CLOSE_SLACK_TARGET_S * MARGIN * figures.contention
     for kind, late in (("header", header_late), ("body", body_late)):
@@ -193,8 +211,9 @@ def test_slow_clients_are_cut_by_nginx_and_never_reach_gunicorn(chaos, proxy, re
     assert VICTIM_REQUEST_ID in web_log
     assert "slowloris-" not in web_log, "a slow client's request reached gunicorn"
     assert gunicorn.peaks["attack"] <= GUNICORN_THREADS, gunicorn.peaks
-    # The upload over the limit: nginx's own 413 page, from the headers, and nothing of it in gunicorn's log.
-    assert oversize.startswith(b"HTTP/1.1 413 ") and b"<center>nginx</center>" in oversize, oversize[:200]
+    # The upload over the limit: nginx's own 413 (in the API's error shape), from the headers, and nothing of it
+    # in gunicorn's log but its key check.
+    assert oversize.startswith(b"HTTP/1.1 413 ") and b'"request_too_large"' in oversize, oversize[:200]
     assert "oversize-through-nginx" not in web_log
     # The victim's latency through nginx under the attack: the target times the margin and this host's measured
     # contention, or, where the host's own noise is worse, the victim's quiet-phase p99 times the margin.

@@ -35,6 +35,7 @@ def test_only_addresses_and_paths_differ_from_the_shipped_file(tmp_path):
     assert changed == {
         ("pid /tmp/nginx.pid;", f"pid {local}/nginx.pid;"),
         ("include /etc/nginx/mime.types;", f"include {local}/mime.types;"),
+        ("include /etc/nginx/trusted-proxies/*.conf;", f"include {local}/trusted-proxies/*.conf;"),
         *{(f"{name} /tmp/nginx-{d};", f"{name} {local}/nginx-{d};") for name, d in _TEMP_PATHS},
         ("server web:8000;", "server 127.0.0.1:18000;"),
         ("listen 8080;", "listen 127.0.0.1:18080;"),
@@ -97,7 +98,7 @@ def test_the_running_proxy_answers_as_the_deployments_do(tmp_path):
         [limit] = nginx_directives(http[-1], "client_max_body_size")
         with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as client:
             length = nginx_size(limit[1]) + 1
-            client.sendall(f"POST /v1/files HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {length}\r\n\r\n".encode())
+            client.sendall(f"POST /v1/batches HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {length}\r\n\r\n".encode())
             assert client.recv(64).startswith(b"HTTP/1.1 413 ")
         log = proxy.log_path
     assert "client intended to send too large body" in log.read_text()
