@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from controlplane.core.logs import gunicorn_logconfig_dict
+from controlplane.core.observability.logs import gunicorn_logconfig_dict
 
 # gunicorn's own lines (start-up, worker boots and timeouts) in LOG_FORMAT too: with json, every line of
-# the web log is one JSON object, like the application's (controlplane/core/logs.py).
+# the web log is one JSON object, like the application's (controlplane/core/observability/logs.py).
 logconfig_dict = gunicorn_logconfig_dict(os.environ.get("LOG_FORMAT", "text")) or {}
 
 

@@ -44,7 +44,7 @@ def span_cpu_us(calls: int = 2000) -> tuple[float, float]:
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-    from controlplane.core import tracing
+    from controlplane.core.observability import tracing
 
     class Encoding(SpanExporter):
         def export(self, spans):  # type: ignore[no-untyped-def]

@@ -20,9 +20,9 @@ from celery.signals import (
 )
 from celery.worker.consumer import Consumer
 
-from controlplane.core.database import connections_tidy
-from controlplane.core.gc_tuning import gc_tune_for_throughput
-from controlplane.core.logs import celery_logger_format, task_log_context_end, task_log_context_start
+from controlplane.core.observability.logs import celery_logger_format, task_log_context_end, task_log_context_start
+from controlplane.core.workers.database import connections_tidy
+from controlplane.core.workers.gc_tuning import gc_tune_for_throughput
 from controlplane.metrics.worker import worker_metrics_serve, worker_process_gone
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
@@ -56,15 +56,15 @@ class BrokerRestartTolerantConsumer(Consumer):
                 transport.client = client
 
 
-# Every task's class: a beat message that a later run of its job has superseded is skipped (core/beat.py).
-app = Celery("controlplane", task_cls="controlplane.core.beat:BeatAwareTask")
+# Every task's class: a beat message that a later run of its job has superseded is skipped (core/messaging/beat.py).
+app = Celery("controlplane", task_cls="controlplane.core.messaging.beat:BeatAwareTask")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.worker_consumer = f"{__name__}:{BrokerRestartTolerantConsumer.__name__}"
 app.autodiscover_tasks()
 # WORKER_METRICS_PORT: each worker serves its own /metrics (controlplane/metrics/worker.py).
 celeryd_init.connect(worker_metrics_serve, weak=False)
 worker_process_shutdown.connect(worker_process_gone, weak=False)
-# Structured logs (controlplane/core/logs.py): Celery's handlers use LOG_FORMAT; each task binds its own ids.
+# Structured logs (controlplane/core/observability/logs.py): Celery's handlers use LOG_FORMAT; each task binds its own ids.
 after_setup_logger.connect(celery_logger_format, weak=False)
 after_setup_task_logger.connect(celery_logger_format, weak=False)
 task_prerun.connect(task_log_context_start, weak=False)
@@ -72,7 +72,7 @@ task_postrun.connect(task_log_context_end, weak=False)
 # A task keeps its thread's database connection, within Django's rules (settings.CELERY_DB_REUSE_MAX).
 task_prerun.connect(connections_tidy, weak=False)
 task_postrun.connect(connections_tidy, weak=False)
-# Start-up objects frozen out of the collector's walks, fewer young collections (core/gc_tuning.py).
+# Start-up objects frozen out of the collector's walks, fewer young collections (core/workers/gc_tuning.py).
 worker_init.connect(gc_tune_for_throughput, weak=False)
 worker_process_init.connect(gc_tune_for_throughput, weak=False)
 

@@ -70,9 +70,9 @@ urlpatterns = [
 ]
 
 # Errors outside DRF's views (no route matched, a crash in middleware) in OpenAI's shape under /v1/.
-handler400 = "controlplane.core.http_errors.bad_request"
-handler404 = "controlplane.core.http_errors.not_found"
-handler500 = "controlplane.core.http_errors.server_error"
+handler400 = "controlplane.core.http.error_pages.bad_request"
+handler404 = "controlplane.core.http.error_pages.not_found"
+handler500 = "controlplane.core.http.error_pages.server_error"
 
 if settings.SERVE_STATIC:
     # The local stack has no web server in front of gunicorn; serve the admin's CSS/JS from the apps.

@@ -192,7 +192,7 @@ def tracing_to(receiver: OtlpReceiver, **options: Any) -> Iterator[None]:
     """This process traces into ``receiver`` through the real OTLP/HTTP exporter, every span sent as it ends."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    from controlplane.core import tracing
+    from controlplane.core.observability import tracing
 
     exporter = OTLPSpanExporter(endpoint=f"{receiver.endpoint}/v1/traces")
     tracing.tracing_configure(service_name="controlplane-test", exporter=exporter, batched=False, **options)

@@ -9,7 +9,7 @@ from typing import Any
 
 from controlplane.batches import services
 from controlplane.batches.models import Batch, Shard
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.files.models import File
 from controlplane.files.storage import blob_storage
 from controlplane.tenants.models import Tenant

@@ -61,7 +61,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def fuzz_tenant(tenant, monkeypatch):
-    from controlplane.core import dispatch
+    from controlplane.core.messaging import dispatch
 
     # A created batch's validate message goes nowhere: the HTTP answers are under test here.
     monkeypatch.setattr(dispatch, "send", lambda task_name, args: None)

@@ -13,8 +13,8 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.files.uploadhandler import FileUploadHandler
 
 from controlplane.batches.services import metadata_validate
-from controlplane.core.errors import PayloadTooLarge, ValidationFailed
-from controlplane.core.parsers import LimitedJSONParser
+from controlplane.core.http.errors import PayloadTooLarge, ValidationFailed
+from controlplane.core.http.parsers import LimitedJSONParser
 from tests.batches.helpers import embedding_line, jsonl
 
 pytestmark = pytest.mark.django_db
@@ -199,7 +199,7 @@ def test_a_format_query_parameter_is_ignored(api):
 
 
 def test_errors_outside_drf_keep_the_shape_only_under_v1(rf):
-    from controlplane.core import http_errors
+    from controlplane.core.http import error_pages as http_errors
 
     api_error = http_errors.server_error(rf.get("/v1/files"))
     assert api_error.status_code == 500 and json.loads(api_error.content)["error"]["type"] == "server_error"

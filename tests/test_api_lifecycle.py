@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from controlplane.batches import services as batch_services
 from controlplane.batches.models import Batch, BatchStatus, Shard
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.files.models import File
 from controlplane.files.uploads import SizeLimitUploadHandler
 from tests.batches.helpers import embedding_line, jsonl
@@ -296,7 +296,7 @@ class TestStorageQuota:
         first stored, refuses it, and deletes the blob it had stored."""
         import io
 
-        from controlplane.core.errors import QuotaExceeded
+        from controlplane.core.http.errors import QuotaExceeded
         from controlplane.files.services import file_create
 
         tenant.storage_quota_bytes = len(CONTENT) + 10

@@ -1,4 +1,4 @@
-"""Idempotency-Key on POST /v1/files and POST /v1/batches (controlplane/core/idempotency.py)."""
+"""Idempotency-Key on POST /v1/files and POST /v1/batches (controlplane/core/http/idempotency.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from rest_framework.test import APIClient
 
 from controlplane.batches import services as batch_services
 from controlplane.batches.models import Batch
-from controlplane.core import dispatch
-from controlplane.core.idempotency import idempotency_records_prune
+from controlplane.core.http.idempotency import idempotency_records_prune
+from controlplane.core.messaging import dispatch
 from controlplane.core.models import IdempotencyRecord
 from controlplane.files.models import File
 from tests.batches.helpers import embedding_line, jsonl

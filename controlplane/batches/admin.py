@@ -12,7 +12,7 @@ from controlplane.batches.results.rerun import batch_rerun_failed
 from controlplane.batches.run.shards import shard_requeue
 from controlplane.batches.services import batch_cancel
 from controlplane.core.audit import AuditedAdmin
-from controlplane.core.errors import DomainError
+from controlplane.core.http.errors import DomainError
 from controlplane.tenants.models import Priority
 from controlplane.usage.selectors import batch_cost
 

@@ -88,7 +88,7 @@ class Batch(models.Model):
     # OpenAI's output_expires_after (anchor created_at): seconds after which the output and error files
     # expire; null keeps them until the tenant deletes them.
     output_expires_after = models.PositiveIntegerField(null=True, blank=True)
-    # The W3C traceparent of the batch's create span (core/tracing.py): every later stage, in whatever process,
+    # The W3C traceparent of the batch's create span (core/observability/tracing.py): every later stage, in whatever process,
     # opens its span under it, so the batch is one trace. Empty when tracing was off at create.
     trace_parent = models.CharField(max_length=64, blank=True, default="", db_default="")
     # The batch whose failed lines this batch re-runs (batches.rerun.batch_rerun_failed), if any.

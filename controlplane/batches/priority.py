@@ -3,7 +3,7 @@ batches (pausing a tenant lives in tenants.services, pausing a model in fleet.se
 own rows); the admin's queue page (scheduling) and the batch admin both call it.
 
 Each such action commits its change with an audit row (a BatchEvent, the tenant's TenantEvent, or a PlacementEvent
-for a catalogue model) and then asks the dispatcher for a top-up (core.dispatch, sent after commit), so
+for a catalogue model) and then asks the dispatcher for a top-up (core.messaging.dispatch, sent after commit), so
 the change takes effect at once instead of at the next beat. For a pause the top-up creates nothing (a
 paused tenant's or model's shards are not runnable), but one rule for every action is simpler than
 deciding per action, and a top-up costs one message."""
@@ -16,8 +16,8 @@ from django.db import transaction
 
 from controlplane.batches.models import Batch, BatchStatus
 from controlplane.batches.transitions import event_record
-from controlplane.core import dispatch
-from controlplane.core.errors import Conflict, NotFound, ValidationFailed
+from controlplane.core.http.errors import Conflict, NotFound, ValidationFailed
+from controlplane.core.messaging import dispatch
 from controlplane.tenants.models import Priority
 
 logger = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ from datetime import datetime
 from typing import Any
 
 from controlplane.batches.models import Batch, BatchStatus, StopReason
-from controlplane.core.tracing import trace_id_of
+from controlplane.core.observability.tracing import trace_id_of
 from controlplane.usage.selectors import Amount, batch_cost
 
 

@@ -1,7 +1,7 @@
-"""``/v1/batches``: the request serializers the views validate with (core/input.py) and the OpenAPI
+"""``/v1/batches``: the request serializers the views validate with (core/http/input.py) and the OpenAPI
 description built from them.
 
-The response serializers only document: ``BatchSerializer`` mirrors ``render.batch_render`` (core/openapi.py
+The response serializers only document: ``BatchSerializer`` mirrors ``render.batch_render`` (core/http/openapi.py
 says why), and the fuzz test checks real responses against it."""
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from rest_framework import serializers
 from controlplane.batches import services
 from controlplane.batches.intake.windows import parse_completion_window
 from controlplane.batches.models import BatchStatus, Endpoint
-from controlplane.core.idempotency import HEADER as IDEMPOTENCY_HEADER
-from controlplane.core.input import StrictCharField, strict_choice
-from controlplane.core.openapi import (
+from controlplane.core.http.idempotency import HEADER as IDEMPOTENCY_HEADER
+from controlplane.core.http.input import StrictCharField, strict_choice
+from controlplane.core.http.openapi import (
     IDEMPOTENCY_KEY,
     REPLAYED,
     RESPONSE_HEADERS,
@@ -34,7 +34,7 @@ from controlplane.core.openapi import (
     path_id,
     response_links_add,
 )
-from controlplane.core.pagination import CursorQuerySerializer
+from controlplane.core.http.pagination import CursorQuerySerializer
 from controlplane.files.lifecycle import EXPIRES_AFTER_MAX_SECONDS, EXPIRES_AFTER_MIN_SECONDS, expires_after_parse
 from controlplane.tenants.models import Priority
 from controlplane.usage.schema import AmountSerializer

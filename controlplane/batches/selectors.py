@@ -4,7 +4,7 @@ from django.db.models import Case, F, PositiveBigIntegerField, QuerySet, Sum, Va
 from django.db.models.functions import Coalesce
 
 from controlplane.batches.models import ACTIVE_STATUSES, Batch, Shard, ShardStatus
-from controlplane.core.errors import NotFound
+from controlplane.core.http.errors import NotFound
 from controlplane.files.selectors import file_storage_name
 from controlplane.tenants.models import Tenant
 

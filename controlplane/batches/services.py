@@ -32,9 +32,10 @@ from controlplane.batches.transitions import (
     batch_stop_running,
     event_record,
 )
-from controlplane.core import dispatch, tracing
-from controlplane.core.errors import Conflict, ValidationFailed
+from controlplane.core.http.errors import Conflict, ValidationFailed
 from controlplane.core.jsontext import bad_text
+from controlplane.core.messaging import dispatch
+from controlplane.core.observability import tracing
 from controlplane.files.lifecycle import expires_after_parse
 from controlplane.files.quota import storage_reserve
 from controlplane.files.selectors import file_batch_input_get
@@ -89,7 +90,7 @@ def batch_create(
     if not isinstance(input_file_id, str):
         raise ValidationFailed("input_file_id must be a file id string.", param="input_file_id")
     input_file = file_batch_input_get(tenant=tenant, file_id=input_file_id)
-    # The batch's trace starts here (under the request's span when the web is instrumented): core/tracing.py.
+    # The batch's trace starts here (under the request's span when the web is instrumented): core/observability/tracing.py.
     with tracing.span("batch.create", attributes={"tenant.id": tenant.id, "batch.endpoint": endpoint}) as span:
         with transaction.atomic():
             # Lock the tenant row so two concurrent creates cannot both slip under a quota.

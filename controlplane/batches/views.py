@@ -13,10 +13,10 @@ from controlplane.batches.queue_info import batches_queue_info
 from controlplane.batches.render import batch_render
 from controlplane.batches.results.live import batch_results_slice
 from controlplane.batches.results.rerun import batch_rerun_failed
-from controlplane.core.idempotency import idempotency_key, idempotent, json_fingerprint
-from controlplane.core.input import input_validate
-from controlplane.core.negotiation import AnyAccept
-from controlplane.core.pagination import CursorQuerySerializer, cursor_page
+from controlplane.core.http.idempotency import idempotency_key, idempotent, json_fingerprint
+from controlplane.core.http.input import input_validate
+from controlplane.core.http.negotiation import AnyAccept
+from controlplane.core.http.pagination import CursorQuerySerializer, cursor_page
 from controlplane.tenants.auth import request_tenant
 from controlplane.usage.selectors import batch_costs
 

@@ -24,7 +24,7 @@ class OutboxMessageAdmin(AuditedAdmin, admin.ModelAdmin):
 
 @admin.register(BeatRun)
 class BeatRunAdmin(ReadOnlyAdmin, admin.ModelAdmin):
-    """When each beat job last started (core/beat.py): a start minutes older than the job's interval means the
+    """When each beat job last started (core/messaging/beat.py): a start minutes older than the job's interval means the
     control workers are far behind, or beat or every control worker is down."""
 
     list_display = ("name", "started_at")

@@ -23,7 +23,7 @@ class TimestampedModel(models.Model):
 
 
 class IdempotencyRecord(models.Model):
-    """The stored answer to one ``Idempotency-Key`` of a tenant (controlplane/core/idempotency.py).
+    """The stored answer to one ``Idempotency-Key`` of a tenant (controlplane/core/http/idempotency.py).
 
     The tenant is named by string, not imported: core stays the lowest app in Python, only its migration
     depends on tenants. A row exists only committed together with the object its request created."""
@@ -47,7 +47,7 @@ class IdempotencyRecord(models.Model):
 class OutboxMessage(models.Model):
     """A broker message that must not be lost: written in the transaction that makes it necessary, sent
     after commit, deleted once the broker took it. If the broker is down the row stays and the relay
-    (core.outbox_relay, on beat) sends it later (controlplane/core/dispatch.py). Receivers are
+    (core.outbox_relay, on beat) sends it later (controlplane/core/messaging/dispatch.py). Receivers are
     idempotent, so the rare double send (sent, then the delete failed) is harmless."""
 
     task_name = models.CharField(max_length=100)
@@ -95,7 +95,7 @@ class AuditEntry(models.Model):
 
 
 class BeatRun(models.Model):
-    """When a beat job last started (controlplane/core/beat.py): a message of the job sent before that start is
+    """When a beat job last started (controlplane/core/messaging/beat.py): a message of the job sent before that start is
     superseded by it and skipped, so a backlog of beat messages costs one run per job, never none."""
 
     name = models.CharField(max_length=200, primary_key=True)  # the task's name

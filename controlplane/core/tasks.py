@@ -5,8 +5,8 @@ from __future__ import annotations
 from celery import shared_task
 from django.utils import timezone
 
-from controlplane.core import dispatch
-from controlplane.core.idempotency import idempotency_records_prune
+from controlplane.core.http.idempotency import idempotency_records_prune
+from controlplane.core.messaging import dispatch
 
 
 @shared_task(name="core.idempotency_records_prune")

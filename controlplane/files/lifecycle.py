@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from controlplane.core.errors import ValidationFailed, quote
+from controlplane.core.http.errors import ValidationFailed, quote
 from controlplane.files.models import File
 
 # OpenAI's bounds on expires_after.seconds: one hour to 30 days.

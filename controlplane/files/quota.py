@@ -24,7 +24,7 @@ from typing import Any
 
 from django.db.models import Sum
 
-from controlplane.core.errors import PayloadTooLarge, QuotaExceeded
+from controlplane.core.http.errors import PayloadTooLarge, QuotaExceeded
 from controlplane.files.models import File, StorageReservation
 from controlplane.tenants.models import Tenant
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from controlplane.core.errors import Conflict
+from controlplane.core.http.errors import Conflict
 from controlplane.files.in_use import file_users
 from controlplane.files.models import File
 from controlplane.files.services import file_delete

@@ -1,5 +1,5 @@
-"""``/v1/files``: the request serializers the views validate with (core/input.py) and the OpenAPI
-description built from them. The response serializers only document (core/openapi.py says why):
+"""``/v1/files``: the request serializers the views validate with (core/http/input.py) and the OpenAPI
+description built from them. The response serializers only document (core/http/openapi.py says why):
 ``FileSerializer`` mirrors ``render.file_render``, and the fuzz test checks real responses against it."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import serializers
 
-from controlplane.core.input import StrictCharField, strict_choice
-from controlplane.core.openapi import (
+from controlplane.core.http.input import StrictCharField, strict_choice
+from controlplane.core.http.openapi import (
     IDEMPOTENCY_KEY,
     REPLAYED,
     RESPONSE_HEADERS,
@@ -21,7 +21,7 @@ from controlplane.core.openapi import (
     path_id,
     response_links_add,
 )
-from controlplane.core.pagination import CursorQuerySerializer, cursor_limit
+from controlplane.core.http.pagination import CursorQuerySerializer, cursor_limit
 from controlplane.files.lifecycle import EXPIRES_AFTER_MAX_SECONDS, EXPIRES_AFTER_MIN_SECONDS, expires_after_from_form
 from controlplane.files.models import File
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from controlplane.core.errors import NotFound, ValidationFailed
+from controlplane.core.http.errors import NotFound, ValidationFailed
 from controlplane.files.models import File
 from controlplane.tenants.models import Tenant
 

@@ -6,7 +6,7 @@ from typing import IO, cast
 
 from django.db import transaction
 
-from controlplane.core.errors import Conflict, ValidationFailed
+from controlplane.core.http.errors import Conflict, ValidationFailed
 from controlplane.files.in_use import file_in_use
 from controlplane.files.lifecycle import file_expiry_set
 from controlplane.files.linecount import LineCountingReader

@@ -12,12 +12,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.core.errors import PayloadTooLarge
-from controlplane.core.idempotency import idempotency_key, idempotency_key_seen, idempotent, request_fingerprint
-from controlplane.core.input import input_validate
-from controlplane.core.negotiation import AnyAccept
-from controlplane.core.pagination import cursor_page
-from controlplane.core.parsers import LimitedJSONParser, declared_length
+from controlplane.core.http.errors import PayloadTooLarge
+from controlplane.core.http.idempotency import idempotency_key, idempotency_key_seen, idempotent, request_fingerprint
+from controlplane.core.http.input import input_validate
+from controlplane.core.http.negotiation import AnyAccept
+from controlplane.core.http.pagination import cursor_page
+from controlplane.core.http.parsers import LimitedJSONParser, declared_length
 from controlplane.files import schema, selectors, services
 from controlplane.files.quota import StorageRoom, storage_room
 from controlplane.files.render import file_render

@@ -14,8 +14,8 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 
-from controlplane.core import dispatch
 from controlplane.core.audit import AuditedAdmin, ReadOnlyAdmin
+from controlplane.core.messaging import dispatch
 from controlplane.fleet.membership.inventory import server_set_operator_state
 from controlplane.fleet.models import (
     CatalogueModel,

@@ -17,9 +17,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.core import dispatch
-from controlplane.core.errors import DomainError, ValidationFailed
-from controlplane.core.input import input_validate
+from controlplane.core.http.errors import DomainError, ValidationFailed
+from controlplane.core.http.input import input_validate
+from controlplane.core.messaging import dispatch
 from controlplane.fleet.membership.join_leave import DrainStatus, server_drain, server_join
 from controlplane.fleet.render import server_render
 

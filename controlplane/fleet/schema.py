@@ -1,4 +1,4 @@
-"""OpenAPI description of ``/v1/models`` (core/openapi.py says why these serializers only document).
+"""OpenAPI description of ``/v1/models`` (core/http/openapi.py says why these serializers only document).
 
 ``ModelSerializer`` mirrors ``render.model_render``; the fuzz test checks real responses against it."""
 
@@ -9,7 +9,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import serializers
 
-from controlplane.core.openapi import RESPONSE_HEADERS, error_responses, path_id
+from controlplane.core.http.openapi import RESPONSE_HEADERS, error_responses, path_id
 from controlplane.fleet.models import ModelKind
 
 TAGS = ["Models"]

@@ -4,8 +4,8 @@ import logging
 
 from django.db import transaction
 
-from controlplane.core import dispatch
-from controlplane.core.errors import NotFound, ValidationFailed
+from controlplane.core.http.errors import NotFound, ValidationFailed
+from controlplane.core.messaging import dispatch
 from controlplane.fleet.catalogue.seed import SEED
 from controlplane.fleet.models import CatalogueModel, PlacementEvent
 

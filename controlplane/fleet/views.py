@@ -7,7 +7,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.core.errors import NotFound
+from controlplane.core.http.errors import NotFound
 from controlplane.fleet import schema
 from controlplane.fleet.render import model_render
 from controlplane.fleet.selectors import catalogue_model_get, catalogue_models_enabled

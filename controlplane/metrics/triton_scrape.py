@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
-from controlplane.core import metrics
+from controlplane.core.observability import metrics
 from controlplane.fleet.models import ServerState, TritonServer
 from controlplane.triton.client import metrics_text
 

@@ -20,7 +20,7 @@ from django.utils import timezone
 from controlplane.batches.models import Batch
 from controlplane.batches.priority import batch_priority_set
 from controlplane.core.audit import RUN_ACTIONS_PERMISSION, ReadOnlyAdmin, audit_record
-from controlplane.core.errors import DomainError
+from controlplane.core.http.errors import DomainError
 from controlplane.fleet.models import CatalogueModel
 from controlplane.fleet.services import model_set_paused
 from controlplane.scheduling.models import Slot, TenantShare

@@ -15,8 +15,8 @@ from django.conf import settings
 from controlplane.batches.results.finalize import batch_try_finalize
 from controlplane.batches.run.execution import shard_execute
 from controlplane.batches.run.leases import LeaseKeeper
-from controlplane.core.database import when_database_answers
-from controlplane.core.logs import log_context_bind
+from controlplane.core.observability.logs import log_context_bind
+from controlplane.core.workers.database import when_database_answers
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import Backend
 from controlplane.scheduling.call_clock import CallClock
@@ -112,6 +112,6 @@ def shard_run_next(*, model: CatalogueModel, owner: str, backend_factory: Callab
     if outcome in SHARD_CLOSED_OUTCOMES:
         # Finalize runs here, inline in the slot that closed the batch's last shard: its output is assembled at
         # once by a worker already holding the batch's files, with no queue hop. The control queue's
-        # batch_finalize (core/dispatch.py) covers what no slot closes: cancel, expiry, a finalizer that died.
+        # batch_finalize (core/messaging/dispatch.py) covers what no slot closes: cancel, expiry, a finalizer that died.
         batch_try_finalize(batch_id=shard.batch_id)
     return Cycle(outcome, shard.id)

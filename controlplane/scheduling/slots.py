@@ -2,7 +2,7 @@
 and only as many queued as there are runnable shards, so the broker never holds a backlog.
 
 Top-ups happen when a slot ends (it ran its shards and hands its place back), when a batch becomes
-runnable or a shard is rescued (via core.dispatch), when placements change, and on every beat. Each
+runnable or a shard is rescued (via core.messaging.dispatch), when placements change, and on every beat. Each
 top-up holds the model's catalogue row lock, so two top-ups never exceed the cap together."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.batches.run.leases import lease_renew_interval
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.fleet.models import CatalogueModel
 from controlplane.scheduling import selectors
 from controlplane.scheduling.models import Slot, SlotState

@@ -7,7 +7,7 @@ import socket
 
 from celery import shared_task
 
-from controlplane.core.logs import log_context_bind
+from controlplane.core.observability.logs import log_context_bind
 from controlplane.fleet.backend import backend_for_model
 from controlplane.scheduling.runner import slot_run
 from controlplane.scheduling.slots import slots_topup

@@ -16,7 +16,6 @@ from typing import Any
 
 import dj_database_url
 
-from controlplane.core import fs_broker, queues
 from controlplane.core.env import (
     SECRET_KEY_FILENAME,
     env_bool,
@@ -26,6 +25,7 @@ from controlplane.core.env import (
     env_secret_key,
     env_str,
 )
+from controlplane.core.messaging import fs_broker, queues
 from controlplane.settings.batches import *  # noqa: F403
 from controlplane.settings.batches import (
     BATCH_RETENTION_INTERVAL_SECONDS,
@@ -96,8 +96,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "controlplane.core.request_log.RequestLogMiddleware",  # request id + batch id on every log line (logs.py)
-    "controlplane.core.middleware.RejectNulMiddleware",  # ?after=%00 is a 400, not a Postgres error
+    "controlplane.core.http.request_log.RequestLogMiddleware",  # request id + batch id on every log line (logs.py)
+    "controlplane.core.http.middleware.RejectNulMiddleware",  # ?after=%00 is a 400, not a Postgres error
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -179,8 +179,8 @@ REST_FRAMEWORK = {
     # JSON only (API_MAX_JSON_BYTES, no 500 on hostile JSON). Multipart is parsed by POST /v1/files alone
     # (files/views.py), under FILE_MAX_BYTES and the storage quota: a global multipart parser let any endpoint
     # spool a body of any size to a temporary file before its 400. Anything else is a 415, unread.
-    "DEFAULT_PARSER_CLASSES": ["controlplane.core.parsers.LimitedJSONParser"],
-    "EXCEPTION_HANDLER": "controlplane.core.errors.api_exception_handler",
+    "DEFAULT_PARSER_CLASSES": ["controlplane.core.http.parsers.LimitedJSONParser"],
+    "EXCEPTION_HANDLER": "controlplane.core.http.errors.api_exception_handler",
     "UNAUTHENTICATED_USER": None,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     # `?format=` is no API parameter: DRF would answer `?format=csv` on any endpoint with a 404.
@@ -202,7 +202,7 @@ _broker_key_prefix = env_str(
     "CELERY_BROKER_KEY_PREFIX", "", help="Prefix of the broker's Redis keys: stacks sharing one Redis stay apart."
 )
 if CELERY_BROKER_URL.startswith("filesystem://"):
-    # kombu's filesystem transport, whose message files are never read half-written (core/fs_broker.py).
+    # kombu's filesystem transport, whose message files are never read half-written (core/messaging/fs_broker.py).
     CELERY_BROKER_TRANSPORT = fs_broker.TRANSPORT
     CELERY_BROKER_TRANSPORT_OPTIONS = fs_broker.transport_options(_broker_dir)
 else:
@@ -219,7 +219,7 @@ CELERY_TASK_IGNORE_RESULT = True
 # Celery's Django fixup closes every database connection before and after each task unless this is set, so each
 # task (a beat tick: ~4 a second) would open a new Postgres connection, a backend fork. Set, a task keeps its thread's
 # connection as a request does: Django's own rules decide before and after each task (CONN_MAX_AGE, the health
-# check, a connection left in error; core/database.py, connections_tidy). The fixup still closes them after
+# check, a connection left in error; core/workers/database.py, connections_tidy). The fixup still closes them after
 # this many tasks of a process, a bound on nothing that matters here.
 CELERY_DB_REUSE_MAX = 1000
 CELERY_TASK_ACKS_LATE = True
@@ -296,7 +296,7 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     },
 }
 # Beat stamps each message with an expiry; a worker skips a message that a later run of its job has superseded
-# (controlplane/core/beat.py says why, and how the sent time is read off the expiry). The expiry itself only bounds
+# (controlplane/core/messaging/beat.py says why, and how the sent time is read off the expiry). The expiry itself only bounds
 # the queue a stopped control worker finds when it comes back: an hour of sends, each skipped in a few ms. It is far
 # longer than any interval on purpose: expiring a message after its own interval would drop every message once the
 # queue is longer than that, and housekeeping would stop altogether.

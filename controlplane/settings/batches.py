@@ -15,7 +15,7 @@ API_MAX_JSON_BYTES = env_int(
     "API_MAX_JSON_BYTES", 1024 * 1024, minimum=1, help="Largest JSON request body (413 above)."
 )
 BATCH_MAX_LINES = env_int("BATCH_MAX_LINES", 5_000_000, minimum=1, help="Most requests (lines) in one batch.")
-# Idempotency-Key on POST /v1/files and /v1/batches (core/idempotency.py); a key lives 24 h, as at OpenAI and Stripe.
+# Idempotency-Key on POST /v1/files and /v1/batches (core/http/idempotency.py); a key lives 24 h, as at OpenAI and Stripe.
 IDEMPOTENCY_KEY_TTL_SECONDS = env_int(
     "IDEMPOTENCY_KEY_TTL_SECONDS", 24 * 3600, minimum=1, help="How long an Idempotency-Key's answer is replayed."
 )

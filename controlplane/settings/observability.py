@@ -7,8 +7,8 @@ where METRICS_DB_GAUGES=1: one deployment only. A Celery worker with WORKER_METR
 
 from __future__ import annotations
 
-from controlplane.core import logs
 from controlplane.core.env import env_bool, env_choice, env_declare, env_int, env_str
+from controlplane.core.observability import logs
 
 METRICS_TOKEN = env_str("METRICS_TOKEN", "", help="The bearer token /metrics requires; empty: no /metrics (404).")
 METRICS_DB_GAUGES = env_bool(
@@ -17,7 +17,7 @@ METRICS_DB_GAUGES = env_bool(
 WORKER_METRICS_PORT = env_int(
     "WORKER_METRICS_PORT", 0, minimum=0, help="Port of a Celery worker's own /metrics (no token); 0: none."
 )
-# Read by prometheus_client as it is imported, before settings exist (controlplane/core/metrics.py).
+# Read by prometheus_client as it is imported, before settings exist (controlplane/core/observability/metrics.py).
 env_declare(
     "PROMETHEUS_MULTIPROC_DIR",
     "",
@@ -31,7 +31,7 @@ LOG_FORMAT = env_choice(
 LOGGING = logs.logging_config(
     log_format=LOG_FORMAT, level=env_str("LOG_LEVEL", "INFO", help="Level of the root logger (DEBUG, INFO, ...).")
 )
-# Read by core/logs.py when a formatter is made, which gunicorn does before Django's settings load.
+# Read by core/observability/logs.py when a formatter is made, which gunicorn does before Django's settings load.
 env_declare(
     "LOG_PROCESS_ROLE",
     "",

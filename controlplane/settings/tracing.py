@@ -1,4 +1,4 @@
-"""Settings of tracing (docs/ARCHITECTURE.md, "Tracing"; controlplane/core/tracing.py). The standard
+"""Settings of tracing (docs/ARCHITECTURE.md, "Tracing"; controlplane/core/observability/tracing.py). The standard
 OpenTelemetry variables, read here so a bad value stops start-up instead of silently tracing nothing."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.core.exceptions import ImproperlyConfigured
 
 from controlplane.core.env import env_choice, env_float, env_str
-from controlplane.core.tracing import SAMPLERS
+from controlplane.core.observability.tracing import SAMPLERS
 
 TRACING_ENDPOINT = env_str(
     "OTEL_EXPORTER_OTLP_ENDPOINT",

@@ -8,8 +8,7 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.core import dispatch
-from controlplane.core.errors import (
+from controlplane.core.http.errors import (
     Conflict,
     NotFound,
     QuotaExceeded,
@@ -17,6 +16,7 @@ from controlplane.core.errors import (
     ratelimit_headers,
     whole_seconds,
 )
+from controlplane.core.messaging import dispatch
 from controlplane.core.windows import window_increment
 from controlplane.tenants.models import ApiKey, ApiKeyRequestWindow, Tenant, TenantEvent
 

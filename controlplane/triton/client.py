@@ -23,7 +23,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from controlplane.core import metrics, tracing
+from controlplane.core.observability import metrics, tracing
 from controlplane.triton.errors import (
     ModelNotLoadedError,
     PermanentTritonError,
@@ -223,7 +223,7 @@ class TritonClient:
         in_flight = metrics.TRITON_CALLS_IN_FLIGHT.labels(server=self.url)
         first = next(iter(inputs.values()), None)
         rows = int(first.shape[0]) if first is not None and first.ndim else 1
-        # A child span of the caller's (a shard's) whose W3C traceparent Triton continues (core/tracing.py).
+        # A child span of the caller's (a shard's) whose W3C traceparent Triton continues (core/observability/tracing.py).
         with tracing.outgoing("triton.infer", attributes={"model": name, "server": self.url, "rows": rows}) as headers:
             started = time.monotonic()
             in_flight.inc()

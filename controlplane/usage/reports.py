@@ -13,7 +13,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from controlplane.core.errors import ValidationFailed, quote
+from controlplane.core.http.errors import ValidationFailed, quote
 from controlplane.usage.models import DEFAULT_CURRENCY, UsageRecord
 from controlplane.usage.rules import PriceTerms, shard_cost
 

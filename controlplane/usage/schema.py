@@ -1,5 +1,5 @@
-"""The usage and costs API: the query serializers the views validate with (core/input.py) and the OpenAPI
-description built from them. The response serializers only document (core/openapi.py says why): the
+"""The usage and costs API: the query serializers the views validate with (core/http/input.py) and the OpenAPI
+description built from them. The response serializers only document (core/http/openapi.py says why): the
 objects mirror usage/reports.py."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import serializers
 
-from controlplane.core.openapi import RESPONSE_HEADERS, error_responses
+from controlplane.core.http.openapi import RESPONSE_HEADERS, error_responses
 from controlplane.usage.reports import ReportQuery, report_query_parse
 
 TAGS = ["Usage"]

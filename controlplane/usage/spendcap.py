@@ -6,7 +6,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from controlplane.core.errors import QuotaExceeded
+from controlplane.core.http.errors import QuotaExceeded
 from controlplane.tenants.models import Tenant
 from controlplane.usage.models import DEFAULT_CURRENCY
 from controlplane.usage.selectors import month_start, tenant_month_to_date_cost

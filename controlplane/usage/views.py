@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.core.input import input_validate
+from controlplane.core.http.input import input_validate
 from controlplane.tenants.auth import request_tenant
 from controlplane.usage import schema
 from controlplane.usage.reports import cost_report, usage_report

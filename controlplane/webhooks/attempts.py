@@ -15,7 +15,8 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 
-from controlplane.core import dispatch, metrics
+from controlplane.core.messaging import dispatch
+from controlplane.core.observability import metrics
 from controlplane.webhooks import inflight
 from controlplane.webhooks.delivery import Outcome, post
 from controlplane.webhooks.models import OPEN_STATUSES, DeliveryStatus, WebhookAttempt, WebhookDelivery

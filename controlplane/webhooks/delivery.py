@@ -25,7 +25,7 @@ from typing import Any
 
 from standardwebhooks import Webhook
 
-from controlplane.core.errors import storable_text
+from controlplane.core.http.errors import storable_text
 from controlplane.webhooks.urlguard import Target, UnsafeUrl, UrlPolicy, target_resolve
 
 USER_AGENT = "controlplane-webhooks/1"

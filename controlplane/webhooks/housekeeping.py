@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db.models import Count, QuerySet
 from django.utils import timezone
 
-from controlplane.core import metrics
+from controlplane.core.observability import metrics
 from controlplane.webhooks.models import OPEN_STATUSES, DeliveryStatus, WebhookDelivery, WebhookEvent
 
 logger = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
-"""The webhook endpoint API: the request serializers the views validate with (core/input.py) and the
-OpenAPI description built from them. The response serializers only document (core/openapi.py says why):
+"""The webhook endpoint API: the request serializers the views validate with (core/http/input.py) and the
+OpenAPI description built from them. The response serializers only document (core/http/openapi.py says why):
 they mirror render.py, and the fuzz test checks real responses against them."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import serializers
 
-from controlplane.core.input import StrictBooleanField, StrictCharField, strict_choice
-from controlplane.core.openapi import RESPONSE_HEADERS, cursor_page_of, error_responses, path_id
-from controlplane.core.pagination import CursorQuerySerializer
+from controlplane.core.http.input import StrictBooleanField, StrictCharField, strict_choice
+from controlplane.core.http.openapi import RESPONSE_HEADERS, cursor_page_of, error_responses, path_id
+from controlplane.core.http.pagination import CursorQuerySerializer
 from controlplane.webhooks.models import EVENT_TYPES, DeliveryStatus
 from controlplane.webhooks.services import MAX_ENDPOINTS_PER_TENANT, MAX_NAME_LENGTH
 from controlplane.webhooks.urlguard import MAX_URL_LENGTH

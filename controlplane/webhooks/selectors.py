@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from controlplane.core.errors import NotFound, ValidationFailed
+from controlplane.core.http.errors import NotFound, ValidationFailed
 from controlplane.tenants.models import Tenant
 from controlplane.webhooks.models import DeliveryStatus, WebhookDelivery, WebhookEndpoint
 

@@ -13,8 +13,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.core import dispatch
-from controlplane.core.errors import Conflict, QuotaExceeded, ValidationFailed, quote
+from controlplane.core.http.errors import Conflict, QuotaExceeded, ValidationFailed, quote
+from controlplane.core.messaging import dispatch
 from controlplane.tenants.models import Tenant
 from controlplane.webhooks import inflight
 from controlplane.webhooks.delivery import Outcome, post, secret_new

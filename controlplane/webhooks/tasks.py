@@ -1,4 +1,4 @@
-"""Thin Celery tasks. ``webhooks.deliver`` runs on the ``webhooks`` queue (core/dispatch.py), so a slow or
+"""Thin Celery tasks. ``webhooks.deliver`` runs on the ``webhooks`` queue (core/messaging/dispatch.py), so a slow or
 failing receiver only ever holds that queue's worker; the sweep is a short query and runs on ``control``."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.utils import timezone
 
-from controlplane.core.logs import log_context_bind
+from controlplane.core.observability.logs import log_context_bind
 from controlplane.webhooks import attempts
 
 

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
-from controlplane.core.errors import ValidationFailed, quote
+from controlplane.core.http.errors import ValidationFailed, quote
 
 # The longest URL accepted, as most browsers and proxies do.
 MAX_URL_LENGTH = 2048

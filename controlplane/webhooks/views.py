@@ -8,9 +8,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.core.errors import ValidationFailed
-from controlplane.core.input import input_validate
-from controlplane.core.pagination import CursorQuerySerializer, cursor_page
+from controlplane.core.http.errors import ValidationFailed
+from controlplane.core.http.input import input_validate
+from controlplane.core.http.pagination import CursorQuerySerializer, cursor_page
 from controlplane.tenants.auth import request_tenant
 from controlplane.webhooks import schema, selectors, services
 from controlplane.webhooks.models import EVENT_TYPES

@@ -28,7 +28,7 @@ def gunicorn_command(port: int) -> list[str]:
 
 
 def celery_command(*, quiet: bool) -> list[str]:
-    # No start-up banner in a JSON log: every line of it is one JSON object (controlplane/core/logs.py).
+    # No start-up banner in a JSON log: every line of it is one JSON object (controlplane/core/observability/logs.py).
     return [str(BIN / "celery"), "-A", "controlplane", *(["--quiet"] if quiet else [])]
 
 

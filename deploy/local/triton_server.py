@@ -184,7 +184,7 @@ def server_command(
 def trace_args(endpoint: str, *, service_name: str = "triton", rate: int = 1) -> list[str]:
     """Triton's OpenTelemetry trace mode, exporting over OTLP/HTTP to ``endpoint`` (the base URL, as
     OTEL_EXPORTER_OTLP_ENDPOINT; Triton posts to <endpoint>/v1/traces). A call that carries a W3C
-    ``traceparent`` (the control plane's Triton calls do, core/tracing.py) continues that trace inside the
+    ``traceparent`` (the control plane's Triton calls do, core/observability/tracing.py) continues that trace inside the
     server; ``rate`` 1 traces every request, so a batch sampled by the control plane is whole here too."""
     return [
         "--trace-config=mode=opentelemetry",

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from controlplane.batches.intake.admission import batch_admit
 from controlplane.batches.models import Batch, BatchStatus
-from controlplane.core.errors import QuotaExceeded, ValidationFailed
+from controlplane.core.http.errors import QuotaExceeded, ValidationFailed
 from controlplane.files.models import File
 from controlplane.tenants.models import Tenant
 from tests.batches.helpers import embedding_line, jsonl, upload

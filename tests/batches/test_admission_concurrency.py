@@ -13,7 +13,7 @@ from django.db import connection, connections
 
 from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchStatus
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.tenants.models import Tenant
 from tests.batches.helpers import embedding_line, jsonl, upload
 

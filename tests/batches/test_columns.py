@@ -21,7 +21,7 @@ from controlplane.batches.intake.validation import BatchColumns
 from controlplane.batches.models import Batch, BatchStatus, Shard
 from controlplane.batches.results.retention import parts_collect
 from controlplane.batches.run import execution
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.files.models import File
 from controlplane.files.storage import blob_open, blob_save, blob_storage
 from controlplane.files.storage_gc import orphans_collect

@@ -14,8 +14,8 @@ from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard, ShardStatus
 from controlplane.batches.results.finalize import batch_try_finalize
 from controlplane.batches.run.shards import shard_requeue, shards_rescue
-from controlplane.core import dispatch
-from controlplane.core.errors import Conflict
+from controlplane.core.http.errors import Conflict
+from controlplane.core.messaging import dispatch
 from controlplane.fleet.models import CatalogueModel
 from controlplane.scheduling.claims import shard_claim_next
 from controlplane.triton.client import PermanentTritonError, TransientTritonError

@@ -18,7 +18,7 @@ from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard, S
 from controlplane.batches.render import batch_render
 from controlplane.batches.results.finalize import batch_try_finalize
 from controlplane.batches.run.execution import shard_execute
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.files.models import File
 from controlplane.files.storage import blob_open, blob_storage
 from controlplane.fleet.models import CatalogueModel
@@ -210,7 +210,7 @@ def test_cancel_while_validating_charges_the_finished_shards_toward_the_spend_ca
     shards ran early. The finished shard's ledger row is written, marked discarded, and the spend cap counts it."""
     from decimal import Decimal
 
-    from controlplane.core.errors import QuotaExceeded
+    from controlplane.core.http.errors import QuotaExceeded
     from controlplane.usage.models import Price
 
     Price.objects.create(model=CatalogueModel.objects.get(name="identity"), per_thousand_rows=Decimal("1000"))

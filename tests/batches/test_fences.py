@@ -28,7 +28,7 @@ from controlplane.batches.run.shards import (
     shard_requeue,
     shards_rescue,
 )
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.files.models import File
 from controlplane.files.services import file_delete
 from controlplane.fleet.models import CatalogueModel

@@ -19,7 +19,7 @@ from controlplane.batches.intake import verdict
 from controlplane.batches.intake.requests import ModelResolver, parse_line
 from controlplane.batches.intake.validation import ValidationResult, validate_input
 from controlplane.batches.models import Batch, BatchStatus, Shard
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.fleet.models import CatalogueModel
 from tests.batches.helpers import embedding_line, jsonl, tensor_line
 

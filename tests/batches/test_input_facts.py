@@ -13,7 +13,7 @@ from django.apps import apps
 from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchStatus, Shard
 from controlplane.batches.results.finalize import batch_try_finalize
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.files.models import File
 from controlplane.files.storage import blob_open
 from tests.batches.helpers import embedding_line, jsonl, upload

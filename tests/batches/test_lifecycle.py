@@ -9,7 +9,7 @@ import pytest
 from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
 from controlplane.batches.results.finalize import batch_try_finalize
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.files.models import File
 from controlplane.files.storage import blob_open
 from controlplane.kinds.base import TokenCounts

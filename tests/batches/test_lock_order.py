@@ -14,7 +14,7 @@ import pytest
 from controlplane.batches import services
 from controlplane.batches.intake import verdict
 from controlplane.batches.models import Batch, BatchStatus
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.tenants.models import Tenant
 from tests.batches.helpers import jsonl, tensor_line, upload
 from tests.row_locks import GIVE_UP_SECONDS, connect

@@ -10,8 +10,8 @@ from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard
 from controlplane.batches.results.rerun import batch_rerun_failed
 from controlplane.batches.tasks import batch_validate_task
-from controlplane.core import dispatch
-from controlplane.core.errors import ValidationFailed
+from controlplane.core.http.errors import ValidationFailed
+from controlplane.core.messaging import dispatch
 from controlplane.files import storage
 from controlplane.files.models import File
 from controlplane.files.storage import blob_open

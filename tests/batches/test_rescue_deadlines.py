@@ -15,7 +15,7 @@ from controlplane.batches import services, tasks
 from controlplane.batches.intake import validation_rescue, verdict
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard, ShardStatus
 from controlplane.batches.results.finalize import batches_finalize_stuck
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.files.storage import blob_delete
 from controlplane.fleet.models import CatalogueModel
 from controlplane.scheduling.claims import shard_claim_next

@@ -27,8 +27,8 @@ from controlplane.batches.run.shards import (
     shard_skip_if_stopping,
     shards_rescue,
 )
-from controlplane.core import dispatch
-from controlplane.core.errors import Conflict
+from controlplane.core.http.errors import Conflict
+from controlplane.core.messaging import dispatch
 from controlplane.kinds.base import TokenCounts
 from controlplane.usage.models import UsageRecord
 from tests.scheduling.helpers import new_tenant, runnable_batch

@@ -11,7 +11,7 @@ import pytest
 from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
 from controlplane.batches.results.finalize import batch_try_finalize
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from tests.batches.helpers import jsonl, tensor_line, upload
 from tests.fakes import FakeBackend
 from tests.running import run_shard

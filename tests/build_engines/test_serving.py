@@ -128,7 +128,7 @@ def test_registered_model_runs_a_batch_through_triton(
     # Imported here, not at the top: the rest of the build_engines suite also runs without Django.
     from controlplane.batches import services
     from controlplane.batches.models import Batch, BatchStatus, Shard
-    from controlplane.core import dispatch
+    from controlplane.core.messaging import dispatch
     from controlplane.files.models import File
     from controlplane.files.storage import blob_open
     from controlplane.fleet.backend import TritonBackend

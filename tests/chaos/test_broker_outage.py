@@ -1,7 +1,7 @@
 """The broker is down while a tenant creates a batch.
 
 `POST /v1/batches` must answer (not 500) with the batch in `validating`: its validation message is kept
-in the transactional outbox (controlplane/core/dispatch.py) and sent by the relay once the broker is back,
+in the transactional outbox (controlplane/core/messaging/dispatch.py) and sent by the relay once the broker is back,
 so the batch then runs to the end like any other. Recovery counts from the broker answering again, to the
 first shard of the batch committed."""
 

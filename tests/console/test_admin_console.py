@@ -14,8 +14,8 @@ from django.utils import timezone
 
 from controlplane.batches.models import Batch, BatchStatus
 from controlplane.console.samples import samples_take
-from controlplane.core import dispatch
 from controlplane.core.audit import AuditedAdmin
+from controlplane.core.messaging import dispatch
 from controlplane.core.models import AuditEntry
 from controlplane.tenants.models import ApiKey, Tenant
 from controlplane.usage.models import UsageRecord

@@ -1,4 +1,4 @@
-"""Beat's messages (controlplane/core/beat.py, settings/__init__.py): a message that a later run of its job has
+"""Beat's messages (controlplane/core/messaging/beat.py, settings/__init__.py): a message that a later run of its job has
 superseded is skipped, and a queue longer than every interval still runs each job. The expiry only bounds a
 stopped worker's queue. The rules are stated per job, then checked on messages that Celery beat's own scheduler
 sends into an in-memory broker and a worker's request executes."""
@@ -15,7 +15,7 @@ from django.utils import timezone
 from kombu import Connection
 
 from controlplane.celery import app
-from controlplane.core.beat import BeatAwareTask, beat_message_superseded
+from controlplane.core.messaging.beat import BeatAwareTask, beat_message_superseded
 from controlplane.core.models import BeatRun
 
 RECONCILE = "fleet.reconcile"

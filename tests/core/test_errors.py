@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from controlplane.core.errors import QuotaExceeded, api_exception_handler
+from controlplane.core.http.errors import QuotaExceeded, api_exception_handler
 
 
 def test_quota_error_names_the_limit_in_body_and_headers():

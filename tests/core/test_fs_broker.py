@@ -1,4 +1,4 @@
-"""The embedded broker (core/fs_broker.py): kombu's filesystem transport whose message files are renamed into
+"""The embedded broker (core/messaging/fs_broker.py): kombu's filesystem transport whose message files are renamed into
 place whole, and whose consumers skip an unreadable file instead of exiting."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from kombu import Connection
 from kombu.exceptions import ChannelError
 
-from controlplane.core import fs_broker
+from controlplane.core.messaging import fs_broker
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ def test_a_torn_message_file_is_dropped_and_the_next_one_delivered(connection, c
     # What kombu's own producer leaves between creating the file and writing it (or when it is killed there).
     open(os.path.join(_queue_dir(connection), f"{0:020d}_torn.control.msg"), "wb").close()
     channel._put("control", {"after": True})
-    with caplog.at_level(logging.ERROR, logger="controlplane.core.fs_broker"):
+    with caplog.at_level(logging.ERROR, logger="controlplane.core.messaging.fs_broker"):
         assert channel._get("control") == {"after": True}
     assert "dropped an unreadable message file of queue control" in caplog.text
     assert os.listdir(_queue_dir(connection)) == []

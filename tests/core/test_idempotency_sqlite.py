@@ -1,4 +1,4 @@
-"""The SQLite idempotency protocol (core/idempotency.py): a keyed upload's blob copy runs outside the database
+"""The SQLite idempotency protocol (core/http/idempotency.py): a keyed upload's blob copy runs outside the database
 write lock, so another tenant's writes go on meanwhile; a same-key request gets a retryable 409 while it runs
 and the stored answer after; a crashed claim is taken over after IDEMPOTENCY_CLAIM_TIMEOUT_SECONDS.
 
@@ -22,7 +22,7 @@ from django.db import connection
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.core.models import IdempotencyRecord
 from controlplane.files import services as file_services
 from controlplane.files.models import File

@@ -1,4 +1,4 @@
-"""Request validation with the schema's serializers (core/input.py): the first DRF error becomes one
+"""Request validation with the schema's serializers (core/http/input.py): the first DRF error becomes one
 ValidationFailed in OpenAI's shape, with ``param`` the field's path."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from rest_framework import serializers
 
-from controlplane.core.errors import ValidationFailed
-from controlplane.core.input import StrictBooleanField, StrictCharField, input_validate, strict_choice
+from controlplane.core.http.errors import ValidationFailed
+from controlplane.core.http.input import StrictBooleanField, StrictCharField, input_validate, strict_choice
 
 
 class _Inner(serializers.Serializer[Any]):

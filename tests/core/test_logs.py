@@ -11,8 +11,8 @@ import threading
 import pytest
 from django.test import Client
 
-from controlplane.core import logs
-from controlplane.core.logs import (
+from controlplane.core.observability import logs
+from controlplane.core.observability.logs import (
     JsonFormatter,
     TextFormatter,
     gunicorn_logconfig_dict,
@@ -82,7 +82,7 @@ def test_context_is_per_thread_and_tasks_start_clean():
 def test_the_settings_choose_the_formatter():
     config = logging_config(log_format="json", level="INFO")
     logging.captureWarnings(False)  # json's side effect (warnings become records); pytest keeps its own
-    assert config["formatters"]["default"]["()"] == "controlplane.core.logs.JsonFormatter"
+    assert config["formatters"]["default"]["()"] == "controlplane.core.observability.logs.JsonFormatter"
     assert logging_config(log_format="text", level="INFO")["formatters"]["default"]["()"].endswith("TextFormatter")
     assert gunicorn_logconfig_dict("text") is None
     gunicorn = gunicorn_logconfig_dict("json")
@@ -151,7 +151,7 @@ def _entries(stream: io.StringIO) -> list[dict]:
 
 @pytest.mark.django_db
 def test_requests_get_an_id_and_log_the_batch_they_created_or_read(tenant, captured, settings, monkeypatch):
-    from controlplane.core import dispatch
+    from controlplane.core.messaging import dispatch
 
     monkeypatch.setattr(dispatch, "send", lambda task_name, args: None)
     client = Client(HTTP_AUTHORIZATION=f"Bearer {tenant.raw_key}")

@@ -1,4 +1,4 @@
-"""The transactional outbox of controlplane/core/dispatch.py, against a real Redis broker that the test
+"""The transactional outbox of controlplane/core/messaging/dispatch.py, against a real Redis broker that the test
 starts and stops (a throwaway redis-server on a spare port), so "broker down" is a refused connection
 as in production, not a raised exception of our own."""
 
@@ -19,7 +19,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.utils import timezone
 
 from controlplane.batches.models import Batch, BatchStatus
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.core.models import OutboxMessage
 from tests.batches.helpers import embedding_line, jsonl
 from tests.chaos.services import ThrowawayRedis

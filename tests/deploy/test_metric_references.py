@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.batches import services
 from controlplane.batches.models import Batch, Shard, ShardStatus
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.fleet.models import CatalogueModel
 from controlplane.scheduling.selectors import runnable_q
 from tests.batches.helpers import embedding_line, jsonl, upload

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from controlplane.core.tracing import SAMPLERS
+from controlplane.core.observability.tracing import SAMPLERS
 from deploy.local.triton_server import trace_args, trace_args_from_env
 from tests.deploy.manifests import DEPLOY, OVERLAYS, compose_errors, compose_file, find, render
 

@@ -1,7 +1,7 @@
 """Database connections on the running stack: workers keep theirs across tasks, as the web keeps its across
 requests. Celery's Django fixup closed every connection around every task, so each beat tick (~4 a second
 here) and each shard opened a new one: a Postgres backend forked and torn down each time
-(settings.CELERY_DB_REUSE_MAX, core/database.py)."""
+(settings.CELERY_DB_REUSE_MAX, core/workers/database.py)."""
 
 from __future__ import annotations
 

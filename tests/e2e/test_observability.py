@@ -67,7 +67,7 @@ def _observed_stack(tmp_path_factory, db_url: str) -> Iterator[ObservedStack]:
     ports = {name: find_free_port() for name in WORKERS}
     process_env: dict[str, dict[str, str]] = {}
     for name in ("web", *WORKERS):
-        # One directory per deployment, emptied at its start (a fresh tmp dir here): see core/metrics.py.
+        # One directory per deployment, emptied at its start (a fresh tmp dir here): see core/observability/metrics.py.
         directory = var_dir / "prometheus" / name
         directory.mkdir(parents=True)
         process_env[name] = {"PROMETHEUS_MULTIPROC_DIR": str(directory)}

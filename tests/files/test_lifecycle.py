@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.http import QueryDict
 
-from controlplane.core.errors import PayloadTooLarge, QuotaExceeded, ValidationFailed
+from controlplane.core.http.errors import PayloadTooLarge, QuotaExceeded, ValidationFailed
 from controlplane.files.lifecycle import expires_after_from_form, expires_after_parse
 from controlplane.files.quota import StorageRoom
 

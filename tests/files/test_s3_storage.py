@@ -15,7 +15,7 @@ from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
 from controlplane.batches.results.finalize import batch_try_finalize
 from controlplane.batches.run import execution
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.files.models import File
 from controlplane.files.storage import blob_read_range, blob_save
 from tests.batches.helpers import embedding_line, jsonl, tensor_line, upload

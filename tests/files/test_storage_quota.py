@@ -14,7 +14,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchStatus
 from controlplane.batches.results.finalize import batch_try_finalize
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.files.models import File, StorageReservation
 from controlplane.files.quota import storage_used
 from controlplane.files.storage import blob_open

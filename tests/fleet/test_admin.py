@@ -143,7 +143,7 @@ def test_operator_actions_set_state_and_record_an_event(admin_client, fleet, act
 
 
 def test_rebalance_now_enqueues_a_reconcile(admin_client, fleet, monkeypatch):
-    from controlplane.core import dispatch
+    from controlplane.core.messaging import dispatch
 
     calls = []
     monkeypatch.setattr(dispatch, "send", lambda task_name, args: calls.append((task_name, args)))
@@ -156,7 +156,7 @@ def test_rebalance_now_enqueues_a_reconcile(admin_client, fleet, monkeypatch):
 def test_rebalance_now_reports_a_broker_error(admin_client, fleet, monkeypatch):
     from kombu.exceptions import OperationalError
 
-    from controlplane.core import dispatch
+    from controlplane.core.messaging import dispatch
 
     def down(task_name, args):
         raise OperationalError("[Errno 111] Connection refused")

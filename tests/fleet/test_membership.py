@@ -260,7 +260,7 @@ def _running_shard(tenant, server_names: str) -> Shard:
 
 
 def test_a_drain_waits_for_running_shards_then_deregisters(fleet_api, tenant, monkeypatch):
-    from controlplane.core import dispatch
+    from controlplane.core.messaging import dispatch
 
     monkeypatch.setattr(dispatch, "send", lambda task_name, args: None)
     server_register(name="t1", grpc_url="127.0.0.1:1", gpu_memory_bytes=[GIB])
@@ -289,7 +289,7 @@ def test_a_drain_waits_for_running_shards_then_deregisters(fleet_api, tenant, mo
 
 
 def test_a_dead_workers_shard_does_not_hold_a_drain(tenant, monkeypatch):
-    from controlplane.core import dispatch
+    from controlplane.core.messaging import dispatch
 
     monkeypatch.setattr(dispatch, "send", lambda task_name, args: None)
     server_register(name="t1", grpc_url="127.0.0.1:1", gpu_memory_bytes=[GIB])
@@ -307,7 +307,7 @@ def test_a_drain_keeps_a_server_with_placements_and_times_out(fleet_api, catalog
     Placement.objects.create(
         model=CatalogueModel.objects.get(triton_name="identity"), server=server, gpus="0", instances=1
     )
-    from controlplane.core import dispatch
+    from controlplane.core.messaging import dispatch
 
     # No placement loop here (it has its own tests, and the move itself is test_membership_triton.py's).
     monkeypatch.setattr(fleet_drain, "fleet_reconcile", lambda **kwargs: None)

@@ -13,7 +13,7 @@ from django.core.management import call_command
 from rest_framework.test import APIClient
 
 from controlplane.batches import services
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.fleet.membership.inventory import metrics_fetch
 from controlplane.fleet.membership.join_leave import server_drain
 from controlplane.fleet.models import Placement, PlacementEvent, PlacementStatus, ServerState, TritonServer
@@ -106,7 +106,7 @@ def test_a_drain_moves_the_placement_to_the_other_server_then_deregisters(two_se
 
 
 def test_a_drain_over_http_answers_202_until_the_placement_moved(two_servers, tenant, monkeypatch):
-    from controlplane.core import dispatch
+    from controlplane.core.messaging import dispatch
 
     enqueued: list[str] = []
 

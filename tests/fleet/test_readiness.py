@@ -8,7 +8,7 @@ import time
 import pytest
 from django.core.management import CommandError, call_command
 
-from controlplane.core.errors import NotFound, ValidationFailed
+from controlplane.core.http.errors import NotFound, ValidationFailed
 from controlplane.fleet.membership.inventory import server_register
 from controlplane.fleet.models import CatalogueModel, Placement, PlacementEvent, PlacementStatus
 from controlplane.fleet.placement.readiness import ModelsNotReady, fleet_wait_ready, models_not_ready

@@ -7,7 +7,7 @@ import pytest
 
 from controlplane.batches import services
 from controlplane.batches.models import Batch
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.fleet.membership.inventory import server_register
 from controlplane.fleet.models import CatalogueModel, Placement, PlacementEvent, PlacementStatus
 from controlplane.fleet.placement.reconciler import fleet_reconcile
@@ -196,7 +196,7 @@ def test_consolidation_moves_make_before_break_then_loads_the_model_it_made_room
     """Two declared 256 MiB GPUs: something else holds 100 MiB of GPU 0 and identity (100 MiB) sits on GPU 1,
     so scale2 (200 MiB) fits on neither. The reconciler moves identity to GPU 0 (new instance ready before
     the old one goes), then loads scale2 on GPU 1; events and the metric record the move."""
-    from controlplane.core.metrics import CONSOLIDATION_MOVES
+    from controlplane.core.observability.metrics import CONSOLIDATION_MOVES
     from controlplane.fleet.models import Gpu
 
     server, client = fleet

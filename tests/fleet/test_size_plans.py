@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.batches import services
 from controlplane.batches.models import Batch
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.fleet.membership.inventory import server_register
 from controlplane.fleet.models import CatalogueModel, FleetSizePlan, PlacementEvent
 from controlplane.fleet.sizing.types import PoolLimits

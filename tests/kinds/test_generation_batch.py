@@ -17,7 +17,7 @@ from openai.types.chat import ChatCompletion
 from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchStatus, Shard
 from controlplane.batches.run.records import request_id
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.files.models import File
 from controlplane.files.storage import blob_open
 from controlplane.fleet.backend import TritonBackend

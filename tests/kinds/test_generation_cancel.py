@@ -15,7 +15,7 @@ import pytest
 from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
 from controlplane.batches.run import execution
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.fleet.backend import TritonBackend
 from controlplane.fleet.models import CatalogueModel
 from controlplane.scheduling.runner import shard_run_next

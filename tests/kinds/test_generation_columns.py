@@ -12,7 +12,7 @@ import pytest
 
 from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchStatus, Shard
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.files.models import File
 from controlplane.files.storage import blob_open, blob_save, blob_storage
 from controlplane.kinds.base import ParsedLine

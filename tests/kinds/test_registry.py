@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.batches.models import Endpoint
-from controlplane.core.errors import ValidationFailed
+from controlplane.core.http.errors import ValidationFailed
 from controlplane.fleet.models import ModelKind
 from controlplane.kinds.registry import (
     KINDS,

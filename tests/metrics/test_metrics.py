@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
-from controlplane.core import dispatch
-from controlplane.core.errors import QuotaExceeded, api_exception_handler
+from controlplane.core.http.errors import QuotaExceeded, api_exception_handler
+from controlplane.core.messaging import dispatch
 from controlplane.fleet.models import CatalogueModel, Placement, PlacementStatus, TritonServer
 from controlplane.triton.client import TransientTritonError, TritonClient
 from controlplane.webhooks import attempts

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _count_in_child(directory: Path, lines: int) -> None:
     code = (
-        "from controlplane.core import metrics as m\n"
+        "from controlplane.core.observability import metrics as m\n"
         f"m.LINES_COMPLETED.labels(model='mp').inc({lines})\n"
         "m.TRITON_CALLS_IN_FLIGHT.labels(server='s:1').inc()\n"
     )

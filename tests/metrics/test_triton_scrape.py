@@ -139,7 +139,7 @@ def _closed_port_url() -> str:
 
 
 def _errors(server: str) -> float:
-    from controlplane.core.metrics import TRITON_SCRAPE_ERRORS
+    from controlplane.core.observability.metrics import TRITON_SCRAPE_ERRORS
 
     return TRITON_SCRAPE_ERRORS.labels(server=server)._value.get()
 

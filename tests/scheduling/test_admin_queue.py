@@ -11,7 +11,7 @@ from django.contrib.messages import ERROR, get_messages
 from django.utils import timezone
 
 from controlplane.batches.models import Batch, BatchEvent, Shard, ShardStatus
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.fleet.models import CatalogueModel, PlacementEvent
 from controlplane.scheduling.models import SchedulerClock, Slot, SlotState, TenantShare
 from controlplane.scheduling.queue_overview import queue_overview

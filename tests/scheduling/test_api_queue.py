@@ -8,7 +8,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 
 from controlplane.batches import services
 from controlplane.batches.models import Batch
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.scheduling import selectors
 from controlplane.tenants.models import Tenant
 from tests.batches.helpers import embedding_line, jsonl, tensor_line

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from controlplane.batches.models import Shard, ShardStatus
 from controlplane.batches.run.shards import PartSummary, shard_claim_selected, shard_commit
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import TokenCounts
 from controlplane.scheduling.claims import shard_claim_next

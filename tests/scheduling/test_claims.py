@@ -13,7 +13,7 @@ from django.db import connection
 from django.utils import timezone
 
 from controlplane.batches.models import Batch, BatchEvent, Shard, ShardStatus
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import TokenCounts
 from controlplane.scheduling.claims import shard_claim_next

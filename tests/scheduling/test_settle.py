@@ -11,7 +11,7 @@ import pytest
 
 from controlplane.batches import services
 from controlplane.batches.models import Batch, Shard
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import TokenCounts
 from controlplane.scheduling.claims import shard_claim_next

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
 from controlplane.batches.results.finalize import batch_try_finalize
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.fleet.models import CatalogueModel
 from controlplane.scheduling.models import Slot, SlotState
 from controlplane.scheduling.runner import slot_run

@@ -11,7 +11,7 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from controlplane.core.errors import NotFound, ValidationFailed
+from controlplane.core.http.errors import NotFound, ValidationFailed
 from controlplane.tenants.models import ApiKey, Tenant, TenantEvent
 from controlplane.tenants.services import api_key_create, api_key_revoke
 

@@ -10,7 +10,7 @@ import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
-from controlplane.core.errors import QuotaExceeded
+from controlplane.core.http.errors import QuotaExceeded
 from controlplane.tenants.models import ApiKey, ApiKeyRequestWindow
 from controlplane.tenants.services import api_key_create, api_request_record
 

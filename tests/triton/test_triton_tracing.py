@@ -1,5 +1,5 @@
 """A Triton call inside a span: a client span, child of the caller's, with the call's W3C traceparent sent to
-the server (core/tracing.py, triton/client.py); exported by the real OTLP exporter to an in-test receiver."""
+the server (core/observability/tracing.py, triton/client.py); exported by the real OTLP exporter to an in-test receiver."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from controlplane.core import tracing
+from controlplane.core.observability import tracing
 from controlplane.triton.client import TritonClient
 from tests.otlp_receiver import OtlpReceiver, one_span, tracing_to
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 
 
 @pytest.fixture(autouse=True)

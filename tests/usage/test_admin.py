@@ -9,7 +9,7 @@ import pytest
 from django.contrib.admin.utils import quote
 from django.utils import timezone
 
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.fleet.models import CatalogueModel
 from controlplane.usage.models import CapacityInterval, Price
 from controlplane.usage.selectors import batch_cost

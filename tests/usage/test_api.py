@@ -13,7 +13,7 @@ from django.db.models import Sum
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.usage.models import UsageRecord
 from tests.batches.helpers import jsonl, upload
 from tests.usage.helpers import embedding_lines, price_set, run_batch, tensor_lines

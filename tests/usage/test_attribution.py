@@ -9,7 +9,7 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.fleet.models import CatalogueModel, Placement, PlacementStatus, TritonServer
 from controlplane.triton.client import TransientTritonError
 from controlplane.usage import selectors

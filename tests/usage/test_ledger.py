@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from controlplane.batches import services
 from controlplane.batches.models import Batch, Shard
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.usage import selectors
 from controlplane.usage.models import UsageRecord
 from tests.batches.helpers import jsonl, upload

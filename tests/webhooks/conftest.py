@@ -26,7 +26,7 @@ def receiver() -> Iterator[Receiver]:
 @pytest.fixture
 def messages(monkeypatch) -> list[tuple[str, list]]:
     """Broker messages the code sends (task name, args), instead of a broker."""
-    from controlplane.core import dispatch
+    from controlplane.core.messaging import dispatch
 
     sent: list[tuple[str, list]] = []
     monkeypatch.setattr(dispatch, "send", lambda task_name, args: sent.append((task_name, args)))

@@ -9,7 +9,7 @@ import pytest
 from django.contrib.admin.utils import quote as admin_quote
 from django.utils import timezone
 
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.webhooks import attempts, services
 from controlplane.webhooks.models import DeliveryStatus, WebhookDelivery, WebhookEndpoint
 

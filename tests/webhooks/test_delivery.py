@@ -11,7 +11,7 @@ import openai
 import pytest
 from django.utils import timezone
 
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.webhooks import attempts, services
 from controlplane.webhooks.models import DeliveryStatus, WebhookAttempt, WebhookDelivery, WebhookEvent
 from tests.webhooks.conftest import unwrap

@@ -13,7 +13,7 @@ from django.utils import timezone
 from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchStatus, Shard
 from controlplane.batches.results.finalize import batch_try_finalize
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.webhooks import attempts
 from controlplane.webhooks.models import DeliveryStatus, WebhookDelivery, WebhookEvent
 from controlplane.webhooks.services import webhook_endpoint_create

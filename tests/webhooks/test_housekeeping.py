@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 from controlplane.batches.tasks import history_prune_task
-from controlplane.core.metrics import WEBHOOK_DELIVERIES_DROPPED
+from controlplane.core.observability.metrics import WEBHOOK_DELIVERIES_DROPPED
 from controlplane.webhooks import attempts, housekeeping, services
 from controlplane.webhooks.models import DeliveryStatus, WebhookAttempt, WebhookDelivery, WebhookEvent
 

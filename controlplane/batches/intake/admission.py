@@ -18,7 +18,7 @@ from django.utils import timezone
 from controlplane.batches import selectors
 from controlplane.batches.intake.pinning import pinned_model
 from controlplane.batches.models import ACTIVE_STATUSES, Batch
-from controlplane.core.errors import QuotaExceeded, ValidationFailed
+from controlplane.core.http.errors import QuotaExceeded, ValidationFailed
 from controlplane.files.quota import storage_reserve_refusal
 from controlplane.kinds.registry import kind_for, token_endpoint_urls
 from controlplane.tenants.models import PRIORITY_RANK, Priority, Tenant, priority_parse

@@ -36,7 +36,7 @@ from django.db import transaction
 from controlplane.batches.intake.validation import ShardPlan, ValidationResult
 from controlplane.batches.models import Batch, BatchStatus, Shard
 from controlplane.batches.usage_rows import held_usage_record
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 from controlplane.files.storage import blob_delete
 
 # Planned shards reach the database at most this often (the first one at once): each flush is a transaction

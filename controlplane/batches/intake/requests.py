@@ -5,7 +5,7 @@ validation (whole file, before any work) and dispatch (one shard), so both agree
 from __future__ import annotations
 
 from controlplane.batches.intake.lines import load_json_line
-from controlplane.core.errors import quote
+from controlplane.core.http.errors import quote
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import BodyIssue, LineIssue, ParsedLine
 from controlplane.kinds.registry import kind_for

@@ -13,7 +13,7 @@ from controlplane.batches.intake.lines import iter_lines
 from controlplane.batches.intake.pinning import model_snapshot
 from controlplane.batches.intake.quickcheck import FastLane, LineFacts
 from controlplane.batches.intake.requests import LineIssue, ModelResolver, parse_line, work_units
-from controlplane.core.errors import quote, storable_text
+from controlplane.core.http.errors import quote, storable_text
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import ColumnCollector, EndpointKind
 from controlplane.kinds.registry import kind_for

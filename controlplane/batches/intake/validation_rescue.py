@@ -14,7 +14,7 @@ from controlplane.batches.intake.validation_deadline import VALIDATION_ATTEMPT_E
 from controlplane.batches.intake.verdict import batch_validation_fail, validation_error_entry
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus
 from controlplane.batches.transitions import event_record
-from controlplane.core import dispatch
+from controlplane.core.messaging import dispatch
 
 # Tries of a batch's validation (the first enqueue at create included) before the rescuer fails it.
 VALIDATION_MAX_ATTEMPTS = 3

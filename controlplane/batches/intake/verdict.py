@@ -20,7 +20,7 @@ from controlplane.batches.intake.validation_deadline import DeadlineStream, atte
 from controlplane.batches.models import Batch
 from controlplane.batches.selectors import batch_input_name
 from controlplane.batches.transitions import batch_fail
-from controlplane.core import tracing
+from controlplane.core.observability import tracing
 from controlplane.files.selectors import file_storage_name
 from controlplane.files.storage import blob_delete, blob_open, blob_save
 from controlplane.kinds.registry import kind_for

@@ -5,7 +5,7 @@ from datetime import timedelta
 
 from django.conf import settings
 
-from controlplane.core.errors import ValidationFailed
+from controlplane.core.http.errors import ValidationFailed
 
 _WINDOW = re.compile(r"^(\d+)([smh])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600}

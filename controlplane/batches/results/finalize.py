@@ -23,7 +23,7 @@ from controlplane.batches.run.parts import decode_entry, dumps
 from controlplane.batches.run.records import error_record
 from controlplane.batches.selectors import batch_input_name
 from controlplane.batches.transitions import FINALIZABLE, batch_finalizing, batch_finish, event_record
-from controlplane.core import tracing
+from controlplane.core.observability import tracing
 from controlplane.files.services import file_result_create, result_blob_name
 from controlplane.files.storage import blob_delete, blob_open, blob_read_range, blob_save_spooled, blob_spool
 
@@ -158,7 +158,7 @@ def batch_finalize(*, batch_id: str) -> None:
     batch = Batch.objects.get(id=batch_id)
     if batch.status != BatchStatus.FINALIZING:
         return
-    # The last stage of the batch's trace (core/tracing.py), wherever it runs: the slot, the control queue, beat.
+    # The last stage of the batch's trace (core/observability/tracing.py), wherever it runs: the slot, the control queue, beat.
     with tracing.batch_span(
         "batch.finalize", traceparent=batch.trace_parent, attributes={"batch.id": batch_id}
     ) as span:

@@ -27,7 +27,7 @@ from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
 from controlplane.batches.render import public_status
 from controlplane.batches.results.finalize import shard_entries
 from controlplane.batches.run.parts import part_payloads
-from controlplane.core.errors import Conflict, ValidationFailed
+from controlplane.core.http.errors import Conflict, ValidationFailed
 from controlplane.files.selectors import file_storage_name
 from controlplane.files.storage import READ_CHUNK_BYTES, blob_open
 

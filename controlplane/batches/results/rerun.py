@@ -22,8 +22,9 @@ from controlplane.batches.intake.admission import batch_admit_lines
 from controlplane.batches.intake.windows import parse_completion_window
 from controlplane.batches.models import Batch, BatchStatus
 from controlplane.batches.transitions import event_record
-from controlplane.core import dispatch, tracing
-from controlplane.core.errors import Conflict, ValidationFailed
+from controlplane.core.http.errors import Conflict, ValidationFailed
+from controlplane.core.messaging import dispatch
+from controlplane.core.observability import tracing
 from controlplane.files.selectors import file_storage_name
 from controlplane.files.services import file_reserve
 from controlplane.tenants.models import PRIORITY_RANK, Priority, Tenant
@@ -113,7 +114,7 @@ def batch_rerun_failed(
             output_expires_after=batch.output_expires_after,
             rerun_of=batch.id,
             rerun_error_codes=codes,
-            # The re-run is a trace of its own, under the request that asked for it (core/tracing.py).
+            # The re-run is a trace of its own, under the request that asked for it (core/observability/tracing.py).
             trace_parent=tracing.current_traceparent(),
         )
         # "created" starts the validation deadline (validation_deadline.py), which the input build counts in.

@@ -27,7 +27,7 @@ from controlplane.batches.intake.verdict import batch_validation_fail, validatio
 from controlplane.batches.models import Batch, BatchStatus
 from controlplane.batches.selectors import batch_input_name
 from controlplane.batches.transitions import event_record
-from controlplane.core.errors import DomainError
+from controlplane.core.http.errors import DomainError
 from controlplane.files.selectors import file_storage_name
 from controlplane.files.services import file_create
 from controlplane.files.storage import blob_open

@@ -29,8 +29,8 @@ from controlplane.batches.run.records import failed_response_record, output_reco
 from controlplane.batches.run.records import request_id as line_request_id
 from controlplane.batches.run.shards import PartSummary, batch_stop_requested, shard_commit, shard_release, shard_renew
 from controlplane.batches.selectors import batch_input_name
-from controlplane.core import metrics, tracing
-from controlplane.core.database import when_database_answers
+from controlplane.core.observability import metrics, tracing
+from controlplane.core.workers.database import when_database_answers
 from controlplane.files.storage import blob_delete, blob_read_range, blob_save_spooled, blob_spool
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import Backend, Call, EndpointKind, LineFailure, LineOutcome, ParsedLine, TokenCounts
@@ -61,7 +61,7 @@ def shard_execute(*, shard: Shard, model: CatalogueModel, backend: Backend) -> s
         "model": model.name,
         "triton.server": backend.server,
     }
-    # One span per shard attempt under the batch's trace (core/tracing.py); its Triton calls are its children.
+    # One span per shard attempt under the batch's trace (core/observability/tracing.py); its Triton calls are its children.
     with tracing.batch_span("shard.run", traceparent=shard.batch.trace_parent, attributes=attributes) as span:
         line_errors = tracing.LineErrors(span)
         outcome = _shard_execute(shard, model, backend, line_errors)

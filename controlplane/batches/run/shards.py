@@ -26,8 +26,8 @@ from django.utils import timezone
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
 from controlplane.batches.transitions import event_record
 from controlplane.batches.usage_rows import shard_usage_from_row
-from controlplane.core import dispatch
-from controlplane.core.errors import Conflict, NotFound
+from controlplane.core.http.errors import Conflict, NotFound
+from controlplane.core.messaging import dispatch
 from controlplane.kinds.base import TokenCounts
 from controlplane.usage.services import usage_record_shard
 

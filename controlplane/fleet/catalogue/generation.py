@@ -14,7 +14,7 @@ from typing import Any
 
 from django.conf import settings
 
-from controlplane.core.errors import ValidationFailed
+from controlplane.core.http.errors import ValidationFailed
 from controlplane.fleet.models import ModelKind
 
 # What kinds/generation/kind.py sends and reads (triton/streaming.py): the vLLM backend's tensors.

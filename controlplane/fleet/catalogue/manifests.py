@@ -15,7 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from controlplane.core.errors import ValidationFailed
+from controlplane.core.http.errors import ValidationFailed
 from controlplane.fleet.catalogue.generation import generation_interface, generation_profile, interface_gaps
 from controlplane.fleet.models import CatalogueModel, ModelKind
 from controlplane.triton.client import repository_model_config

@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from controlplane.core.errors import Conflict, DomainError, ValidationFailed
+from controlplane.core.http.errors import Conflict, DomainError, ValidationFailed
 from controlplane.fleet.membership.gpu_metrics import parse_gpu_metrics
 from controlplane.fleet.membership.inventory import (
     UNHEALTHY_AFTER_FAILURES,

@@ -12,7 +12,7 @@ from datetime import datetime
 from django.conf import settings
 from django.utils import timezone
 
-from controlplane.core.errors import DomainError, NotFound
+from controlplane.core.http.errors import DomainError, NotFound
 from controlplane.fleet.membership.inventory import fleet_heartbeat
 from controlplane.fleet.models import CatalogueModel, Placement, PlacementStatus
 from controlplane.fleet.placement.reconciler import fleet_reconcile

@@ -22,9 +22,9 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from controlplane.core import dispatch
-from controlplane.core.database import when_database_answers
-from controlplane.core.metrics import CONSOLIDATION_MOVES
+from controlplane.core.messaging import dispatch
+from controlplane.core.observability.metrics import CONSOLIDATION_MOVES
+from controlplane.core.workers.database import when_database_answers
 from controlplane.fleet.models import (
     CatalogueModel,
     FleetLock,

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from controlplane.core.errors import quote
+from controlplane.core.http.errors import quote
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import BodyIssue
 from controlplane.kinds.tensors.values import cast_exactly, tensor_array

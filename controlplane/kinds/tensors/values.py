@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from controlplane.core.errors import quote
+from controlplane.core.http.errors import quote
 from controlplane.kinds.base import BodyIssue
 
 KSERVE_DTYPES: dict[str, Any] = {

@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from controlplane.core.errors import DomainError
+from controlplane.core.http.errors import DomainError
 from controlplane.fleet.catalogue.manifests import catalogue_register_from_manifest
 from controlplane.fleet.models import ModelKind
 

@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from controlplane.core.errors import DomainError
+from controlplane.core.http.errors import DomainError
 from controlplane.fleet.membership.join_leave import server_join
 
 # Binary units: a "16G" card reports 16 GiB. "B"/"iB" suffixes are accepted and mean the same.

@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from controlplane.core.errors import DomainError
+from controlplane.core.http.errors import DomainError
 from controlplane.fleet.placement.readiness import fleet_wait_ready
 
 

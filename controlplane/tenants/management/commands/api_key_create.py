@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from controlplane.core.errors import DomainError
+from controlplane.core.http.errors import DomainError
 from controlplane.tenants.management.options import add_expiry_arguments, expiry_from_options
 from controlplane.tenants.models import Tenant
 from controlplane.tenants.services import api_key_create

@@ -14,7 +14,7 @@ from django.conf import settings
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
-from controlplane.core.errors import PayloadTooLarge
+from controlplane.core.http.errors import PayloadTooLarge
 from controlplane.core.jsontext import MAX_JSON_DEPTH, bad_text, json_error_text, reject_constant, too_deep
 
 

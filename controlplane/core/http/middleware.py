@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponseBase, JsonResponse
 
-from controlplane.core.errors import error_body
+from controlplane.core.http.errors import error_body
 
 
 class RejectNulMiddleware:

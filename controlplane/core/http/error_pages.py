@@ -1,5 +1,5 @@
 """Django's own error pages (a URL that matches no route, an error outside DRF) for the API's paths, in
-OpenAI's error shape. DRF's exception handler (core/errors.py) covers everything that reaches a view; these
+OpenAI's error shape. DRF's exception handler (core/http/errors.py) covers everything that reaches a view; these
 cover what does not: ``/v1/files/a%2Fb`` (the slash splits the id), ``/v1/nope``, a trailing slash, or a
 crash in middleware. Paths outside ``/v1/`` (the admin) keep Django's HTML pages."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
 
-from controlplane.core.errors import error_body
+from controlplane.core.http.errors import error_body
 
 API_PREFIX = "/v1/"
 

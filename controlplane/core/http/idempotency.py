@@ -47,7 +47,7 @@ from django.utils import timezone
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from controlplane.core.errors import ValidationFailed, error_body
+from controlplane.core.http.errors import ValidationFailed, error_body
 from controlplane.core.models import IdempotencyRecord
 
 HEADER = "Idempotency-Key"

@@ -9,8 +9,8 @@ from django.db import models
 from django.db.models import Q, QuerySet
 from rest_framework import serializers
 
-from controlplane.core.errors import ValidationFailed
-from controlplane.core.input import StrictCharField
+from controlplane.core.http.errors import ValidationFailed
+from controlplane.core.http.input import StrictCharField
 
 M = TypeVar("M", bound=models.Model)
 

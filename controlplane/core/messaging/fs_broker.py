@@ -26,7 +26,7 @@ from kombu.utils.json import dumps
 logger = logging.getLogger(__name__)
 
 # CELERY_BROKER_TRANSPORT for a filesystem:// broker URL (kombu resolves "module:Class").
-TRANSPORT = "controlplane.core.fs_broker:Transport"
+TRANSPORT = "controlplane.core.messaging.fs_broker:Transport"
 _PARTIAL = ".part"  # kombu's consumers take only names ending in ".<queue>.msg"
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponseBase
 
-from controlplane.core.logs import log_context_bind, log_context_clear
+from controlplane.core.observability.logs import log_context_bind, log_context_clear
 
 logger = logging.getLogger("controlplane.requests")
 

@@ -20,7 +20,7 @@ from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
-from controlplane.core import metrics
+from controlplane.core.observability import metrics
 
 logger = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from celery import current_app
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane.core.messaging.queues import queue_for
 from controlplane.core.models import OutboxMessage
-from controlplane.core.queues import queue_for
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Structured logs: every line names the batch, shard, attempt and slot it is about, so one batch's story
 can be read across web, worker and beat.
 
-The ids travel in a context variable, bound where work on a batch starts (a request: core/request_log.py; a
+The ids travel in a context variable, bound where work on a batch starts (a request: core/http/request_log.py; a
 Celery task: ``task_log_context_start`` below and one ``log_context_bind`` in the task or service; a shard
 run: batches/run/execution.py) and read by the formatter, so no log call has to pass them. ``LOG_FORMAT=json``
 writes one JSON object per line (timestamp, level, logger, message, role, pid, the bound ids, the
@@ -19,7 +19,7 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
-from controlplane.core.tracing import current_ids
+from controlplane.core.observability.tracing import current_ids
 
 # The ids bound to the running request or task. An immutable snapshot per bind: a thread or task that binds
 # never changes what another one sees.
@@ -74,7 +74,7 @@ class JsonFormatter(logging.Formatter):
             "pid": record.process,
         }
         entry.update(_context.get())
-        entry.update(current_ids())  # the current span's trace_id and span_id (core/tracing.py), when traced
+        entry.update(current_ids())  # the current span's trace_id and span_id (observability/tracing.py), when traced
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         if record.stack_info:

@@ -1,4 +1,4 @@
-"""The routing table: which broker queue carries which task. Read by core/dispatch.py (every send) and by
+"""The routing table: which broker queue carries which task. Read by core/messaging/dispatch.py (every send) and by
 settings.CELERY_TASK_ROUTES (beat's sends), so the two cannot disagree. No Django import: settings loads it."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from controlplane.core.errors import ValidationFailed, validation_failed
+from controlplane.core.http.errors import ValidationFailed, validation_failed
 
 
 def input_validate(serializer_class: type[serializers.Serializer[Any]], data: Any) -> dict[str, Any]:

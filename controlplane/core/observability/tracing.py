@@ -13,7 +13,7 @@ no trace id is stored and the hot path pays one boolean test per shard and per c
 the create request's sampler decides (``OTEL_TRACES_SAMPLER``, ``parentbased_*`` by default) and every
 later span follows the stored flag, so an unsampled batch costs context handling only.
 
-No Django at import time: the log formatter (core/logs.py) reads the current span's ids."""
+No Django at import time: the log formatter (core/observability/logs.py) reads the current span's ids."""
 
 from __future__ import annotations
 

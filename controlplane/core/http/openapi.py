@@ -2,7 +2,7 @@
 request and response headers of the tenant API (drf-spectacular; served at ``/v1/openapi.json``).
 
 Requests: each app's ``schema.py`` declares its bodies and query parameters as serializers, which the views
-validate with (core/input.py), so the schema describes the checks that run. Responses: the views render
+validate with (core/http/input.py), so the schema describes the checks that run. Responses: the views render
 OpenAI's objects as plain dicts, field for field (each app's ``render.py``), so their schema cannot be derived
 from them and the response serializers exist for the documentation only. Two tests keep that description and
 behaviour together: tests/test_openapi.py validates the schema, and tests/test_api_fuzz.py (schemathesis)
@@ -18,8 +18,8 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import serializers
 
-from controlplane.core.idempotency import HEADER as IDEMPOTENCY_HEADER
-from controlplane.core.idempotency import REPLAYED_HEADER
+from controlplane.core.http.idempotency import HEADER as IDEMPOTENCY_HEADER
+from controlplane.core.http.idempotency import REPLAYED_HEADER
 
 
 class ErrorLimitSerializer(serializers.Serializer[Any]):
@@ -47,7 +47,7 @@ class ErrorResponseSerializer(serializers.Serializer[Any]):
 
 
 def cursor_page_of(item: type[serializers.Serializer[Any]], *, name: str) -> type[serializers.Serializer[Any]]:
-    """The list object that ``core.pagination.cursor_page`` renders around ``item``, as the component
+    """The list object that ``pagination.cursor_page`` renders around ``item``, as the component
     ``name`` (drf-spectacular names a component after its serializer class)."""
     fields: dict[str, Any] = {
         "object": serializers.ChoiceField(choices=["list"]),
