@@ -15,6 +15,14 @@ API_MAX_JSON_BYTES = env_int(
     "API_MAX_JSON_BYTES", 1024 * 1024, minimum=1, help="Largest JSON request body (413 above)."
 )
 BATCH_MAX_LINES = env_int("BATCH_MAX_LINES", 5_000_000, minimum=1, help="Most requests (lines) in one batch.")
+# A generation line's output bound, n x max_tokens x (with logprobs) 2 + top_logprobs entries per token
+# (kinds/generation/bodies.py): 131,072 is ~6 MB of JSON, and leaves n 1 at 128k tokens or n 8 at 16k plain.
+GENERATION_MAX_LINE_OUTPUT_UNITS = env_int(
+    "GENERATION_MAX_LINE_OUTPUT_UNITS",
+    131_072,
+    minimum=1,
+    help="Most output one generation line may ask for (n x max_tokens x logprob entries per token); above: a 400 line.",
+)
 # Idempotency-Key on POST /v1/files and /v1/batches (core/http/idempotency.py); a key lives 24 h, as at OpenAI and Stripe.
 IDEMPOTENCY_KEY_TTL_SECONDS = env_int(
     "IDEMPOTENCY_KEY_TTL_SECONDS", 24 * 3600, minimum=1, help="How long an Idempotency-Key's answer is replayed."

@@ -202,3 +202,21 @@ def test_requests_are_values(tokenizer):
     assert hash(chat(tokenizer, metadata={"a": "b"})) == hash(chat(tokenizer, metadata={"a": "b"}))
     with pytest.raises(AttributeError):
         chat(tokenizer).n = 3  # type: ignore[misc]
+
+
+def test_a_line_whose_output_could_exceed_the_budget_is_refused(tokenizer):
+    """n x max_tokens x (with logprobs) 2 + top_logprobs entries per token, against the per-line limit."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "count"}], "max_tokens": 10, "n": 4}
+    plain = parse_chat_body(body, tokenizer=tokenizer, context_length=CONTEXT, max_output_units=40)
+    assert plain.output_units == 40
+    with_logprobs = {**body, "logprobs": True, "top_logprobs": 3}
+    with pytest.raises(BodyError) as caught:
+        parse_chat_body(with_logprobs, tokenizer=tokenizer, context_length=CONTEXT, max_output_units=199)
+    assert (caught.value.code, caught.value.param) == ("output_too_large", "max_tokens")
+    assert "200" in caught.value.message and "199" in caught.value.message
+    assert parse_chat_body(with_logprobs, tokenizer=tokenizer, context_length=CONTEXT, max_output_units=200).n == 4
+    legacy = {"model": "tiny", "prompt": "count", "max_tokens": 10, "n": 2, "logprobs": 5}
+    with pytest.raises(BodyError) as caught:
+        parse_completion_body(legacy, tokenizer=tokenizer, context_length=CONTEXT, max_output_units=139)
+    assert (caught.value.code, caught.value.param) == ("output_too_large", "max_tokens")
+    assert parse_completion_body(legacy, tokenizer=tokenizer, context_length=CONTEXT, max_output_units=140).n == 2

@@ -300,3 +300,12 @@ def test_lines_sharing_a_prompt_prefix_are_sent_together():
     # Without shared prefixes the file order stands.
     _, _, plain = run(CHAT, [chat(f"count from {a} to {a + 2}") for a in range(5)])
     assert [request.prompt.split()[3] for request in plain.submitted] == ["0", "1", "2", "3", "4"]
+
+
+def test_a_line_over_the_output_budget_is_a_400_naming_the_field(settings):
+    settings.GENERATION_MAX_LINE_OUTPUT_UNITS = 100
+    kind, model = kind_for(CHAT), tinylm()
+    assert kind.parse_body(chat("count from 1 to 3", max_tokens=10, n=8), model=model).request.output_units == 80
+    with pytest.raises(BodyIssue) as caught:
+        kind.parse_body(chat("count from 1 to 3", max_tokens=10, n=8, logprobs=True), model=model)
+    assert (caught.value.code, caught.value.param) == ("output_too_large", "body.max_tokens")

@@ -96,6 +96,13 @@ class GenerationRequest:
     def prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
 
+    @property
+    def output_units(self) -> int:
+        """What the line can write at most, in tokens' worth of output: each choice's max_tokens tokens, and
+        with logprobs one entry per token plus its top_logprobs alternatives (each about a token's JSON)."""
+        per_token = 2 + self.top_logprobs if self.logprobs else 1
+        return self.n * self.max_tokens * per_token
+
 
 # Fields of OpenAI's request that the service does not honour, with the values that mean "not used" (null
 # always does): any other value is a 400 naming the field rather than a result that silently differs.
@@ -157,8 +164,11 @@ COMPLETION_NOT_HONOURED: dict[str, tuple[Any, ...]] = {
 COMPLETION_HONOURED = _SHARED_HONOURED | {"prompt"}
 
 
-def parse_chat_body(body: Any, *, tokenizer: ChatTokenizer, context_length: int) -> GenerationRequest:
-    """A ``/v1/chat/completions`` body; raises only ``BodyError``."""
+def parse_chat_body(
+    body: Any, *, tokenizer: ChatTokenizer, context_length: int, max_output_units: int | None = None
+) -> GenerationRequest:
+    """A ``/v1/chat/completions`` body; raises only ``BodyError``. ``max_output_units``: the most a line may
+    write (GenerationRequest.output_units), None for no limit."""
     fields = _body_object(body)
     check_unsupported(fields, CHAT_NOT_HONOURED, CHAT_HONOURED)
     read_string(fields, "safety_identifier", max_chars=64)  # OpenAI's limits and types
@@ -181,7 +191,7 @@ def parse_chat_body(body: Any, *, tokenizer: ChatTokenizer, context_length: int)
     top_logprobs = read_integer(fields, "top_logprobs", low=0, high=MAX_TOP_LOGPROBS)
     if top_logprobs is not None and not logprobs:
         raise BodyError("top_logprobs", "invalid_value", "Invalid 'top_logprobs': it requires 'logprobs' to be true.")
-    return GenerationRequest(
+    request = GenerationRequest(
         kind="chat",
         model=model,
         prompt_text=prompt_text,
@@ -193,6 +203,7 @@ def parse_chat_body(body: Any, *, tokenizer: ChatTokenizer, context_length: int)
         metadata=read_metadata(fields),
         **_sampling(fields),
     )
+    return _within_output_budget(request, max_output_units, max_param)
 
 
 def _without_added_bos(tokenizer: ChatTokenizer, text: str) -> str:
@@ -212,8 +223,10 @@ def _added_bos(tokenizer: Any) -> str | None:
     return bos if added[:1] == tokenizer.encode(bos, add_special_tokens=False) else None
 
 
-def parse_completion_body(body: Any, *, tokenizer: ChatTokenizer, context_length: int) -> GenerationRequest:
-    """A ``/v1/completions`` body; raises only ``BodyError``."""
+def parse_completion_body(
+    body: Any, *, tokenizer: ChatTokenizer, context_length: int, max_output_units: int | None = None
+) -> GenerationRequest:
+    """A ``/v1/completions`` body; raises only ``BodyError`` (``max_output_units`` as parse_chat_body's)."""
     fields = _body_object(body)
     check_unsupported(fields, COMPLETION_NOT_HONOURED, COMPLETION_HONOURED)
     model = _model(fields)
@@ -221,7 +234,7 @@ def parse_completion_body(body: Any, *, tokenizer: ChatTokenizer, context_length
     token_ids = tuple(tokenizer.encode(prompt_text, add_special_tokens=True))
     legacy_logprobs = read_integer(fields, "logprobs", low=0, high=MAX_LEGACY_LOGPROBS)
     max_tokens = read_integer(fields, "max_tokens", low=1)
-    return GenerationRequest(
+    request = GenerationRequest(
         kind="completion",
         model=model,
         prompt_text=prompt_text,
@@ -232,6 +245,24 @@ def parse_completion_body(body: Any, *, tokenizer: ChatTokenizer, context_length
         logprobs=legacy_logprobs is not None,
         top_logprobs=legacy_logprobs or 0,
         **_sampling(fields),
+    )
+    return _within_output_budget(request, max_output_units, "max_tokens")
+
+
+def _within_output_budget(request: GenerationRequest, limit: int | None, max_param: str) -> GenerationRequest:
+    """The request, unless it could write more than ``limit`` (n x max_tokens x the entries per token): such a
+    line (n 8, top_logprobs 20, a whole context of max_tokens) writes tens of MB, more than its shard's worker
+    should hold or its tenant's storage estimate counts."""
+    if limit is None or request.output_units <= limit:
+        return request
+    entries = f" x {2 + request.top_logprobs} (each token, its logprob and {request.top_logprobs} alternatives)"
+    raise BodyError(
+        # The field to change: the one the request set among those that multiply.
+        max_param,
+        "output_too_large",
+        f"This line could write up to {request.output_units} tokens' worth of output (n {request.n} x "
+        f"{max_param} {request.max_tokens}{entries if request.logprobs else ''}), over the limit of {limit} per "
+        f"line. Lower {max_param}, n or top_logprobs, or split the request into several lines.",
     )
 
 

@@ -138,7 +138,12 @@ class _GenerationKind(EndpointKind):
 
     def parse_body(self, body: dict[str, Any], *, model: CatalogueModel) -> GenerationLine:
         try:
-            request = type(self).parse(body, tokenizer=model_tokenizer(model), context_length=_context_length(model))
+            request = type(self).parse(
+                body,
+                tokenizer=model_tokenizer(model),
+                context_length=_context_length(model),
+                max_output_units=settings.GENERATION_MAX_LINE_OUTPUT_UNITS,
+            )
         except BodyError as error:
             raise BodyIssue(error.code, error.message, _body_param(error.param)) from None
         if request.response_format.type != "text":
