@@ -90,7 +90,7 @@ def _tokenizers_preload_in_background(**_: Any) -> None:
 def _tokenizers_preload() -> None:
     from django.db import connection
 
-    from controlplane.kinds.generation.kind import tokenizers_preload
+    from controlplane.kinds.registry import tokenizers_preload
 
     try:
         logger.info("generation tokenizers preloaded: %s", ", ".join(tokenizers_preload()) or "none")

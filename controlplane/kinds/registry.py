@@ -7,6 +7,7 @@ from __future__ import annotations
 from controlplane.kinds.base import EndpointKind
 from controlplane.kinds.embeddings import EmbeddingsKind
 from controlplane.kinds.generation.kind import ChatCompletionsKind, CompletionsKind
+from controlplane.kinds.generation.kind import tokenizers_preload as generation_tokenizers_preload
 from controlplane.kinds.tensors.kind import TensorKind
 
 KINDS: dict[str, EndpointKind] = {
@@ -44,3 +45,9 @@ def endpoints_for_model_kind(model_kind: str) -> list[str]:
 def endpoint_for_model_kind(model_kind: str) -> str | None:
     """The main endpoint a catalogue model of ``model_kind`` serves (the first of ``endpoints_for_model_kind``)."""
     return next(iter(endpoints_for_model_kind(model_kind)), None)
+
+
+def tokenizers_preload() -> list[str]:
+    """Load the enabled generation models' tokenizers into this process ahead of its first shard (each child of
+    the shard worker does at start, controlplane/celery.py); the names of the models loaded."""
+    return generation_tokenizers_preload()
