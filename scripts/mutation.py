@@ -67,7 +67,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         ],
     ),
     "shards": (
-        "controlplane/batches/run/shards.py",
+        "controlplane/batches/shards.py",
         [
             "tests/batches/test_fences.py",
             "tests/scheduling/test_claim_guards.py",

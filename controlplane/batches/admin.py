@@ -9,8 +9,8 @@ from django.http import HttpRequest
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard, ShardStatus
 from controlplane.batches.priority import batch_priority_set
 from controlplane.batches.results.rerun import batch_rerun_failed
-from controlplane.batches.run.shards import shard_requeue
 from controlplane.batches.services import batch_cancel
+from controlplane.batches.shards import shard_requeue
 from controlplane.core.audit import AuditedAdmin
 from controlplane.core.http.errors import DomainError
 from controlplane.tenants.models import Priority

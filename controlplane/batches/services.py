@@ -1,9 +1,10 @@
-"""Batch lifecycle: create, validate, cancel, expire. The status changes themselves are transitions.py's
+"""Batch lifecycle: create, validate, cancel, expire, and running a shard the scheduler claimed. The status changes themselves are transitions.py's
 (batch) and shards.py's (shard), which write each change's BatchEvent with it."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from django.db import InterfaceError, OperationalError, transaction
@@ -25,7 +26,9 @@ from controlplane.batches.intake.verdict import (
 )
 from controlplane.batches.intake.windows import parse_completion_window
 from controlplane.batches.models import Batch, BatchStatus, Shard, StopReason
-from controlplane.batches.run.shards import shards_skip_pending
+from controlplane.batches.results.finalize import batch_try_finalize
+from controlplane.batches.run.execution import SHARD_CLOSED_OUTCOMES, shard_execute
+from controlplane.batches.shards import shards_skip_pending
 from controlplane.batches.transitions import (
     batch_cancel_validating,
     batch_start,
@@ -39,6 +42,8 @@ from controlplane.core.observability import tracing
 from controlplane.files.lifecycle import expires_after_parse
 from controlplane.files.quota import storage_reserve
 from controlplane.files.selectors import file_batch_input_get
+from controlplane.fleet.models import CatalogueModel
+from controlplane.kinds.base import Backend
 from controlplane.kinds.registry import KINDS, endpoint_urls
 from controlplane.tenants.models import Tenant
 from controlplane.usage.services import batch_origin_record
@@ -249,3 +254,21 @@ def batches_expire() -> list[str]:
                 dispatch.batch_finalize_enqueue(batch_id)
         expired.append(batch_id)
     return expired
+
+
+def shard_run(
+    *, shard: Shard, model: CatalogueModel, backend: Backend, on_succeeded: Callable[[], None] | None = None
+) -> str:
+    """Run a shard the scheduler claimed (run/execution.py) and, when it closed the batch's last open shard,
+    finalize the batch. ``on_succeeded`` is the scheduler's accounting of a committed shard, called before the
+    finalize (which may take seconds for a large batch). Returns shard_execute's outcome: succeeded, stopped,
+    stale, lease_lost, deferred, retry, dead or skipped."""
+    outcome = shard_execute(shard=shard, model=model, backend=backend)
+    if outcome == "succeeded" and on_succeeded is not None:
+        on_succeeded()
+    if outcome in SHARD_CLOSED_OUTCOMES:
+        # Finalize runs here, inline in the slot that closed the batch's last shard: its output is assembled at
+        # once by a worker already holding the batch's files, with no queue hop. The control queue's
+        # batch_finalize (core/messaging/dispatch.py) covers what no slot closes: cancel, expiry, a finalizer that died.
+        batch_try_finalize(batch_id=shard.batch_id)
+    return outcome

@@ -10,10 +10,9 @@ from celery import shared_task
 from django.db import InterfaceError, OperationalError
 from django.utils import timezone
 
-from controlplane.batches import services
+from controlplane.batches import services, shards
 from controlplane.batches.intake import validation_rescue
 from controlplane.batches.results import finalize, rerun_input, retention
-from controlplane.batches.run import shards
 from controlplane.core.observability.logs import log_context_bind
 from controlplane.files.storage_gc import orphans_collect
 from controlplane.webhooks.housekeeping import webhooks_housekeep

@@ -13,9 +13,9 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from controlplane.batches.intake.pinning import pinned_model
 from controlplane.batches.models import Batch, Shard, ShardStatus
-from controlplane.batches.run.shards import shard_claim_selected
+from controlplane.batches.pinning import pinned_model
+from controlplane.batches.shards import shard_claim_selected
 from controlplane.batches.transitions import event_record
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import TokenCounts

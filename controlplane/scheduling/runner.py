@@ -1,5 +1,5 @@
-"""What a slot does when its message reaches a worker: claim the model's next shard by policy, run it,
-and repeat for up to SCHEDULER_SLOT_BUDGET_SECONDS; then give the place back (a top-up re-queues it
+"""What a slot does when its message reaches a worker: claim the model's next shard by policy, run it (the
+batch pipeline runs and finalizes it: batches.services.shard_run), and repeat for up to SCHEDULER_SLOT_BUDGET_SECONDS; then give the place back (a top-up re-queues it
 behind other models' slots, so one model's backlog never holds all worker threads)."""
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ from functools import partial
 
 from django.conf import settings
 
-from controlplane.batches.results.finalize import batch_try_finalize
-from controlplane.batches.run.execution import shard_execute
-from controlplane.batches.run.leases import LeaseKeeper
+from controlplane.batches.leases import LeaseKeeper
+from controlplane.batches.services import shard_run
 from controlplane.core.observability.logs import log_context_bind
 from controlplane.core.workers.database import when_database_answers
 from controlplane.fleet.models import CatalogueModel
@@ -28,10 +27,6 @@ logger = logging.getLogger(__name__)
 
 # A cycle's outcome when the model had nowhere to run (no ready placement, server down): nothing was claimed.
 UNROUTABLE = "unroutable"
-
-
-# shard_execute's outcomes that close the shard (committed, or given up): the batch may be finished.
-SHARD_CLOSED_OUTCOMES = frozenset({"succeeded", "stopped", "dead", "skipped"})
 
 
 @dataclass(frozen=True)
@@ -106,12 +101,9 @@ def shard_run_next(*, model: CatalogueModel, owner: str, backend_factory: Callab
     if shard is None:
         return None
     log_context_bind(batch_id=shard.batch_id, shard_id=shard.id, shard_index=shard.index, attempt=shard.attempt)
-    outcome = shard_execute(shard=shard, model=model, backend=backend)
-    if outcome == "succeeded":
-        shard_settle(shard_id=shard.id, cycle_seconds=time.monotonic() - started, model_seconds=backend.model_seconds)
-    if outcome in SHARD_CLOSED_OUTCOMES:
-        # Finalize runs here, inline in the slot that closed the batch's last shard: its output is assembled at
-        # once by a worker already holding the batch's files, with no queue hop. The control queue's
-        # batch_finalize (core/messaging/dispatch.py) covers what no slot closes: cancel, expiry, a finalizer that died.
-        batch_try_finalize(batch_id=shard.batch_id)
-    return Cycle(outcome, shard.id)
+    settle = partial(_settle, shard_id=shard.id, started=started, backend=backend)
+    return Cycle(shard_run(shard=shard, model=model, backend=backend, on_succeeded=settle), shard.id)
+
+
+def _settle(*, shard_id: int, started: float, backend: CallClock) -> None:
+    shard_settle(shard_id=shard_id, cycle_seconds=time.monotonic() - started, model_seconds=backend.model_seconds)

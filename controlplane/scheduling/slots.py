@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.batches.run.leases import lease_renew_interval
+from controlplane.batches.leases import lease_renew_interval
 from controlplane.core.messaging import dispatch
 from controlplane.fleet.models import CatalogueModel
 from controlplane.scheduling import selectors

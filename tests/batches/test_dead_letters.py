@@ -13,7 +13,7 @@ from django.utils import timezone
 from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard, ShardStatus
 from controlplane.batches.results.finalize import batch_try_finalize
-from controlplane.batches.run.shards import shard_requeue, shards_rescue
+from controlplane.batches.shards import shard_requeue, shards_rescue
 from controlplane.core.http.errors import Conflict
 from controlplane.core.messaging import dispatch
 from controlplane.fleet.models import CatalogueModel

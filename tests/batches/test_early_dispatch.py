@@ -13,8 +13,8 @@ import pytest
 
 from controlplane.batches import services
 from controlplane.batches.intake import early_dispatch
-from controlplane.batches.intake.pinning import pinned_model
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard, ShardStatus
+from controlplane.batches.pinning import pinned_model
 from controlplane.batches.render import batch_render
 from controlplane.batches.results.finalize import batch_try_finalize
 from controlplane.batches.run.execution import shard_execute

@@ -1,4 +1,4 @@
-"""The attempt is the fencing token (batches/run/shards.py): a worker presumed dead whose shard was rescued and
+"""The attempt is the fencing token (batches/shards.py): a worker presumed dead whose shard was rescued and
 claimed again can renew, release or commit nothing. Each test fails when the ``attempt=`` condition of that
 one write is removed: the stale worker's call would then match the row the current attempt holds.
 
@@ -20,7 +20,7 @@ from django.utils import timezone
 from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard, ShardStatus
 from controlplane.batches.results import finalize
-from controlplane.batches.run.shards import (
+from controlplane.batches.shards import (
     PartSummary,
     shard_commit,
     shard_release,

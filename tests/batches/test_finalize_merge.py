@@ -13,7 +13,7 @@ from controlplane.batches.models import Batch, BatchStatus, Shard
 from controlplane.batches.results.finalize import batch_try_finalize
 from controlplane.batches.run.parts import encode_entry
 from controlplane.batches.run.records import failed_response_record, output_record
-from controlplane.batches.run.shards import PartSummary, shard_commit
+from controlplane.batches.shards import PartSummary, shard_commit
 from controlplane.core.messaging import dispatch
 from controlplane.files.models import File
 from controlplane.files.storage import blob_delete, blob_save

@@ -111,7 +111,7 @@ def test_permanent_error_is_pinned_to_its_line(tenant, eager):
 
 
 def test_stale_attempt_cannot_commit(tenant, eager):
-    from controlplane.batches.run.shards import PartSummary, shard_commit, shards_rescue
+    from controlplane.batches.shards import PartSummary, shard_commit, shards_rescue
     from controlplane.fleet.models import CatalogueModel
     from controlplane.scheduling.claims import shard_claim_next
 
@@ -197,7 +197,7 @@ def test_transient_failures_release_the_shard_without_spending_attempts(tenant, 
 
     from django.utils import timezone
 
-    from controlplane.batches.run import shards
+    from controlplane.batches import shards
 
     # A backoff no busy machine outlasts between the release and the next claim below.
     monkeypatch.setattr(shards, "RELEASE_BACKOFF_SECONDS", 60.0)

@@ -17,7 +17,7 @@ from controlplane.batches.results import live
 from controlplane.batches.results.finalize import batch_try_finalize
 from controlplane.batches.run.parts import encode_entry
 from controlplane.batches.run.records import output_record
-from controlplane.batches.run.shards import shard_claim_selected, shard_release
+from controlplane.batches.shards import shard_claim_selected, shard_release
 from controlplane.files.models import File
 from controlplane.files.storage import blob_open, blob_save
 from tests.batches.helpers import embedding_line

@@ -1,4 +1,4 @@
-"""A batch keeps the catalogue entry it was validated against (controlplane/batches/intake/pinning.py): editing,
+"""A batch keeps the catalogue entry it was validated against (controlplane/batches/pinning.py): editing,
 disabling or re-registering the model mid-batch does not fail its remaining lines."""
 
 from __future__ import annotations

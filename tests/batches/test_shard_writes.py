@@ -1,4 +1,4 @@
-"""The details of each shard write (batches/run/shards.py) that the flows of test_dead_letters.py, test_fences.py
+"""The details of each shard write (batches/shards.py) that the flows of test_dead_letters.py, test_fences.py
 and test_lifecycle.py leave open; each test kills mutants those flows let through (docs/RELIABILITY.md,
 "Mutation testing"): how long a released shard waits, what a release and a rescue record, both budgets as
 ceilings, a commit's running totals and a validating batch's ledger, the close of a stranded shard, and what a
@@ -17,7 +17,7 @@ from controlplane.batches import services
 from controlplane.batches.intake.early_dispatch import shards_discard
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard, ShardStatus
 from controlplane.batches.results.finalize import batch_try_finalize
-from controlplane.batches.run.shards import (
+from controlplane.batches.shards import (
     PartSummary,
     batch_stop_requested,
     shard_claim_selected,

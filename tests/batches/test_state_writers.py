@@ -1,5 +1,5 @@
 """One writer per state machine (docs/ARCHITECTURE.md, "Who writes which state"): a shard's ``status`` is
-written only by batches/run/shards.py, a batch's ``status`` and ``stop_reason`` only by batches/transitions.py,
+written only by batches/shards.py, a batch's ``status`` and ``stop_reason`` only by batches/transitions.py,
 where each change records its event (and a batch's terminal one its webhook). The scan reads every module of
 controlplane/ (migrations aside) and reports any other write:
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTROLPLANE = ROOT / "controlplane"
-OWNERS = {"Shard": "controlplane/batches/run/shards.py", "Batch": "controlplane/batches/transitions.py"}
+OWNERS = {"Shard": "controlplane/batches/shards.py", "Batch": "controlplane/batches/transitions.py"}
 FIELDS = {"Shard": {"status"}, "Batch": {"status", "stop_reason"}}
 RELATED = {"shards": "Shard", "batches": "Batch"}
 WRITE_CALLS = {"update", "create", "get_or_create", "update_or_create"}

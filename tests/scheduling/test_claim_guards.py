@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 
 from controlplane.batches.models import Shard, ShardStatus
-from controlplane.batches.run.shards import PartSummary, shard_claim_selected, shard_commit
+from controlplane.batches.shards import PartSummary, shard_claim_selected, shard_commit
 from controlplane.core.messaging import dispatch
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import TokenCounts

@@ -35,7 +35,7 @@ def _identity() -> CatalogueModel:
 def test_the_speed_estimate_counts_what_a_shard_cost_its_slot(quiet):
     """shard_settle folds the slot's whole cycle (claim and commit included) into seconds per work unit when
     the runner measured it, else the shard's own started → finished."""
-    from controlplane.batches.run.shards import PartSummary, shard_commit
+    from controlplane.batches.shards import PartSummary, shard_commit
     from controlplane.scheduling.claims import shard_settle
 
     tenant = new_tenant("speed")
@@ -67,7 +67,7 @@ def test_the_speed_estimate_counts_what_a_shard_cost_its_slot(quiet):
 def test_the_calls_time_is_folded_into_the_figure_shards_are_cut_by_and_the_cycle_into_the_other(quiet):
     """model_seconds (the calls in flight, scheduling/call_clock.py) moves model_seconds_per_work_unit; the
     cycle moves seconds_per_work_unit; neither touches the other, and no model_seconds leaves it alone."""
-    from controlplane.batches.run.shards import PartSummary, shard_commit
+    from controlplane.batches.shards import PartSummary, shard_commit
     from controlplane.scheduling.claims import shard_settle
 
     runnable_batch(new_tenant("calls"), 10)  # five shards of two rows
@@ -95,7 +95,7 @@ def test_shards_cut_by_their_calls_time_stay_large_when_the_cycle_is_mostly_fixe
     Cut by the cycle, shards shrink to the 4-row floor and stay there; cut by the calls' time (20 ms a call plus
     1 ms a row), they settle far above it."""
     from controlplane.batches.intake.validation import shard_seconds_per_unit
-    from controlplane.batches.run.shards import PartSummary, shard_commit
+    from controlplane.batches.shards import PartSummary, shard_commit
     from controlplane.scheduling.claims import shard_settle
 
     fixed_s, call_s, row_s, target_s, floor, cap = 1.2, 0.02, 0.001, 1.0, 4, 4096
@@ -130,7 +130,7 @@ def test_settling_a_text_shard_corrects_the_charge_by_measured_minus_estimated(q
     shard_settle moves the tenant's virtual time by (measured - estimated) / weight and its served work to the
     measured count."""
     from controlplane.batches import services
-    from controlplane.batches.run.shards import PartSummary, shard_commit
+    from controlplane.batches.shards import PartSummary, shard_commit
     from controlplane.scheduling.claims import shard_settle
 
     settings.SCHEDULER_HALF_LIFE_SECONDS = math.inf  # nothing decays between the claim and the settle
@@ -161,7 +161,7 @@ def test_settling_a_text_shard_corrects_the_charge_by_measured_minus_estimated(q
 def test_settling_folds_completion_per_choice_into_the_models_expectation(quiet):
     """The first settled shard with choices sets the model's expected completion per choice; later ones are
     smoothed into it (0.3 of the new mean)."""
-    from controlplane.batches.run.shards import PartSummary, shard_commit
+    from controlplane.batches.shards import PartSummary, shard_commit
     from controlplane.scheduling.claims import shard_settle
 
     runnable_batch(new_tenant("choices"), 4)  # two shards of two rows
@@ -195,7 +195,7 @@ def test_settling_a_chat_shard_weighs_completion_tokens_by_the_pinned_model(quie
     """A generation shard's measured work is prompt + completion_weight × completion tokens, with the weight of
     the catalogue entry the batch was validated against (its snapshot), not the live entry edited since."""
     from controlplane.batches import services
-    from controlplane.batches.run.shards import PartSummary, shard_commit
+    from controlplane.batches.shards import PartSummary, shard_commit
     from controlplane.scheduling.claims import shard_settle
 
     settings.SCHEDULER_HALF_LIFE_SECONDS = math.inf
@@ -221,7 +221,7 @@ def test_settling_a_chat_shard_weighs_completion_tokens_by_the_pinned_model(quie
 def test_a_negative_or_zero_shard_time_leaves_the_speed_estimate_alone(quiet):
     """A shard's finished_at before its started_at (clocks skewed across hosts) or a zero cycle measures
     nothing: the model's seconds per work unit stays as it was."""
-    from controlplane.batches.run.shards import PartSummary, shard_commit
+    from controlplane.batches.shards import PartSummary, shard_commit
     from controlplane.scheduling.claims import shard_settle
 
     runnable_batch(new_tenant("skew"), 4)  # two shards of two rows

@@ -16,8 +16,8 @@ from django.db.models import Q, Sum
 from django.utils import timezone
 
 from controlplane.batches import selectors
-from controlplane.batches.intake.pinning import pinned_model
 from controlplane.batches.models import ACTIVE_STATUSES, Batch
+from controlplane.batches.pinning import pinned_model
 from controlplane.core.http.errors import QuotaExceeded, ValidationFailed
 from controlplane.files.quota import storage_reserve_refusal
 from controlplane.kinds.registry import kind_for, token_endpoint_urls

@@ -23,7 +23,7 @@ def work_units(parsed: ParsedLine, *, endpoint: str) -> int:
 
 class ModelResolver:
     """Looks catalogue models up once per name for the life of one validation or shard run. A shard
-    run passes its batch's pinned entry (batches/intake/pinning.py), which answers for its name whatever the
+    run passes its batch's pinned entry (batches/pinning.py), which answers for its name whatever the
     catalogue says now."""
 
     def __init__(self, pinned: CatalogueModel | None = None) -> None:

@@ -10,9 +10,9 @@ from typing import IO, Any
 
 from controlplane.batches.intake.custom_ids import CustomIds
 from controlplane.batches.intake.lines import iter_lines
-from controlplane.batches.intake.pinning import model_snapshot
 from controlplane.batches.intake.quickcheck import FastLane, LineFacts
 from controlplane.batches.intake.requests import LineIssue, ModelResolver, parse_line, work_units
+from controlplane.batches.pinning import model_snapshot
 from controlplane.core.http.errors import quote, storable_text
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import ColumnCollector, EndpointKind
@@ -47,7 +47,7 @@ class ValidationResult:
     total: int = 0
     work_units: int = 0
     model: str = ""
-    # The catalogue entry's interface the lines were checked against (batches/intake/pinning.py).
+    # The catalogue entry's interface the lines were checked against (batches/pinning.py).
     model_snapshot: dict[str, Any] | None = None
     shards: list[ShardPlan] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)

@@ -114,5 +114,5 @@ def batch_validation_fail(batch: Batch, errors: list[dict[str, Any]], *, attempt
     # Each line-numbered error becomes an event of the validation span (when it is traced).
     line_errors = tracing.current_line_errors()
     for error in errors:
-        line_errors.add(line=error.get("line") or 0, code=str(error.get("code")), message=str(error.get("message")))
+        line_errors.add(line=error.get("line") or 0, code=str(error.get("code")))
     line_errors.close()

@@ -1,5 +1,5 @@
-"""The second stage: a shard from its claim to its commit. ``shards`` is the shard state machine's one writer
-(claims, leases, commits, releases, rescues); ``execution`` runs a claimed shard's lines through its endpoint
-kind and writes its part (``parts``, ``records``), renewing its lease in the background (``leases``);
-``work_facts`` answers fleet's questions about the work waiting and running. Used by the batches app only (the
-scheduler runs shards through batches.services); the results stage may read it."""
+"""The second stage: a claimed shard run to its commit. ``execution`` runs the shard's lines through its endpoint
+kind and writes its part (``parts``, ``records``), its lease renewed in the background (batches/leases.py) and
+every status change made through the shard state machine (batches/shards.py); ``work_facts`` answers fleet's
+questions about the work waiting and running. Used by the batches app only (the scheduler runs shards through
+batches.services.shard_run); the results stage may read it."""

@@ -1,4 +1,4 @@
-"""Running one shard the scheduler claimed (scheduling/runner.py): its endpoint kind runs the lines (packed
+"""Running one shard the scheduler claimed (through services.shard_run): its endpoint kind runs the lines (packed
 into Triton calls with several in flight, for request/response kinds), a part is written and committed under
 the attempt number. Cancel/expiry stop it between calls, keeping the lines already done. A keeper thread
 renews the lease for the whole run (model load and part upload included).
@@ -20,15 +20,15 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from controlplane.batches.intake.lines import iter_lines
-from controlplane.batches.intake.pinning import pinned_model
 from controlplane.batches.intake.requests import ModelResolver, parse_line
+from controlplane.batches.leases import LeaseKeeper
 from controlplane.batches.models import Shard, ShardStatus
-from controlplane.batches.run.leases import LeaseKeeper
+from controlplane.batches.pinning import pinned_model
 from controlplane.batches.run.parts import encode_entry
 from controlplane.batches.run.records import failed_response_record, output_record
 from controlplane.batches.run.records import request_id as line_request_id
-from controlplane.batches.run.shards import PartSummary, batch_stop_requested, shard_commit, shard_release, shard_renew
 from controlplane.batches.selectors import batch_input_name
+from controlplane.batches.shards import PartSummary, batch_stop_requested, shard_commit, shard_release, shard_renew
 from controlplane.core.observability import metrics, tracing
 from controlplane.core.workers.database import when_database_answers
 from controlplane.files.storage import blob_delete, blob_read_range, blob_save_spooled, blob_spool
@@ -41,6 +41,8 @@ logger = logging.getLogger(__name__)
 
 # How often a running shard looks at its batch for a cancel/expiry (its keeper renews the lease).
 CHECK_INTERVAL_SECONDS = 1.0
+# shard_execute's outcomes that close the shard (committed, or given up): the batch may be finished.
+SHARD_CLOSED_OUTCOMES = frozenset({"succeeded", "stopped", "dead", "skipped"})
 
 
 class LeaseLost(Exception):
@@ -48,8 +50,8 @@ class LeaseLost(Exception):
 
 
 def shard_execute(*, shard: Shard, model: CatalogueModel, backend: Backend) -> str:
-    """Run a shard this caller has claimed and publish its part under the attempt number; its caller (the
-    slot, scheduling/runner.py) then finalizes the batch if this shard closed its last. Returns succeeded, stopped, stale, lease_lost, deferred (infrastructure:
+    """Run a shard this caller has claimed and publish its part under the attempt number; its caller
+    (services.shard_run) then finalizes the batch if this shard closed its last. Returns succeeded, stopped, stale, lease_lost, deferred (infrastructure:
     back to pending, nothing spent), retry (its content failed: back to pending, one attempt spent),
     dead, or skipped (its batch is stopping)."""
     attributes = {
@@ -246,7 +248,7 @@ class _PartEntries:
             )
             self.entries[number] = encode_entry(number, "err", record)
             self.failed += 1
-            self.line_errors.add(line=number, code=outcome.code, message=outcome.message)
+            self.line_errors.add(line=number, code=outcome.code)
         else:
             self.entries[number] = encode_entry(number, "out", output_record(batch_id, number, custom_id, outcome.body))
             t = self.tokens

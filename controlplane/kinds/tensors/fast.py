@@ -1,7 +1,7 @@
 """Parsing a line that validation already accepted, without checking it again.
 
 Validation (batches/intake/validation.py) reads every line once with every check (kinds/tensors/requests.py), against
-the catalogue entry the batch pins (batches/intake/pinning.py); the input file cannot change after upload. A
+the catalogue entry the batch pins (batches/pinning.py); the input file cannot change after upload. A
 shard therefore re-reads only what it needs to build Triton calls: orjson instead of json, none of the
 range checks, and numeric inputs kept as the JSON's lists (a RawTensorRequest) so that packing casts one
 array per call rather than one per line (packing._stack_raw). The hot-path profile (docs/PERFORMANCE.md)

@@ -1,7 +1,7 @@
-"""The lease keeper: a background thread that renews a lease while its holder works. Shards (batches/
+"""The lease keeper: a background thread that renews a lease while its holder works. Shards (batches/run/
 execution.py) and dispatch slots (scheduling/runner.py) hold leases as short as SHARD_LEASE_SECONDS, so a dead
 worker's work is taken over within seconds; the keeper is what lets a live one hold a lease for as long as
-its work takes. It lives beside the shards because its cadence derives from the shard lease."""
+its work takes. It lives beside the shards (shards.py) because its cadence derives from the shard lease."""
 
 from __future__ import annotations
 
