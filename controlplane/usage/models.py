@@ -12,9 +12,8 @@ from typing import ClassVar
 from django.db import models
 from django.utils import timezone
 
-# Decimal places of a stored amount: a few tokens at a cheap model's price are fractions of a micro-dollar,
-# and rounding each shard's cost to cents would lose real money over millions of shards.
-AMOUNT_PLACES = 9
+from controlplane.usage.rules import AMOUNT_PLACES
+
 DEFAULT_CURRENCY = "usd"
 
 

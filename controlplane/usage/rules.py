@@ -7,8 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 
-from controlplane.usage.models import AMOUNT_PLACES
-
+# Decimal places of a stored amount (the ledger's columns, models.py): a few tokens at a cheap model's price are
+# fractions of a micro-dollar, and rounding each shard's cost to cents would lose real money over millions of shards.
+AMOUNT_PLACES = 9
 _AMOUNT_QUANTUM = Decimal(1).scaleb(-AMOUNT_PLACES)
 
 
