@@ -1,6 +1,6 @@
 """Settings of Triton, the placement loop and the fleet-size loop (docs/ARCHITECTURE.md, "Placement loop").
 
-The fleet-size loop's values are one typed object, ``FLEET_SCALING`` (fleet/sizing_types.FleetScaling);
+The fleet-size loop's values are one typed object, ``FLEET_SCALING`` (fleet/sizing/types.FleetScaling);
 tests replace it with ``dataclasses.replace(settings.FLEET_SCALING, ...)``. Pools:
 ``FLEET_POOLS="default=0:4,a100=1:8"`` gives each pool (one kind of GPU node; ``TritonServer.pool``) its min
 and max servers; ``*=MIN:MAX`` sets them for pools not listed. Min 0 lets an idle pool scale to zero (its

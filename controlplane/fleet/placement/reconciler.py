@@ -1,7 +1,7 @@
 """The placement loop: signal → plan → apply. One run at a time (a lease row), make-before-break.
 
 Each run: sync what Triton actually has loaded, read demand, ask the pure planner for the target, and
-apply the difference through Triton's repository API in plan_changes.execution_phases order — loads and
+apply the difference through Triton's repository API in changes.execution_phases order — loads and
 scale-ups first (a consolidation move's new instance among them), then scale-downs and unloads (a move's
 old instance only once its new one is ready; not at all when that load failed), then the loads of the
 models the moves made room for — recording every change as a PlacementEvent."""

@@ -16,7 +16,7 @@ Columns are an optimisation, never a source of truth the run depends on:
 - a worker that cannot use a shard's columns (missing, unreadable, not matching the shard or the pinned
   model) logs it and parses the lines;
 - the blob is named by the validation attempt (``parts/<batch>/<index>.columns<attempt>.bin``), deleted with
-  the shard's parts (batches/retention.parts_collect, early_dispatch.shards_discard), and when validation fails.
+  the shard's parts (batches/results/retention.parts_collect, early_dispatch.shards_discard), and when validation fails.
 
 Format: ``MAGIC``, a JSON header line (line count, total rows, custom_ids byte length, each input's name,
 numpy dtype and shape), then the raw bytes of: line numbers (int64), rows per line (int32), the custom_ids
