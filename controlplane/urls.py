@@ -18,6 +18,7 @@ from controlplane.files.views import FileContentView, FileDetailView, FileListCr
 from controlplane.fleet.internal_views import ServerDrainView, ServerRegisterView
 from controlplane.fleet.views import ModelDetailView, ModelListView
 from controlplane.metrics.views import metrics_view
+from controlplane.tenants.views import edge_auth
 from controlplane.usage.views import CostsView, UsageCompletionsView, UsageEmbeddingsView, UsageTensorsView
 from controlplane.webhooks.views import (
     WebhookDeliveryListView,
@@ -41,6 +42,8 @@ urlpatterns = [
     # Servers joining and leaving the fleet, bearer FLEET_TOKEN (docs/OPERATIONS.md, "Fleet size").
     path("internal/fleet/servers", ServerRegisterView.as_view()),
     path("internal/fleet/servers/<str:name>/drain", ServerDrainView.as_view()),
+    # nginx's check of an upload's API key before it reads the body (auth_request; never routed from outside).
+    path("internal/edge/auth", edge_auth),
     path("v1/files", FileListCreateView.as_view()),
     path("v1/files/<str:file_id>", FileDetailView.as_view()),
     path("v1/files/<str:file_id>/content", FileContentView.as_view()),

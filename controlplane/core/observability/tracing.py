@@ -169,18 +169,20 @@ def outgoing(name: str, *, attributes: Mapping[str, Any] | None = None) -> Itera
 
 class LineErrors:
     """Per-line errors of one span as span events, at most MAX_LINE_EVENTS of them; the total is an attribute.
+    An event holds the line's number and error code only: a message can quote the tenant's line, and a trace is
+    read by operators and kept by a collector outside the tenant's data (the error file has the message).
     Thread-safe as the SDK's span is: a shard's calls finish in a pool."""
 
     def __init__(self, target: Span | None) -> None:
         self.span = target if target is not None and target.is_recording() else None
         self.count = 0
 
-    def add(self, *, line: int, code: str, message: str) -> None:
+    def add(self, *, line: int, code: str) -> None:
         if self.span is None:
             return
         self.count += 1
         if self.count <= MAX_LINE_EVENTS:
-            self.span.add_event("line_error", {"line": line, "code": code, "message": message[:500]})
+            self.span.add_event("line_error", {"line": line, "code": code})
 
     def close(self) -> None:
         if self.span is not None and self.count:
