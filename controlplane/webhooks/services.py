@@ -54,10 +54,20 @@ def _name_parse(value: object) -> str:
     return value
 
 
-def _url_parse(value: object) -> str:
-    # Resolved here, outside any transaction: a slow DNS answer holds no lock, and within the test call's cap:
-    # a tenant's slow name server holds this web thread no longer than that.
-    target_resolve(value, policy=UrlPolicy.configured(), timeout=settings.WEBHOOK_TEST_TIMEOUT_SECONDS)
+def _url_parse(value: object, *, tenant_id: object) -> str:
+    """The checked URL. Resolved here, outside any transaction (a slow DNS answer holds no lock), under the test
+    call's deadline and its caps on web threads: a tenant's slow name server holds at most one thread of a
+    process, for seconds, whether it creates, updates or tests endpoints (more at once is a 429)."""
+    caps = {"all": settings.WEBHOOK_TEST_MAX_INFLIGHT, f"tenant:{tenant_id}": 1}
+    with inflight.TESTS.hold(caps) as admitted:
+        if not admitted:
+            raise QuotaExceeded(
+                "A check or test call of your webhook endpoints is already in flight (or too many are); retry "
+                "when it has finished.",
+                code="webhook_test_in_flight",
+                retry_after=settings.WEBHOOK_TEST_TIMEOUT_SECONDS,
+            )
+        target_resolve(value, policy=UrlPolicy.configured(), timeout=settings.WEBHOOK_TEST_TIMEOUT_SECONDS)
     assert isinstance(value, str)  # target_resolve refuses anything else
     return value
 
@@ -69,7 +79,7 @@ def webhook_endpoint_create(
     ``event_types`` it receives every batch event."""
     types = list(EVENT_TYPES) if event_types is None else _event_types_parse(event_types)
     label = "" if name is None else _name_parse(name)
-    checked_url = _url_parse(url)
+    checked_url = _url_parse(url, tenant_id=tenant.id)
     with transaction.atomic():
         # The tenant row lock makes the count below exact under concurrent creates.
         Tenant.objects.select_for_update().filter(id=tenant.id).first()
@@ -93,7 +103,7 @@ def webhook_endpoint_update(
     if name is not None and (label := _name_parse(name)) != endpoint.name:
         changes["name"] = label
     if url is not None and url != endpoint.url:
-        changes["url"] = _url_parse(url)
+        changes["url"] = _url_parse(url, tenant_id=endpoint.tenant_id)
     if changes:
         WebhookEndpoint.objects.filter(id=endpoint.id).update(**changes, updated_at=timezone.now())
     return WebhookEndpoint.objects.get(id=endpoint.id)

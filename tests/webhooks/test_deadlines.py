@@ -6,6 +6,7 @@ per-endpoint cap of the webhooks worker."""
 from __future__ import annotations
 
 import http.client
+import socket
 import statistics
 import threading
 import time
@@ -217,3 +218,43 @@ def test_an_attempt_taken_over_after_its_lease_cannot_overwrite_the_newer_outcom
         None,
     )
     assert sorted(WebhookAttempt.objects.filter(delivery_id=delivery_id).values_list("number", flat=True)) == [1, 2]
+
+
+def test_checking_an_endpoints_url_is_capped_like_a_test_call(tenant, other_tenant, loopback, settings, monkeypatch):
+    """Creating or updating an endpoint resolves its host on the web thread: a tenant's slow name server holds at
+    most one thread per process for at most the deadline; its next create is a 429 at once, others go on."""
+    from controlplane.core.http.errors import QuotaExceeded
+    from controlplane.webhooks.urlguard import UnsafeUrl
+
+    settings.WEBHOOK_TEST_TIMEOUT_SECONDS = 1.0
+    real = socket.getaddrinfo
+
+    def resolver(host, *args, **kwargs):
+        if host == "slow.example":
+            time.sleep(3)  # a name server that answers late
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolver)
+    outcome: dict[str, object] = {}
+
+    def slow_create() -> None:
+        started = time.monotonic()
+        try:
+            services.webhook_endpoint_create(tenant=tenant, url="https://slow.example/hook")
+        except UnsafeUrl as error:
+            outcome["error"] = error
+        outcome["seconds"] = time.monotonic() - started
+
+    thread = threading.Thread(target=slow_create)
+    thread.start()
+    time.sleep(0.3)  # its lookup is in flight
+    started = time.monotonic()
+    with pytest.raises(QuotaExceeded):
+        services.webhook_endpoint_create(tenant=tenant, url="http://127.0.0.1:9/hook")
+    assert time.monotonic() - started < 0.5
+    endpoint = services.webhook_endpoint_create(tenant=other_tenant, url="http://127.0.0.1:9/hook")
+    assert endpoint.tenant_id == other_tenant.id
+    thread.join(timeout=10)
+    assert "could not be resolved" in str(outcome["error"]) and outcome["seconds"] < 2.0
+    # The cap is released: the tenant can create again.
+    assert services.webhook_endpoint_create(tenant=tenant, url="http://127.0.0.1:9/hook").tenant_id == tenant.id
