@@ -2,8 +2,9 @@
 chat template and the tokenizer again.
 
 Validation parses every generation line with the model's tokenizer (the chat template's text, the prompt's
-token ids, every field checked); the run used to read the shard's lines from the input file and parse them
-once more, ~2 ms a line of the shard worker's CPU on tinylm (docs/PERFORMANCE.md, "Generation: end to end"). Validation now keeps each shard's parsed lines (``GenerationLine``: the request, its work units)
+token ids, every field checked); reading the shard's lines from the input file and parsing them once more at
+run time costs ~2 ms a line of the shard worker's CPU on tinylm (docs/performance.md, "Generation on tinylm").
+So validation keeps each shard's parsed lines (``GenerationLine``: the request, its work units)
 or refused lines (their BodyIssue) in one blob, written when the shard closes, before its row exists; the run
 loads them (``generation_columns_load``).
 
