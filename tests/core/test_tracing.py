@@ -151,3 +151,53 @@ def test_json_logs_carry_the_current_trace_id(traced):
 )
 def test_sampler_names(name, ratio, description):
     assert tracing.sampler_for(name, ratio).get_description().startswith(description)
+
+
+@pytest.fixture
+def edge_propagation() -> Iterator[None]:
+    """The web's propagation (installed by tracing_setup_from_settings for role web), restored afterwards."""
+    from opentelemetry import propagate
+
+    before = propagate.get_global_textmap()
+    tracing.edge_propagation_install()
+    yield
+    propagate.set_global_textmap(before)
+
+
+CLIENT_TRACE, CLIENT_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+
+
+def _request_span(sampler_name: str) -> list:
+    """A request carrying a client's sampled traceparent, extracted and started as Django's instrumentation does
+    (the global propagator's extract, then a SERVER span in that context, a child span under it)."""
+    from opentelemetry import propagate, trace
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = tracing.tracing_configure(
+        service_name="edge-test", exporter=exporter, batched=False, sampler=tracing.sampler_for(sampler_name, 1.0)
+    )
+    try:
+        context = propagate.extract({"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"})
+        tracer = trace.get_tracer("edge-test", tracer_provider=provider)
+        with (
+            tracer.start_as_current_span("POST /v1/batches", context=context, kind=trace.SpanKind.SERVER),
+            tracer.start_as_current_span("batch.create"),
+        ):
+            pass
+        return list(exporter.get_finished_spans())
+    finally:
+        tracing.tracing_configure(service_name="", exporter=None)
+
+
+def test_a_clients_sampled_flag_does_not_make_the_service_trace(edge_propagation):
+    assert _request_span("parentbased_always_off") == []
+
+
+def test_a_client_traceparent_is_a_link_of_a_trace_of_the_services_own(edge_propagation):
+    spans = {span.name: span for span in _request_span("parentbased_always_on")}
+    root, child = spans["POST /v1/batches"], spans["batch.create"]
+    assert root.parent is None and format(root.context.trace_id, "032x") != CLIENT_TRACE
+    [link] = root.links
+    assert (format(link.context.trace_id, "032x"), format(link.context.span_id, "016x")) == (CLIENT_TRACE, CLIENT_SPAN)
+    assert child.parent.span_id == root.context.span_id and not child.links  # the link is on the root only

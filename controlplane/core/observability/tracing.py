@@ -1,4 +1,4 @@
-"""OpenTelemetry tracing: one trace per batch (docs/ARCHITECTURE.md, "Tracing").
+"""OpenTelemetry tracing: one trace per batch (docs/architecture/tracing.md, "Traces").
 
 The batch's trace starts at its create request (``batch.create``, under Django's request span when the web
 is instrumented) and its W3C ``traceparent`` is stored on the batch row. Every later stage runs in another
@@ -21,9 +21,19 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
-from opentelemetry import trace
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.context import Context
+from opentelemetry.propagators.textmap import (
+    CarrierT,
+    Getter,
+    Setter,
+    TextMapPropagator,
+    default_getter,
+    default_setter,
+)
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF,
@@ -57,6 +67,47 @@ def sampler_for(name: str, ratio: float) -> Sampler:
     return ParentBased(root) if name.startswith("parentbased_") else root
 
 
+# Where the web's propagator leaves a client's span context (EdgeTraceContext), for _ClientLink.
+_CLIENT_SPAN = otel_context.create_key("controlplane.client_span")
+
+
+class EdgeTraceContext(TextMapPropagator):
+    """The web's propagator: a client's ``traceparent`` never becomes the parent of the request's span. Its
+    sampled flag would decide for the service whether a batch is traced (a client could have every batch
+    traced), and its trace id which trace the batch joins. The request starts a trace of its own, sampled by the
+    service's sampler, and the client's span is kept as a link on the request's root span (_ClientLink)."""
+
+    def extract(self, carrier: CarrierT, context: Context | None = None, getter: Getter = default_getter) -> Context:
+        client = trace.get_current_span(_PROPAGATOR.extract(carrier, getter=getter)).get_span_context()
+        start = context if context is not None else Context()
+        return otel_context.set_value(_CLIENT_SPAN, client, start) if client.is_valid else start
+
+    def inject(self, carrier: CarrierT, context: Context | None = None, setter: Setter = default_setter) -> None:
+        _PROPAGATOR.inject(carrier, context=context, setter=setter)
+
+    @property
+    def fields(self) -> set[str]:
+        return _PROPAGATOR.fields
+
+
+class _ClientLink(SpanProcessor):
+    """Links a request's root span to the client's span that EdgeTraceContext set aside."""
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        client = otel_context.get_value(_CLIENT_SPAN, parent_context)
+        if isinstance(client, trace.SpanContext) and getattr(span, "parent", None) is None:
+            span.add_link(client, {"controlplane.link": "client"})
+
+    def on_end(self, span: ReadableSpan) -> None:
+        pass
+
+
+def edge_propagation_install() -> None:
+    """The web process reads incoming trace context through EdgeTraceContext (Django's instrumentation
+    extracts with the global propagator)."""
+    propagate.set_global_textmap(EdgeTraceContext())
+
+
 def tracing_configure(
     *,
     service_name: str,
@@ -74,6 +125,7 @@ def tracing_configure(
         return None
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}), sampler=sampler)
     processor = BatchSpanProcessor(exporter) if batched else SimpleSpanProcessor(exporter)
+    provider.add_span_processor(_ClientLink())  # first: the link is on the span before it is exported
     provider.add_span_processor(processor)
     _state.update(tracer=provider.get_tracer("controlplane"), provider=provider)
     return provider
@@ -96,6 +148,8 @@ def tracing_setup_from_settings(*, role: str) -> None:
     )
     if role == "web":
         from opentelemetry.instrumentation.django import DjangoInstrumentor
+
+        edge_propagation_install()
 
         # Probes and scrapes would each be a trace of their own; the API's requests are what support follows.
         DjangoInstrumentor().instrument(tracer_provider=provider, excluded_urls="healthz,readyz,metrics,static")
