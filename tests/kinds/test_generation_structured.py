@@ -77,3 +77,20 @@ def test_json_object_needs_the_word_json_in_the_messages():
     assert line.request.response_format.type == "json_object"  # any case, any message
     # json_schema has no such rule.
     assert kind_for(CHAT).parse_body(chat("count", response_format=schema_format(SCHEMA)), model=tinylm())
+
+
+def test_compiled_schemas_are_remembered_by_digest_and_bounded():
+    """Each distinct schema is compiled once per process; what is kept is its digest and verdict, not its text
+    (a line may carry a schema of up to a line's size), and at most a bounded number of them."""
+    from controlplane.kinds.generation import schema
+    from controlplane.kinds.generation.fields import ResponseFormat
+
+    def format_of(text: str) -> ResponseFormat:
+        return ResponseFormat(type="json_schema", name="s", schema=text)
+
+    huge = json.dumps({"type": "object", "description": "x" * 500_000, "properties": {"a": {"type": "string"}}})
+    schema.check_schema_compiles(format_of(huge))
+    for number in range(schema._VERDICTS_MAX + 20):
+        schema.check_schema_compiles(format_of(json.dumps({"type": "object", "title": f"t{number}"})))
+    assert len(schema._VERDICTS) == schema._VERDICTS_MAX
+    assert all(len(key) == 32 and len(verdict) <= 300 for key, verdict in schema._VERDICTS.items())

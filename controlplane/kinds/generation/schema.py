@@ -5,13 +5,15 @@ to vLLM's ``structured_outputs``, which older ones do not know), and so does tin
 A schema that is valid Draft 2020-12 (fields.py checks that) may still use a construct the decoding
 library cannot compile (``not``, look-around in a ``pattern``, an unsatisfiable ``required``): that is a 400 line
 naming the schema at validation, never a failure at run time. The check compiles the schema with llguidance,
-tinylm's library (docs/ARCHITECTURE.md, "Constrained decoding"), with the engine's options, tokenizer aside.
+tinylm's library (docs/architecture/generation.md, "Constrained decoding"), with the engine's options, tokenizer aside.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from functools import lru_cache
+import threading
+from collections import OrderedDict
 
 from controlplane.kinds.generation.fields import BodyError, ResponseFormat
 
@@ -44,12 +46,28 @@ def check_schema_compiles(response_format: ResponseFormat) -> None:
         )
 
 
-@lru_cache(maxsize=256)  # a batch repeats its schema on every line: compile each distinct one once per process
+# A batch repeats its schema on every line: each distinct one is compiled once per process. Remembered by its
+# digest with the (cut) verdict only: keyed by the text, 256 schemas of up to a line's size (1 MiB) held 256 MB.
+_VERDICTS: OrderedDict[bytes, str] = OrderedDict()
+_VERDICTS_MAX = 256
+_VERDICTS_LOCK = threading.Lock()
+
+
 def _compile_problem(schema_text: str) -> str:
+    digest = hashlib.sha256(schema_text.encode()).digest()
+    with _VERDICTS_LOCK:
+        if digest in _VERDICTS:
+            _VERDICTS.move_to_end(digest)
+            return _VERDICTS[digest]
     import llguidance  # only processes that see a structured line load it
 
     grammar = llguidance.LLMatcher.grammar_from_json_schema(schema_text, overrides=_JSON_OPTIONS)  # type: ignore[arg-type]
-    return str(llguidance.LLMatcher.validate_grammar(grammar))
+    problem = str(llguidance.LLMatcher.validate_grammar(grammar))[:300]
+    with _VERDICTS_LOCK:
+        _VERDICTS[digest] = problem
+        while len(_VERDICTS) > _VERDICTS_MAX:
+            _VERDICTS.popitem(last=False)
+    return problem
 
 
 def check_json_object_prompt(response_format: ResponseFormat, contents: list[str]) -> None:
