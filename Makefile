@@ -81,8 +81,8 @@ serve: install
 # Lint starts as soon as the venv exists and runs at nice 19 beside the rest of the install and the suite, its
 # output shown after the suite's. On a clean clone it mostly runs beside tinylm's training, which keeps one
 # core (one thread): lint's ~80 s of CPU then cost the suite little. In an installed checkout it runs beside
-# the suite, which leaves ~0.4 of the two cores idle on average (docs/PERFORMANCE.md, "Where the suite's CPU
-# goes"); one after the other took ~80 s longer. Either failing fails the target.
+# the suite, which leaves ~0.4 of the two cores idle on average (docs/performance.md, "The test suite"); one
+# after the other took ~80 s longer. Either failing fails the target.
 LINT_LOG := var/lint.log
 test: $(VENV)/.installed
 	@mkdir -p $(dir $(LINT_LOG))
@@ -96,7 +96,7 @@ test: $(VENV)/.installed
 
 # The edit loop: unit and API tests (Postgres, Redis, the in-process fake backend); left out (tests/conftest.py
 # `--fast`): the stack, chaos and e2e suites, the tritonserver modules, and the modules that start processes of
-# their own (_FAST_LEAVES_OUT). `make test` runs everything (docs/PERFORMANCE.md has both times).
+# their own (_FAST_LEAVES_OUT). `make test` runs everything (docs/performance.md has both times).
 # Fewer property examples and claim-race rounds than `make test` runs (the knobs in tests/fleet/*_strategies.py,
 # tests/scheduling/policy_sim.py and test_claims.py), and three workers: with no groups to wait on, more workers
 # only add collections (~10 CPU-s each).
@@ -108,13 +108,13 @@ test-fast: install
 test-unit: install
 	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) -m pytest -q -m "not e2e"
 
-# The chaos suite's full profile (tests/chaos, docs/RELIABILITY.md): 20 worker SIGKILLs, Triton killed for 90 s
+# The chaos suite's full profile (tests/chaos, docs/reliability.md): 20 worker SIGKILLs, Triton killed for 90 s
 # and paused for 60 s, Redis and Postgres restarted, the broker down for 30 s; ~10 min. `make test` runs the
 # short form. Figures: var/chaos/results-full.{md,json}; the last run's process logs: var/chaos/logs/.
 chaos: install
 	CHAOS_FULL=1 DATABASE_URL=$(TEST_DATABASE_URL) $(PY) -m pytest -q -m chaos tests/chaos
 
-# The autoscaling scenario's full profile (tests/e2e/test_autoscale.py, docs/PERFORMANCE.md): a flood of the
+# The autoscaling scenario's full profile (tests/e2e/test_autoscale.py, docs/performance.md): a flood of the
 # sleep_per_row model grows the local orchestrator's fleet to four tritonservers and back to one; ~2 min.
 # `make test` runs the short form (three servers). Figures: var/scale/results-full.json.
 scale: install
@@ -150,7 +150,7 @@ bench-generation: install
 	$(PY) bench/generation.py
 	$(PY) bench/real_generation.py
 
-# What `batchctl follow` costs a running 200k-line batch (docs/PERFORMANCE.md); FOLLOW_LINES for a smaller run.
+# What `batchctl follow` costs a running 200k-line batch (docs/performance.md); FOLLOW_LINES for a smaller run.
 FOLLOW_LINES ?= 200000
 bench-follow: install
 	bash scripts/ensure_services.sh
@@ -166,7 +166,7 @@ clean:
 
 # Mutation testing (cosmic-ray) of the modules that guard correctness: claims, shards, finalize, policy, planner,
 # sizing, custom ids, quickcheck, fastparse; one `MUTATION module=… killed=… survived=… score=…` line each
-# (docs/RELIABILITY.md). Not part of `make test`. The default pass draws MUTATION_SAMPLE mutants a module (seeded by
+# (docs/reliability.md). Not part of `make test`. The default pass draws MUTATION_SAMPLE mutants a module (seeded by
 # the module's source): every mutant of all nine takes hours here (15-80 min a module), a sample of 24 fits all nine
 # in 21 min here (2026-12-05). FULL=1 runs every mutant (the sessions RELIABILITY records). One module:
 # `make mutation MODULES=claims`.

@@ -7,7 +7,7 @@ lines after those kept), and a follow killed at any moment resumes from the save
 to the bytes the cursor counts, so a line written after the last save is fetched again, never twice.
 
 It speaks plain HTTP (httpx2) rather than through the openai SDK, whose import alone costs a follower ~0.5–0.7 s
-of CPU: a follow usually runs beside the batch it follows (docs/PERFORMANCE.md, following a running batch)."""
+of CPU: a follow usually runs beside the batch it follows (docs/performance.md, "Following a batch")."""
 
 from __future__ import annotations
 

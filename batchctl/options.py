@@ -52,5 +52,6 @@ def metadata_parse(pairs: list[str] | None) -> dict[str, str] | None:
 
 def idempotency_headers() -> dict[str, str]:
     """A fresh Idempotency-Key per command: the SDK's own retries of a create replay the first answer
-    instead of creating a second file or batch (the service honours the header, see docs/ARCHITECTURE.md)."""
+    instead of creating a second file or batch (the service honours the header, see
+    docs/architecture/wire-compatibility.md, "Idempotency-Key")."""
     return {"Idempotency-Key": f"batchctl-{uuid.uuid4().hex}"}

@@ -18,7 +18,7 @@ Ends with one parseable line:
 
     .venv/bin/python bench/constrained.py [--hf-dir triton_models/tinylm/1/hf] [--repeat 5]
 
-Figures in docs/PERFORMANCE.md; the choice in docs/ARCHITECTURE.md ("Constrained decoding").
+Figures in docs/performance.md; the choice in docs/architecture/generation.md ("Constrained decoding").
 """
 
 from __future__ import annotations

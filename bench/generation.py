@@ -24,7 +24,7 @@ Three ratios, each measured in this run against a reference measured beside it:
 
     .venv/bin/python bench/generation.py [--lines 128] [--repeat 1]
 
-Small by default (the development host is two shared cores); figures in docs/PERFORMANCE.md.
+Small by default (the development host is two shared cores); figures in docs/performance.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What tracing costs the hot path (docs/ARCHITECTURE.md, "Tracing"): the identity corpus of bench/hotpath.py on
+"""What tracing costs the hot path (docs/architecture/tracing.md, "Traces"): the identity corpus of bench/hotpath.py on
 one traced stack (OTEL_EXPORTER_OTLP_ENDPOINT to an OTLP receiver in this process, the default
 parentbased_always_on sampler, Triton in OpenTelemetry trace mode), batches alternating traced and untraced.
 Which one a batch is, is decided as production decides it, at the create request: each create sends a W3C

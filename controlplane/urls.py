@@ -37,9 +37,9 @@ def healthz(request: HttpRequest) -> JsonResponse:
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", healthz),
-    # Prometheus scrape, bearer METRICS_TOKEN (404 when unset): docs/OPERATIONS.md.
+    # Prometheus scrape, bearer METRICS_TOKEN (404 when unset): docs/operations/metrics.md.
     path("metrics", metrics_view),
-    # Servers joining and leaving the fleet, bearer FLEET_TOKEN (docs/OPERATIONS.md, "Fleet size").
+    # Servers joining and leaving the fleet, bearer FLEET_TOKEN (docs/operations/fleet.md).
     path("internal/fleet/servers", ServerRegisterView.as_view()),
     path("internal/fleet/servers/<str:name>/drain", ServerDrainView.as_view()),
     # nginx's check of an upload's API key before it reads the body (auth_request; never routed from outside).

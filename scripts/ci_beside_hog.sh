@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make test` on clean clones beside a CPU hog (the bar: five runs beside a CPU hog, 0 failures;
-# docs/RELIABILITY.md). Each run clones HEAD afresh (so nothing built here is reused), starts HOGS busy-looping
+# docs/reliability.md). Each run clones HEAD afresh (so nothing built here is reused), starts HOGS busy-looping
 # processes at nice 0 for the whole run (default 1: half of this 2-core host, beside whatever else runs), runs .ci/run, and appends one line per run to the summary:
 #   HOGRUN run=<n> commit=<sha> rc=<exit code> seconds=<wall> load1_max=<highest 1-min load seen> result="<pytest's last line>"
 # Usage: scripts/ci_beside_hog.sh [runs (default 5)] [summary file (default var/hog/summary.txt)]

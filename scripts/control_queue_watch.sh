@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every few seconds, the length and the task names of each local stack's `control` queue on the suite's Redis
 # (tests/e2e/conftest.py: one key prefix per stack). It shows, for one, beat's housekeeping piling up ahead
-# of validations (docs/RELIABILITY.md); run it beside `make test` or a hog run.
+# of validations (docs/reliability.md); run it beside `make test` or a hog run.
 # Usage: scripts/control_queue_watch.sh [seconds between looks (3)] [Redis databases ("14 15")] >> queues.log
 set -uo pipefail
 EVERY=${1:-3}

@@ -1,4 +1,4 @@
-"""Mutation testing of the modules that guard correctness (`make mutation`, docs/RELIABILITY.md), with cosmic-ray.
+"""Mutation testing of the modules that guard correctness (`make mutation`, docs/reliability.md), with cosmic-ray.
 
 Each module's mutants are applied one at a time to a scratch copy of the repository (cosmic-ray edits files in
 place; the working tree is never touched), and the module's own tests run against each one. A mutant is killed
@@ -16,7 +16,7 @@ Not part of `make test`: 80–550 mutants a module, 15–80 min each here.
 source, so a resumed or repeated pass of the same code draws the same mutants; the others are marked skipped in
 the session (var/mutation/<name>.sample.sqlite), as cosmic-ray's own filters mark mutants, and the line adds
 ``sampled=<drawn>/<all>``. Its score estimates the full one (± ~0.1 at 24 mutants); the full sessions
-(`make mutation FULL=1`) are the ones docs/RELIABILITY.md records.
+(`make mutation FULL=1`) are the ones docs/reliability.md records ("Mutation testing").
 
 A mutant runs only the tests that can see it, fastest first, stopping at the first failure: one unmutated run
 with scripts/mutation_calls.py records which test enters which function of the module (and how long each test

@@ -5,7 +5,8 @@ InferRequest spans that continue it against those that start a root trace of the
 
     python scripts/triton_trace_probe.py [--protocol grpc|http] [--threads N] [--calls N] [--repeat-lost]
 
-``--repeat-lost`` sends the traceparents that were not continued once more (docs/ARCHITECTURE.md, "Tracing").
+``--repeat-lost`` sends the traceparents that were not continued once more (docs/architecture/tracing.md,
+"Known limits").
 Ends with one line: ``TRACE_PROBE protocol=grpc threads=1 calls=300 continued=… roots=… lost_continued_on_resend=…``.
 """
 

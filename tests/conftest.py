@@ -117,8 +117,8 @@ _GROUPS = (
     # after it on one worker, where they made it the suite's critical path (10m52s of 10m52s, 2026-12-02).
     # test_tracing.py stays in the stack group: beside the other fleets it lost two of a batch's three shard
     # spans once (not understood; it never did in the stack group). It later failed in the stack group on
-    # Triton's gRPC frontend, which starts a root trace for a few percent of calls (docs/ARCHITECTURE.md,
-    # "Tracing"); whether that was the earlier loss too is not known.
+    # Triton's gRPC frontend, which starts a root trace for a few percent of calls (docs/architecture/tracing.md,
+    # "Known limits"); whether that was the earlier loss too is not known.
     ("tests/e2e/test_gang_placement.py", "fleets"),
     ("tests/e2e/test_autoscale.py", "fleets"),
     ("tests/e2e/test_placement.py", "fleets"),

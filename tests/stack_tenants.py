@@ -1,6 +1,6 @@
 """Tenants on a running stack's database, made from the test process by the service `manage.py tenant_create`
 calls (controlplane.tenants.services.tenant_create), not in a `manage.py` process: each of those was a Django
-start of ~1.3 CPU-s, ~20 a suite run (docs/PERFORMANCE.md).
+start of ~1.3 CPU-s, ~20 a suite run (docs/performance.md).
 
 The service runs in a thread of its own whose default database connection is the stack's (Django keeps
 connections per thread); pytest-django's database blocker, which stops tests without a database mark from

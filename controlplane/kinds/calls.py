@@ -36,7 +36,7 @@ def min_calls(backend: Backend, inflight: int) -> int:
     """Texts are split into this many calls at least: enough to spread a shard over the model's instances,
     no more. Past the instance count a split only makes executions smaller: Triton's batcher does not split
     a call, so three calls of ~22 texts fill a 64-text execution with two (MiniLM, one instance: 0.69 →
-    0.75 of the ceiling end to end, docs/PERFORMANCE.md)."""
+    0.75 of the ceiling end to end, docs/performance.md)."""
     return inflight if not backend.instances else min(inflight, backend.instances)
 
 

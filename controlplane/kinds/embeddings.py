@@ -1,7 +1,7 @@
 """The embeddings kind, ``/v1/embeddings``: OpenAI's embeddings request and response. Work units are tokens
 (estimated at validation, measured by the model's tokenizer when the shard runs). The whole shard is known up
 front, so texts are ordered by length before packing: each call then pads to a similar length, which on this
-CPU embeds ~1.6x faster than file order (docs/PERFORMANCE.md)."""
+CPU embeds ~1.6x faster than file order (docs/performance.md)."""
 
 from __future__ import annotations
 

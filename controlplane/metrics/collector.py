@@ -18,7 +18,8 @@ from controlplane.fleet.models import FleetSizePlan, Placement, TritonServer
 from controlplane.metrics.triton_scrape import triton_families
 from controlplane.scheduling.selectors import runnable_q
 
-# A dead shard matters while its batch is still open: an operator can requeue it (docs/OPERATIONS.md).
+# A dead shard matters while its batch is still open: an operator can requeue it
+# (docs/operations/runbooks/BatchDeadShards.md).
 _OPEN_BATCH_STATUSES = (BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING)
 
 

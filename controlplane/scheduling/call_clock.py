@@ -6,7 +6,7 @@ its lines. Shards sized from the whole cycle shrink whenever those costs grow (a
 a smaller shard pays the same fixed cost over fewer lines, measures slower per line, and is cut smaller again,
 down to SCHEDULER_SHARD_MIN_LINES, where the fixed cost is paid every few lines and keeps the host loaded (a hog
 run: 50-line shards became 4-line shards after a Postgres restart and every later chaos batch ran out of time;
-docs/RELIABILITY.md). The calls' own time grows with the lines, so shards cut by it stay large."""
+docs/reliability.md). The calls' own time grows with the lines, so shards cut by it stay large."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Settings of batches and files: product limits, idempotency, shards and their leases, housekeeping, and the
-data lifecycle (docs/ARCHITECTURE.md, "Data lifecycle"). The beat entries of the intervals are in __init__.py."""
+data lifecycle (docs/architecture/data-lifecycle.md). The beat entries of the intervals are in __init__.py."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ BATCH_SHARD_COLUMNS = env_bool(
 # --- Shards ---------------------------------------------------------------------------------------
 # Bounds on a shard, which is sized by time (SCHEDULER_SHARD_SECONDS) below them. Cheap rows hit the line
 # bound: 4,096 identity lines/shard ran 43k lines/s end to end vs 29k at 1,024 with a newcomer's slowdown
-# behind a flood 1.42× (8,192: 46k but 2.56×; docs/PERFORMANCE.md). Bytes bound a worker's memory per shard.
+# behind a flood 1.42× (8,192: 46k but 2.56×; docs/performance.md). Bytes bound a worker's memory per shard.
 SHARD_MAX_LINES = env_int("SHARD_MAX_LINES", 4096, minimum=1, help="Most lines in one shard.")
 SHARD_MAX_BYTES = env_int("SHARD_MAX_BYTES", 16 * 1024**2, minimum=1, help="Most input bytes in one shard.")
 # A running shard's lease is renewed every second by a keeper thread for the whole run (reading, model

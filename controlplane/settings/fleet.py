@@ -1,4 +1,5 @@
-"""Settings of Triton, the placement loop and the fleet-size loop (docs/ARCHITECTURE.md, "Placement loop").
+"""Settings of Triton, the placement loop and the fleet-size loop (docs/architecture/placement.md,
+docs/architecture/fleet-size.md).
 
 The fleet-size loop's values are one typed object, ``FLEET_SCALING`` (fleet/sizing/types.FleetScaling);
 tests replace it with ``dataclasses.replace(settings.FLEET_SCALING, ...)``. Pools:
@@ -27,7 +28,7 @@ TRITON_TIMEOUT_SECONDS = env_float("TRITON_TIMEOUT_SECONDS", 120.0, help="Deadli
 # Each prefork shard-worker process loads the enabled generation models' tokenizers in the background as it
 # starts (controlplane/celery.py): a tokenizer that only transformers loads (kinds/generation/tokenizer.py) means
 # importing transformers and torch, 3–5 s, up to 35 s on a loaded host, inside the first generation shard each
-# process ran (docs/PERFORMANCE.md); one read from its files takes ~0.05 s.
+# process ran (docs/performance.md); one read from its files takes ~0.05 s.
 WORKER_PRELOAD_TOKENIZERS = env_bool(
     "WORKER_PRELOAD_TOKENIZERS", True, help="Shard workers load the generation models' tokenizers as they start."
 )

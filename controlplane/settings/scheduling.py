@@ -1,4 +1,4 @@
-"""Settings of the scheduler (docs/ARCHITECTURE.md, "Scheduling"): the policy, shard sizing, and the slots
+"""Settings of the scheduler (docs/architecture/scheduling.md): the policy, shard sizing, and the slots
 that cap Triton calls in flight. The top-up's beat entry is in __init__.py."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Settings of tracing (docs/ARCHITECTURE.md, "Tracing"; controlplane/core/observability/tracing.py). The standard
-OpenTelemetry variables, read here so a bad value stops start-up instead of silently tracing nothing."""
+"""Settings of tracing (docs/architecture/tracing.md, "Traces"; controlplane/core/observability/tracing.py).
+The standard OpenTelemetry variables, read here so a bad value stops start-up instead of silently tracing
+nothing."""
 
 from __future__ import annotations
 

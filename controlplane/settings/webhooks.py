@@ -1,4 +1,4 @@
-"""Settings of webhooks (docs/ARCHITECTURE.md, "Webhooks"): delivery, its deadlines and caps, retries and the
+"""Settings of webhooks (docs/architecture/webhooks.md): delivery, its deadlines and caps, retries and the
 delivery log's housekeeping (webhooks/housekeeping.py, run by the batches' retention sweep: no beat entry of
 its own)."""
 

@@ -1,4 +1,4 @@
-"""Attributing measured compute time to ledger rows (docs/OPERATIONS.md, "Usage and cost ledger").
+"""Attributing measured compute time to ledger rows (docs/operations/usage.md).
 
 Triton's statistics are per model and server, across every caller. Each run reads every ready placement's
 cumulative compute time; its growth since the last read (plus busy time carried from reads when no shard

@@ -1,6 +1,5 @@
 """The ledger's arithmetic, pure (no Django, no clock): what a shard costs, and how one interval's
-measured busy time is split across the shards that ran on a placement (docs/OPERATIONS.md, "Usage and
-cost ledger")."""
+measured busy time is split across the shards that ran on a placement (docs/operations/usage.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Throwaway Postgres databases for local stacks and test runs, copied from a migrated template.
 
 Migrating an empty database took 3.1 CPU-s here against 1.4 for a `migrate` that finds nothing to do, and the
-suite makes one database for each stack and one for each pytest worker (docs/PERFORMANCE.md). The
+suite makes one database for each stack and one for each pytest worker (docs/performance.md). The
 template is migrated once and copied (CREATE DATABASE … TEMPLATE); whoever uses a copy still runs `migrate`, as
 production does, and finds nothing to do. The template's name carries a hash of the control plane's code and of
 Django's version, so a changed migration (or anything a data migration imports) makes a new template and the old

@@ -73,8 +73,8 @@ class Stack:
     worker_pool: str = field(default_factory=lambda: os.environ.get("WORKER_POOL", "prefork"))
     # CPU niceness added to the control plane's own processes (web, workers, beat); Triton keeps the runner's.
     # On a host they share, the model server's intra-op threads then get the cores first: direct Triton beside
-    # ~0.6 core of load ran 177-182 texts/s with it at nice 0, median 206 niced (docs/PERFORMANCE.md,
-    # "MiniLM full corpus"). The control plane still gets every cycle the model leaves idle. 0 turns it off.
+    # ~0.6 core of load ran 177-182 texts/s with it at nice 0, median 206 niced (docs/performance.md,
+    # "The host"). The control plane still gets every cycle the model leaves idle. 0 turns it off.
     control_plane_nice: int = field(default_factory=lambda: int(os.environ.get("LOCAL_CONTROL_PLANE_NICE", "10")))
     with_triton: bool = True
     with_beat: bool = True

@@ -163,7 +163,7 @@ def dying_with_parent(cmd: Sequence[str]) -> list[str]:
     It was a ``preexec_fn`` before: Python code in the forked child, which also runs the parent's at-fork
     handlers there, grpc's among them (a parent with gRPC channels: the runner, a pytest worker); under load
     such a child now and then died before its exec, its log holding only grpc's `epoll_wait error: Bad file
-    descriptor` (docs/RELIABILITY.md). A plain fork and exec runs none.
+    descriptor` (docs/reliability.md). A plain fork and exec runs none.
 
     The signal fires when the *thread* that forked exits, not only the process: call Popen from a thread that
     lives as long as the child should (the main thread, the runner's supervisor or orchestrator loop, which

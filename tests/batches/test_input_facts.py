@@ -1,6 +1,6 @@
 """The batch keeps what it needs of its input at create (Batch.input_storage_name, input_line_count), and the
-pipeline reads the input's blob by that name, never through the file's row (docs/ARCHITECTURE.md, "Data
-lifecycle": files and batches, one boundary)."""
+pipeline reads the input's blob by that name, never through the file's row (docs/architecture/data-lifecycle.md,
+"Files and batches, one boundary")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The details of each shard write (batches/shards.py) that the flows of test_dead_letters.py, test_fences.py
-and test_lifecycle.py leave open; each test kills mutants those flows let through (docs/RELIABILITY.md,
+and test_lifecycle.py leave open; each test kills mutants those flows let through (docs/reliability.md,
 "Mutation testing"): how long a released shard waits, what a release and a rescue record, both budgets as
 ceilings, a commit's running totals and a validating batch's ledger, the close of a stranded shard, and what a
 requeue refuses and records. Shards are taken with the claim's own UPDATE (shard_claim_selected): the

@@ -1,4 +1,4 @@
-"""One writer per state machine (docs/ARCHITECTURE.md, "Who writes which state"): a shard's ``status`` is
+"""One writer per state machine (docs/architecture/README.md, "Who writes which state"): a shard's ``status`` is
 written only by batches/shards.py, a batch's ``status`` and ``stop_reason`` only by batches/transitions.py,
 where each change records its event (and a batch's terminal one its webhook). The scan reads every module of
 controlplane/ (migrations aside) and reports any other write:

@@ -1,5 +1,5 @@
 """What the chaos scenarios share: the profile (short or full), the stack with its killable dependencies,
-the invariant check and the recovery measurements, and the table of figures (docs/RELIABILITY.md).
+the invariant check and the recovery measurements, and the table of figures (docs/reliability.md, "Latest figures").
 
 Times: the database stamps shards with the workers' wall clock (same host), so every measured moment here
 is `time.time()` as well."""
@@ -31,7 +31,7 @@ RESULTS_DIR = Path(os.environ.get("CHAOS_RESULTS_DIR", REPO_ROOT / "var" / "chao
 
 # Targets and the bounds the tests assert: 3× the target, times the host's contention measured in the
 # scenario (contention(): ~1 when idle), for a shared, noisy 2-core machine. The measured figures, not the
-# bounds, go to docs/RELIABILITY.md.
+# bounds, go to docs/reliability.md.
 WORKER_RESCUE_TARGET_S = 15.0  # a killed worker's shards run again within
 RESUME_TARGET_S = 5.0  # work resumes after the dependency (or, after a Triton restart, the model) is ready
 STOP_TARGET_S = 10.0  # cancel/expiry completes while Triton is down (our figure: two rescue ticks + finalize)

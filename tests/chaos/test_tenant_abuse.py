@@ -5,7 +5,7 @@ loop over its own batches, and guesses the victim's batch and file ids.
 
 Asserted: the victim's API answers with p99 under the 1 s target (the bound is MARGIN × it, as for the other
 scenarios on this shared 2-core host, or MARGIN × the victim's own p99 in a quiet phase measured just before,
-when the host is noisier than that; both figures go to docs/RELIABILITY.md), its batch completes with every
+when the host is noisier than that; both figures go to docs/reliability.md), its batch completes with every
 line exactly once, the abuser gets a 4xx for each refusal and never a 5xx, and no answer to the abuser holds
 any of the victim's ids or data. `make chaos` (CHAOS_FULL=1) runs more rounds with more threads."""
 

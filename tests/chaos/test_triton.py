@@ -45,7 +45,7 @@ def test_triton_killed_then_restarted(chaos, recorder):
     chaos.wait_progress(to_cancel.id, shards=1)
     # Held (their tenants paused: no new shard is dispatched) until Triton is down, so that both are still running
     # when it dies however fast the host: on a quick one the batch to cancel had completed while the expiry batch was
-    # uploaded and validated and the contention sampled, and its cancel was a 409 (docs/RELIABILITY.md).
+    # uploaded and validated and the contention sampled, and its cancel was a 409 (docs/reliability.md).
     _paused(chaos, ["a", "b"], True)
     # Last, because its short window makes it urgent: it would run before the others and finish first.
     to_expire = chaos.submit(expiry_lines, window=EXPIRY_WINDOW, tenant="c")

@@ -90,7 +90,7 @@ def test_a_cursor_file_is_rewritten_only_when_its_lines_moved(tmp_path):
 
 def test_following_never_imports_the_openai_sdk(fake_api, tmp_path):
     """A follow often runs on the host of the batch it follows; the SDK's import alone is ~0.5–0.7 s of CPU it
-    would take from that batch (docs/PERFORMANCE.md). The other commands still use the SDK."""
+    would take from that batch (docs/performance.md). The other commands still use the SDK."""
     import subprocess
     import sys
 

@@ -1,5 +1,5 @@
 """The compose file is valid against the compose spec's JSON schema (vendored, deploy/schemas/SOURCES.md),
-a broken one is not, and it runs what docs/ARCHITECTURE.md's "Processes" lists, with the GPU reservation
+a broken one is not, and it runs what docs/architecture/README.md's "Processes" lists, with the GPU reservation
 and explicit model control on Triton; the images' requirement files agree with requirements.txt."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def test_compose_runs_every_process_with_gpu_triton_and_monitoring():
     assert triton["build"]["dockerfile"] == "deploy/docker/triton.Dockerfile"
     assert services["beat"]["command"][:3] == ["python", "-m", "deploy.singleton"]
     assert services["web"]["environment"]["METRICS_DB_GAUGES"] == "1"
-    # Only web computes the database gauges (docs/OPERATIONS.md: exactly one process).
+    # Only web computes the database gauges (docs/operations/metrics.md: exactly one process).
     assert [n for n, s in services.items() if "METRICS_DB_GAUGES" in (s.get("environment") or {})] == ["web"]
     # Every path the file mounts from the repository exists.
     for service in services.values():

@@ -1,4 +1,4 @@
-"""Tracing in the deploy configs (docs/ARCHITECTURE.md, "Tracing"): compose and both Kustomize overlays run an
+"""Tracing in the deploy configs (docs/architecture/tracing.md, "Traces"): compose and both Kustomize overlays run an
 OpenTelemetry Collector and Jaeger, every control plane process exports to the collector's OTLP/HTTP port with a
 sampler the settings accept, every Triton runs in OpenTelemetry trace mode with the local runner's flags
 (deploy/local/triton_server.trace_args) aimed at the same collector, and the collector's one configuration

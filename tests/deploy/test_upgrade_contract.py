@@ -1,4 +1,4 @@
-"""Rolling upgrades (docs/OPERATIONS.md, "Kubernetes"): workers of two releases share queues and rows, so what
+"""Rolling upgrades (docs/operations/upgrades.md): workers of two releases share queues and rows, so what
 one release sends or writes the other must read. deploy/upgrade/contract.json records the last release's
 task signatures, status values and newest migration per app; these tests fail when a change would break a
 worker of that release:

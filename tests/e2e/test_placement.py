@@ -8,7 +8,7 @@ SIGKILLed mid-run.
 A and B are sleeping models (triton_models/sleep_per_row and sleep_per_row_b: 20 ms per row, like a
 GPU-bound model), so a shift's backlog is the models' time, not the host's CPU: 1,800 rows are 36 s on one
 instance in 113 shards of 16 rows. The scenario used identity and scale2 in 4-line shards before, 1,350
-shards whose claim, call and commit made it the suite's costliest module (225 CPU-s, docs/PERFORMANCE.md)."""
+shards whose claim, call and commit made it the suite's costliest module (225 CPU-s, docs/performance.md)."""
 
 from __future__ import annotations
 

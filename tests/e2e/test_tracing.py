@@ -79,7 +79,7 @@ def _triton_requests(spans: list[ReceivedSpan], trace_id: str) -> list[ReceivedS
     started instead while the batch ran. Triton's gRPC frontend (the pip-installed server) starts a new root
     trace for a few percent of calls that carry a valid traceparent (measured: 4-20 of 300 fresh traceparents,
     none over HTTP; resending a lost one continues it: scripts/triton_trace_probe.py), so a call's span may
-    land in a trace of its own; docs/ARCHITECTURE.md, "Tracing"."""
+    land in a trace of its own; docs/architecture/tracing.md, "Known limits"."""
     calls = [span for span in spans if span.trace_id == trace_id and span.name == "triton.infer"]
     if not calls:
         return []

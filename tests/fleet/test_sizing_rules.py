@@ -1,6 +1,6 @@
 """Worked examples for the fleet-size planner's scale-down rules (fleet/sizing/planner.py), one pool each, with the exact answer.
 The property tests (test_sizing_properties.py) draw clocks where a cooldown's start is never far behind ``now``;
-these pin the rules where the sampled mutation pass found them unheld (docs/RELIABILITY.md)."""
+these pin the rules where the sampled mutation pass found them unheld (docs/reliability.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Finding duplicate custom_ids in a file of any size with little, bounded memory.
 
 Validation used to keep a dict from each id's 16-byte digest to its line: ~110 bytes per request, 144 MB of a
-worker's memory for a million-line file (docs/PERFORMANCE.md). Here each request is a 20-byte record (its
+worker's memory for a million-line file (docs/performance.md). Here each request is a 20-byte record (its
 digest and line number); the duplicates are found once, after the pass, by sorting the records. To quote a
 duplicate's id in its error without reading the file again, a bitmap remembers which digests may have been
 seen: a line whose bit is already set keeps its id aside (every true duplicate does, plus a few percent of

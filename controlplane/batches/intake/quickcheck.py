@@ -2,7 +2,7 @@
 
 Validation reads every line of every batch, so its per-line cost bounds how soon a batch starts. The checked
 parse (batches/intake/requests.py: ``parse_line``) is written to explain every way a line can be wrong; the hot-path
-profile (docs/PERFORMANCE.md) had it at ~14 µs per identity line, most of it numpy calls on four-value arrays.
+profile (docs/performance.md) had it at ~14 µs per identity line, most of it numpy calls on four-value arrays.
 This lane checks the same rules on the common shapes in plain Python over orjson's parse and returns only what
 validation keeps of a line (its custom_id, model and work units). It never decides a line is wrong: whenever a
 line is unusual (a BOM, an escaped surrogate, anything orjson refuses, a body the kind's own lane declines:

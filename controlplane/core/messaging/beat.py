@@ -6,7 +6,7 @@ started after the message was sent: that run already saw everything the message 
 is idempotent. However long the queue, each job then runs once per pass through it, and skipping costs one
 UPDATE. The rule before this one expired a message after its own interval: once the queue was longer than the
 interval, every message expired and nothing ran at all (a hog run: the heartbeat and the reconciler stopped, and
-a restarted Triton never got its models back; docs/RELIABILITY.md).
+a restarted Triton never got its models back; docs/reliability.md).
 
 A beat message is one of a task in CELERY_BEAT_SCHEDULE that carries an ``expires`` (beat sets it on every send,
 settings/__init__.py; no other send does): its sent time is that expiry less the entry's expiry seconds. A task

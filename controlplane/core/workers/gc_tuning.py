@@ -3,7 +3,7 @@
 A worker holds a large, long-lived heap (Django, Celery, numpy, gRPC: a few hundred thousand objects) and
 allocates a shard's lines in bursts. With CPython's default thresholds (700, 10, 10) the collector runs
 every 700 container allocations and keeps walking that startup heap: on identity lines it was ~70 % of a
-shard's CPU time (docs/PERFORMANCE.md, "Hot path"). Two standard remedies, both reversible and bounded:
+shard's CPU time (docs/performance.md, "Identity hot path"). Two standard remedies, both reversible and bounded:
 - ``gc.freeze()`` once start-up is done moves every object alive then into the permanent generation, which
   collections skip (prefork children inherit it, and copy-on-write pages stay shared);
 - a higher first threshold (10,000 allocations) collects young objects ~14x less often; cycles are still

@@ -65,7 +65,7 @@ def generation_interface(
             f"{triton_name} is a {manifest.get('engine')} model: its Triton model takes token ids, and the "
             "generation kind sends text (the vLLM backend's interface); register the vLLM emit of the same "
             'spec (engine = "vllm"), or wire TensorRT-LLM\'s pre/post-processing ensemble first '
-            "(docs/ARCHITECTURE.md, Generation models).",
+            "(docs/architecture/generation.md, GPU engines).",
             param="triton_name",
         )
     _check_interface(triton_name, inputs, outputs)

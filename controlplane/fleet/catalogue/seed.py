@@ -99,7 +99,7 @@ SEED = [
         "max_num_seqs": 64,  # config.pbtxt MAX_NUM_SEQS
         "structured_outputs": True,  # the engine's cb_grammar.py (llguidance)
         # Measured: a completion token costs the engine ~20x a prompt token (bench/token_costs.py, 2026-12-02:
-        # 16 µs per prompt token, 377 µs per completion token at 64 sequences; docs/PERFORMANCE.md).
+        # 16 µs per prompt token, 377 µs per completion token at 64 sequences; docs/performance.md).
         "completion_weight": 20.0,
         # torch and the python backend stub (~400 MB RSS, as MiniLM's) plus the 16 MB KV pool.
         "memory_per_instance_bytes": 512 * 1024**2,

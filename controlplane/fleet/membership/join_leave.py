@@ -1,5 +1,5 @@
 """Servers joining and leaving the fleet by themselves: what ``fleet_register`` / ``fleet_drain`` and
-``POST /internal/fleet/servers[/<name>/drain]`` call (docs/ARCHITECTURE.md, "Fleet size").
+``POST /internal/fleet/servers[/<name>/drain]`` call (docs/architecture/fleet-size.md, "Join and leave").
 
 Join: an orchestrator's init step or sidecar registers a Triton server with its addresses and pool; its
 GPUs come from Triton's own ``/metrics`` (``nv_gpu_memory_total_bytes`` etc., one series per GPU uuid) when

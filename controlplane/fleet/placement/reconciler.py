@@ -336,7 +336,7 @@ def _instance_groups(server: TritonServer, target: dict[str, int], *, cpu_per_in
     """``cpu_per_instance``: Triton instances per placed instance on a CPU server, the repository config's
     KIND_CPU count. A config that asks for N single-thread CPU instances gets N stubs per placed instance,
     which keep N cores busy without the barrier one N-thread instance's threads meet at every operator
-    (MiniLM on 2 cores beside the control plane: 0.90 of in-process end to end vs 0.76; docs/PERFORMANCE.md)."""
+    (MiniLM on 2 cores beside the control plane: 0.90 of in-process end to end vs 0.76; docs/performance.md)."""
     if server.real_gpus:
         groups = []
         for gpus, count in sorted(target.items()):

@@ -173,7 +173,7 @@ class _GenerationKind(EndpointKind):
     def min_shard_lines(self, model: CatalogueModel) -> int:
         # A slot runs one shard at a time and the engine batches only what is in flight: shards cut at 1 s of
         # estimated time held ~16 tinylm lines, so 2 slots gave the engine <= 32 of its 64 sequences, idle
-        # between shards (docs/PERFORMANCE.md). A shard of the in-flight bound fills it alone.
+        # between shards (docs/performance.md). A shard of the in-flight bound fills it alone.
         return inflight_limit(model)
 
     def columns_collector(

@@ -5,7 +5,7 @@ accepted line's body in hand. For a tensor model it keeps, per planned shard, th
 rows and every input's values, and writes them next to the shard's parts as one small binary blob when the
 shard closes (before the shard row exists, so a worker never looks for columns not yet written). The shard's
 run then loads arrays instead of parsing its lines: on the hot-path benchmark parsing and packing a 4,096-line
-shard took ~20 ms of the shard worker's CPU, loading its columns ~1 ms (docs/PERFORMANCE.md).
+shard took ~20 ms of the shard worker's CPU, loading its columns ~1 ms (docs/performance.md).
 
 Columns are an optimisation, never a source of truth the run depends on:
 - a shard gets columns only when every one of its lines went through the fast lane, named no outputs, had

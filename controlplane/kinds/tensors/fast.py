@@ -4,7 +4,7 @@ Validation (batches/intake/validation.py) reads every line once with every check
 the catalogue entry the batch pins (batches/pinning.py); the input file cannot change after upload. A
 shard therefore re-reads only what it needs to build Triton calls: orjson instead of json, none of the
 range checks, and numeric inputs kept as the JSON's lists (a RawTensorRequest) so that packing casts one
-array per call rather than one per line (packing._stack_raw). The hot-path profile (docs/PERFORMANCE.md)
+array per call rather than one per line (packing._stack_raw). The hot-path profile (docs/performance.md)
 had the checked parse at ~37 % of a worker's busy time on identity lines, then the per-line arrays of
 this parse at ~18 %.
 

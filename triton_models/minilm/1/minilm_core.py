@@ -91,7 +91,7 @@ def onnx_session(onnx_file: Path, threads: int | None, device: str = "cpu"):
         options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     # Idle intra-op threads sleep instead of spinning: on a host whose cores the control plane shares, a
-    # spinning pool takes CPU from the workers and Triton (docs/PERFORMANCE.md, "MiniLM runtime").
+    # spinning pool takes CPU from the workers and Triton (docs/operations/minilm.md).
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     providers: list = ["CPUExecutionProvider"]
     if device.startswith("cuda"):
@@ -152,7 +152,7 @@ class MiniLMEncoder:
         wastes far less compute on padding. `batch_size=None` means no limit on a chunk's size.
         `max_padding` (with sorting) also closes a chunk before its padded tokens would pass that multiple
         of its real tokens: a call the dynamic batcher merged from several shards holds short and long
-        texts together, and one pass over it cost ~2.7x the texts' own work (docs/PERFORMANCE.md).
+        texts together, and one pass over it cost ~2.7x the texts' own work (docs/performance.md).
         """
         n = len(texts)
         if n == 0:

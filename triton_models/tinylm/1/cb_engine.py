@@ -11,7 +11,7 @@ token's KV back into its owner's buffer.
 Why our own loop rather than transformers' continuous batching (`init_continuous_batching`): in
 transformers 5.24 its sampling settings are per manager, not per request (temperature/top_p at most; no
 per-request seed, n, penalties, stop strings or logprobs), and one shared RNG makes a seeded output depend on
-its batch neighbours. Measured on the mixed corpus (docs/ARCHITECTURE.md, "Generation engine"), greedy only,
+its batch neighbours. Measured on the mixed corpus (docs/architecture/generation.md, "The engine"), greedy only,
 this loop was also the faster of the two here.
 """
 
@@ -92,7 +92,7 @@ class Engine:
         # requests in turn, so each is asked every ceil(in flight / batch) intervals: 0.8 s for the 128 a shard
         # keeps in flight, inside the second a cancel is allowed. Triton's is_cancelled is an IPC round trip
         # through the stub's and the server's threads: asked of every request every 50 ms, 512 in flight, it
-        # held the engine thread 45% of the wall time on a loaded host (docs/PERFORMANCE.md).
+        # held the engine thread 45% of the wall time on a loaded host (docs/performance.md).
         self.cancel_poll_s = cancel_poll_s
         self.cancel_poll_batch = cancel_poll_batch
         self._next_cancel_poll = 0.0

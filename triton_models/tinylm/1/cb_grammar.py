@@ -1,6 +1,6 @@
 """Constrained decoding for the continuous-batching engine: JSON (any object) or a JSON schema, with llguidance.
 
-Why llguidance (bench/constrained.py, figures in docs/PERFORMANCE.md): a 8 MB wheel with no dependency beyond what
+Why llguidance (bench/constrained.py, figures in docs/performance.md): a 8 MB wheel with no dependency beyond what
 the project has, a schema compiled in milliseconds and a mask in ~15 us a token, full JSON-schema coverage with
 clear errors for what it cannot compile; xgrammar was as fast but pulls ~1 GB (triton) into the CPU image,
 outlines-core took seconds to compile "any JSON object", lm-format-enforcer does not import under transformers 5.

@@ -11,7 +11,7 @@ from controlplane.console.roles import roles_sync
 
 
 class Command(BaseCommand):
-    help = "Create or update the viewer, operator and admin groups (docs/OPERATIONS.md, 'Roles')."
+    help = "Create or update the viewer, operator and admin groups (docs/operations/console.md, 'Roles')."
 
     def handle(self, *args: Any, **options: Any) -> None:
         for role, count in roles_sync(verbosity=options["verbosity"]).items():
