@@ -232,6 +232,27 @@ class TestConcurrency:
         assert Batch.objects.count() == 1
         assert sorted(r.has_header("Idempotent-Replayed") for r in responses) == [False, True]
 
+    def test_an_upload_with_a_key_copies_outside_any_transaction(self, api, tenant, monkeypatch):
+        """A 1 GiB copy would hold a transaction (a connection, the key's lock) for minutes: the claim commits
+        first, the copy runs outside, and a same-key upload meanwhile is told to retry at once."""
+        from controlplane.files import services as file_services
+
+        real, during = file_services.blob_save, []
+
+        def save(*args, **kwargs):
+            during.append(connection.in_atomic_block)
+            if len(during) == 1:  # the first upload's copy: a same-key upload arrives meanwhile
+                during.append(_upload(_client(tenant), key="big"))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(file_services, "blob_save", save)
+        first = _upload(api, key="big")
+        assert first.status_code == 200 and during[0] is False
+        assert during[1].status_code == 409 and during[1].json()["error"]["code"] == "idempotency_key_in_progress"
+        replay = _upload(api, key="big")
+        assert replay.status_code == 200 and replay.json()["id"] == first.json()["id"]
+        assert File.objects.count() == 1
+
     def test_a_loser_that_waits_too_long_gets_a_retryable_409(self, api, tenant, quiet, slow_create, settings):
         if connection.vendor != "postgresql":
             pytest.skip("the bounded wait is Postgres' lock_timeout")

@@ -96,7 +96,8 @@ class FileListCreateView(APIView):
             fingerprint = request_fingerprint(
                 "POST", request.path, purpose, filename, *expiry, hasher.hexdigest("file")
             )
-        return idempotent(tenant_id=tenant.id, key=key, fingerprint=fingerprint, respond=respond)
+        # The copy of up to FILE_MAX_BYTES runs outside any transaction (idempotency.py, its second protocol).
+        return idempotent(tenant_id=tenant.id, key=key, fingerprint=fingerprint, respond=respond, claim_apart=True)
 
 
 @schema.file_detail

@@ -18,9 +18,10 @@ gets a retryable 409 ``idempotency_key_in_progress``.
 
 SQLite has one write lock for the whole database, and the settings' IMMEDIATE transactions take it at BEGIN:
 the protocol above held it for the whole create, so a 1 GiB upload with a key stopped every other writer
-(another tenant's batch create, the workers' commits) for the length of its blob copy. On SQLite the claim is
-therefore committed alone in a short transaction, the create runs outside it, and the answer is recorded in
-another short one (an error deletes the claim instead). A same-key request meanwhile gets the retryable 409
+(another tenant's batch create, the workers' commits) for the length of its blob copy. On Postgres the same
+upload held a transaction open for minutes (a pooled connection, the key's lock, and vacuum's horizon). So on
+SQLite, and for uploads (``claim_apart``) everywhere, the claim is committed alone in a short transaction, the
+create runs outside it, and the answer is recorded in another short one (an error deletes the claim instead). A same-key request meanwhile gets the retryable 409
 ``idempotency_key_in_progress`` at once rather than waiting: a wait would hold a web thread for as long as the
 first request's copy, which is what this avoids, and the openai SDK retries that 409 by itself (Retry-After,
 ``x-should-retry: true``). A claim left unanswered by a crash is taken over once it is older than
@@ -89,15 +90,23 @@ def json_fingerprint(request: Request, data: Any) -> str:
     return request_fingerprint(request.method or "", request.path, canonical)
 
 
-def idempotent(*, tenant_id: int, key: str | None, fingerprint: str, respond: Callable[[], Response]) -> Response:
+def idempotent(
+    *,
+    tenant_id: int,
+    key: str | None,
+    fingerprint: str,
+    respond: Callable[[], Response],
+    claim_apart: bool = False,
+) -> Response:
     """Run ``respond`` (which creates the object and renders it) at most once per (tenant, key).
 
     Without a key this is just ``respond()``. ``respond`` must render JSON-native data: the body is stored
-    as it is and returned as it is on replay."""
+    as it is and returned as it is on replay. ``claim_apart``: ``respond`` is long (an upload's copy), so it
+    runs outside any transaction (the module's second protocol) whatever the database."""
     if key is None:
         return respond()
     now = timezone.now()
-    if connection.vendor == "sqlite":
+    if claim_apart or connection.vendor == "sqlite":
         return _idempotent_claim_apart(tenant_id=tenant_id, key=key, fingerprint=fingerprint, respond=respond, now=now)
     with transaction.atomic():
         claimed = _claim(tenant_id=tenant_id, key=key, fingerprint=fingerprint, now=now)
