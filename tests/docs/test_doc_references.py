@@ -25,9 +25,12 @@ UPSTREAM = frozenset(
 PATH = re.compile(r"(?<![\w./-])(docs/[\w.-]+(?:/[\w.-]+)*/?)")
 # A comment's line break inside or before the quoted section: the newline and the next line's comment marker.
 BREAK = r"\n[ \t]*(?:#|//|\*)?[ \t]*"
-# The section in quotes right after the path and a comma or a space (a quote that closes a string literal is no
-# section): `, "Heading"`, ` ("Heading"`, `'s "Heading"`, `, 'Heading'`.
-SECTION = re.compile(rf"""(?:'s)?(?:,?[ \t]*{BREAK}|,[ \t]*|[ \t]+)\(?(?:"([^"\n]+(?:{BREAK}[^"\n]+)?)"|'([^'\n]+)')""")
+# The section in quotes right after the path (or its Markdown link) and a comma or a space (a quote that closes a
+# string literal is no section): `, "Heading"`, ` ("Heading"`, `'s "Heading"`, `, 'Heading'`, `](page.md), "Heading"`.
+LINK_TAIL = r"(?:\]\([^)\s]*\))?"
+SEPARATOR = rf"(?:'s)?(?:,?[ \t]*{BREAK}|,[ \t]*|[ \t]+)\(?"
+QUOTED = rf"""(?:"([^"\n]+(?:{BREAK}[^"\n]+)?)"|'([^'\n]+)')"""
+SECTION = re.compile(LINK_TAIL + SEPARATOR + QUOTED)
 FENCE = re.compile(r"^\s*(```|~~~)")
 
 
