@@ -99,7 +99,10 @@ class Attack:
         done.append(await self._slow("body", request_id, head, body[: self.body_drips], wait_s, index))
 
     async def _upload(self, index: int, wait_s: float, done: list[SlowConnection]) -> None:
-        request_id = f"trickle-u{index}"  # its key check reaches gunicorn (nginx's auth subrequest), its body not
+        # Arriving a fifth of a second apart, as trickling clients do: each one's key check is a quick request to
+        # gunicorn (nginx's auth subrequest); twenty at the same instant would count as a burst of API calls.
+        await asyncio.sleep(index * 0.2)
+        request_id = f"trickle-u{index}"  # its key check reaches gunicorn, its body never does
         head = (
             f"POST /v1/files HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\nAuthorization: Bearer {self.api_key}\r\n"
             f"X-Request-Id: {request_id}\r\nContent-Type: multipart/form-data; boundary=x\r\n"
