@@ -178,7 +178,7 @@ class Bench:
         self.conn = psycopg.connect(self.db_url, autocommit=True)
 
     def pids(self) -> dict[str, int]:
-        names = ("web", "worker", "control", "beat")
+        names = ("web", "worker", "validation", "control", "housekeeping", "beat")
         return {name: self.stack.procs[name].pid for name in names if name in self.stack.procs}
 
     def batch_row(self, batch_id: str) -> dict:
@@ -286,8 +286,8 @@ def main() -> int:
         "--profile",
         nargs="?",
         const="worker",
-        choices=("worker", "control"),
-        help="record the shard worker (or the control worker) with py-spy at the largest size",
+        choices=("worker", "validation", "control"),
+        help="record the shard worker (or the validation or control worker) with py-spy at the largest size",
     )
     args = parser.parse_args()
     # 100k lines for the quick run, 1M (~190 MB) for the full one; `make bench-1g` runs 5.2M lines (0.97 GiB).

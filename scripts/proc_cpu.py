@@ -19,7 +19,7 @@ from collections import Counter
 _TICK = os.sysconf("SC_CLK_TCK")
 # Labels by a piece of the command line, first match wins.
 _KINDS = ("postgres", "tritonserver", "triton_python_backend_stub", "redis-server", "beam.smp", "nginx", "chrom")
-_CELERY_QUEUES = ("-Q shards", "-Q control", "-Q webhooks", "beat")
+_CELERY_QUEUES = ("-Q shards", "-Q control", "-Q validation", "-Q housekeeping", "-Q webhooks", "beat")
 
 
 def label(pid: str) -> str | None:

@@ -61,8 +61,8 @@ class Stack:
     var_dir: Path
     web_port: int = 8000
     env: dict[str, str] = field(default_factory=dict)
-    # Per child (web, worker, control, webhooks, beat), on top of env: what differs between deployments on
-    # one host, e.g. each worker's WORKER_METRICS_PORT and PROMETHEUS_MULTIPROC_DIR.
+    # Per child (web, worker, control, validation, housekeeping, webhooks, beat), on top of env: what differs
+    # between deployments on one host, e.g. each worker's WORKER_METRICS_PORT and PROMETHEUS_MULTIPROC_DIR.
     process_env: dict[str, dict[str, str]] = field(default_factory=dict)
     # Slots (shards) run side by side per worker: the default slot cap is two per model instance, so four
     # threads let two models run at once. WORKER_CONCURRENCY overrides it (the benchmark compares).
@@ -188,6 +188,8 @@ class Stack:
         self._spawn("web", gunicorn_command(self.web_port))
         self.start_worker()
         self.start_control_worker()
+        self.start_validation_worker()
+        self.start_housekeeping_worker()
         self.start_webhooks_worker()
         if self.with_beat:
             self._spawn("beat", beat_command(self.var_dir / "celerybeat-schedule", quiet=self._quiet()))
@@ -269,9 +271,18 @@ class Stack:
         return self._celery_worker(name, "shards", self.worker_concurrency, self.worker_pool)
 
     def start_control_worker(self, name: str = "control") -> subprocess.Popen[bytes]:
-        """Validation, finalization, top-ups and beat jobs get their own worker: a slot holds a thread for
-        up to SCHEDULER_SLOT_BUDGET_SECONDS, and a new batch's validation must not wait behind it."""
+        """Finalize (a cancel's, an expiry's, a dead finalizer's): per-batch tenant work that waits on Postgres
+        and storage, on a worker of its own so that neither validation nor beat's jobs delay it."""
         return self._celery_worker(name, "control", 2)
+
+    def start_validation_worker(self, name: str = "validation") -> subprocess.Popen[bytes]:
+        """Validation parses tenants' files, CPU-bound: processes, so one tenant's huge file holds one process and
+        its GIL, never a thread beside finalize or beat's jobs. Two: this host's cores."""
+        return self._celery_worker(name, "validation", 2, "prefork")
+
+    def start_housekeeping_worker(self, name: str = "housekeeping") -> subprocess.Popen[bytes]:
+        """Beat's jobs (rescue, expiry, outbox relay, top-ups, fleet loops...) on a queue no tenant's work reaches."""
+        return self._celery_worker(name, "housekeeping", 2)
 
     def start_webhooks_worker(self, name: str = "webhooks") -> subprocess.Popen[bytes]:
         """Webhook attempts wait on tenants' receivers (up to 10 s each): their own worker, so a slow receiver

@@ -58,7 +58,7 @@ def test_with_the_broker_up_the_message_goes_out_and_the_row_is_gone(api, broker
     broker.start()
     response = _create_batch(api)
     assert response.status_code == 200, response.content
-    assert broker.queued() == [(dispatch.VALIDATE, [response.json()["id"]])]
+    assert broker.queued("validation") == [(dispatch.VALIDATE, [response.json()["id"]])]
     assert not OutboxMessage.objects.exists()
 
 
@@ -77,7 +77,7 @@ def test_a_batch_created_while_the_broker_is_down_is_dispatched_once_it_is_back(
 
     broker.start()
     assert dispatch.outbox_relay(now=later) == 1
-    assert broker.queued() == [(dispatch.VALIDATE, [batch_id])]
+    assert broker.queued("validation") == [(dispatch.VALIDATE, [batch_id])]
     assert not OutboxMessage.objects.exists()
     assert dispatch.outbox_relay(now=later) == 0  # sent once, not again
 

@@ -9,6 +9,7 @@ import re
 
 import yaml
 
+from controlplane.core.messaging.queues import QUEUES
 from tests.deploy.manifests import DEPLOY, REPO, compose_errors, compose_file
 
 
@@ -30,10 +31,12 @@ def test_a_broken_compose_file_fails_validation():
 
 def test_compose_runs_every_process_with_gpu_triton_and_monitoring():
     services = compose_file()["services"]
-    assert {"web", "worker-control", "worker-shards", "worker-webhooks", "beat", "migrate", "postgres", "redis",
-            "triton", "triton-register", "prometheus", "grafana"} <= set(services)  # fmt: skip
+    assert {"web", "worker-control", "worker-validation", "worker-housekeeping", "worker-shards", "worker-webhooks",
+            "beat", "migrate", "postgres", "redis", "triton", "triton-register", "prometheus", "grafana"} <= set(services)  # fmt: skip
     queues = {s["command"][s["command"].index("-Q") + 1] for n, s in services.items() if n.startswith("worker-")}
-    assert queues == {"control", "shards", "webhooks"}
+    assert queues == set(QUEUES)
+    # Validation parses on processes; housekeeping is beat's jobs alone.
+    assert "prefork" in services["worker-validation"]["command"]
     triton = services["triton"]
     (device,) = triton["deploy"]["resources"]["reservations"]["devices"]
     assert device["capabilities"] == ["gpu"] and device["driver"] == "nvidia"
@@ -56,7 +59,8 @@ def test_prometheus_scrapes_every_process_that_counts():
     config = yaml.safe_load((DEPLOY / "compose" / "prometheus.yml").read_text())
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     targets = {t for job in jobs.values() for group in job["static_configs"] for t in group["targets"]}
-    assert targets == {"web:8000", "worker-control:9100", "worker-shards:9100", "worker-webhooks:9100", "triton:8002"}
+    workers = {f"worker-{queue}:9100" for queue in QUEUES}
+    assert targets == {"web:8000", "triton:8002", *workers}
     assert jobs["controlplane-web"]["authorization"]["credentials_file"] == "/run/secrets/metrics_token"
     env_example = (DEPLOY / "compose" / ".env.example").read_text()
     required = set(re.findall(r"\$\{([A-Z_]+):\?", (DEPLOY / "compose" / "compose.yaml").read_text()))

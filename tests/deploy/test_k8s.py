@@ -9,6 +9,7 @@ import copy
 import kubernetes_validate
 import pytest
 
+from controlplane.core.messaging.queues import QUEUES
 from tests.deploy.manifests import (
     CRDS,
     OVERLAYS,
@@ -133,7 +134,7 @@ def test_beat_is_one_locked_replica_and_migrations_run_as_a_job(overlay):
         if doc["kind"] == "Deployment" and doc["metadata"]["name"].startswith("controlplane-worker-"):
             args = doc["spec"]["template"]["spec"]["containers"][0]["args"]
             queues.add(args[args.index("-Q") + 1])
-    assert queues == {"control", "shards", "webhooks"}
+    assert queues == set(QUEUES)
     pdbs = {d["metadata"]["name"] for d in docs if d["kind"] == "PodDisruptionBudget"}
     assert {"controlplane-web", "triton", "controlplane-worker-shards"} <= pdbs
 

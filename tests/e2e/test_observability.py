@@ -30,7 +30,7 @@ from tests.stack_tenants import tenant_key
 pytestmark = pytest.mark.e2e
 
 TOKEN = "obs-scrape-token"
-WORKERS = ("worker", "control", "webhooks")
+WORKERS = ("worker", "control", "validation", "housekeeping", "webhooks")
 PROCESSES = ("web", *WORKERS, "beat")
 
 
@@ -202,9 +202,9 @@ def test_one_batch_story_reads_across_processes_in_json_logs(observed: ObservedS
     web = [e for e in by_process["web"] if e.get("batch_id") == batch_id]
     assert any(e["message"].startswith("POST /v1/batches 200") for e in web), web
     assert all(e["request_id"].startswith("req_") for e in web)
-    # the control worker validated it, under the task's own name and id
-    control = [e for e in by_process["control"] if e.get("batch_id") == batch_id]
-    assert any(e.get("task") == "batches.batch_validate" and e.get("task_id") for e in control), control
+    # the validation worker (a pool process) validated it, under the task's own name and id
+    validation = [e for e in by_process["validation"] if e.get("batch_id") == batch_id]
+    assert any(e.get("task") == "batches.batch_validate" and e.get("task_id") for e in validation), validation
     # the shard worker ran its shards: shard index, attempt and slot on each line about a shard
     shard_lines = [e for e in by_process["worker"] if e.get("batch_id") == batch_id]
     assert shard_lines

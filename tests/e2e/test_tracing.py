@@ -154,9 +154,9 @@ def test_a_batch_is_one_trace_across_processes_and_into_triton(traced: TracedSta
 
     # Support goes from the batch to its trace, and from the trace to the log lines of every process that worked.
     logged = set()
-    for name in ("web", "control", "worker"):
+    for name in ("web", "validation", "worker"):
         for line in (traced.stack.log_dir / f"{name}.log").read_text().splitlines():
             if line.startswith("{") and json.loads(line).get("trace_id") == trace_id:
                 logged.add(name)
-    assert logged >= {"control", "worker"}, logged
+    assert logged >= {"validation", "worker"}, logged
     assert one_span(spans, "batch.create").span_id == create.span_id
