@@ -22,6 +22,7 @@ from celery.worker.consumer import Consumer
 
 from controlplane.core.observability.logs import celery_logger_format, task_log_context_end, task_log_context_start
 from controlplane.core.workers.database import connections_tidy
+from controlplane.core.workers.deadlines import job_deadline_on_task_start
 from controlplane.core.workers.gc_tuning import gc_tune_for_throughput
 from controlplane.metrics.worker import worker_metrics_serve, worker_process_gone
 
@@ -72,6 +73,8 @@ task_postrun.connect(task_log_context_end, weak=False)
 # A task keeps its thread's database connection, within Django's rules (settings.CELERY_DB_REUSE_MAX).
 task_prerun.connect(connections_tidy, weak=False)
 task_postrun.connect(connections_tidy, weak=False)
+# Beat's jobs and finalize bound themselves (thread pools ignore time limits): after the tidy, on the kept connection.
+task_prerun.connect(job_deadline_on_task_start, weak=False)
 # Start-up objects frozen out of the collector's walks, fewer young collections (core/workers/gc_tuning.py).
 worker_init.connect(gc_tune_for_throughput, weak=False)
 worker_process_init.connect(gc_tune_for_throughput, weak=False)

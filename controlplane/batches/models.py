@@ -85,6 +85,11 @@ class Batch(models.Model):
     # Fencing token of validation attempts: each attempt takes the next number, and only the current one
     # may add shards or settle the batch (a redelivered or rescued validation supersedes the earlier one).
     validation_attempt = models.PositiveIntegerField(default=0, db_default=0)
+    # Validation's turn (batches/intake/turns.py): when this batch's validation took its turn, null while it waits
+    # for one (a batch of its tenant validating counts against VALIDATION_MAX_PER_TENANT while this is set); and when
+    # a waiting message last gave its turn back, which keeps a waiting batch clear of the rescuer's deadline.
+    validation_started_at = models.DateTimeField(null=True, blank=True)
+    validation_waiting_at = models.DateTimeField(null=True, blank=True)
     # OpenAI's output_expires_after (anchor created_at): seconds after which the output and error files
     # expire; null keeps them until the tenant deletes them.
     output_expires_after = models.PositiveIntegerField(null=True, blank=True)

@@ -11,12 +11,8 @@ from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
 from controlplane.batches.intake.admission import batch_admit, batch_admit_validated
-from controlplane.batches.intake.early_dispatch import (
-    ValidationSuperseded,
-    shard_rows,
-    shards_discard,
-    validation_attempt_begin,
-)
+from controlplane.batches.intake.early_dispatch import ValidationSuperseded, shard_rows, shards_discard
+from controlplane.batches.intake.turns import WAIT, validation_turn_take
 from controlplane.batches.intake.validation_deadline import ValidationDeadlinePassed
 from controlplane.batches.intake.verdict import (
     CheckedInput,
@@ -39,6 +35,7 @@ from controlplane.core.http.errors import Conflict, ValidationFailed
 from controlplane.core.jsontext import bad_text
 from controlplane.core.messaging import dispatch
 from controlplane.core.observability import tracing
+from controlplane.core.workers.deadlines import job_time_up
 from controlplane.files.lifecycle import expires_after_parse
 from controlplane.files.quota import storage_reserve
 from controlplane.files.selectors import file_batch_input_get
@@ -131,12 +128,14 @@ def batch_validate(*, batch_id: str) -> None:
     No input leaves the batch in ``validating``: a bad line is a line error, and any other failure (a
     bug, an unreadable blob) is logged and fails the batch with a ``validation_error`` entry. Only a
     lost database connection is raised again: then nothing can be written, and the batch is left in
-    ``validating`` for the rescuer's deadline on that state to pick up."""
+    ``validating`` for the rescuer's deadline on that state to pick up. A batch whose tenant already validates
+    VALIDATION_MAX_PER_TENANT batches waits its turn (intake/turns.py)."""
     batch = Batch.objects.select_related("tenant").get(id=batch_id)
     if batch.status != BatchStatus.VALIDATING:
         return  # a redelivered task after the batch moved on, or cancelled while queued
-    attempt = validation_attempt_begin(batch_id=batch.id)
-    if attempt is None:
+    # At most VALIDATION_MAX_PER_TENANT of a tenant's batches validate at once; past it, the message goes round.
+    attempt = validation_turn_take(batch_id=batch.id)
+    if attempt is None or attempt == WAIT:
         return
     attributes = {"batch.id": batch.id, "validation.attempt": attempt}
     with tracing.batch_span("batch.validate", traceparent=batch.trace_parent, attributes=attributes) as span:
@@ -246,6 +245,8 @@ def batches_expire() -> list[str]:
     for batch_id in Batch.objects.filter(
         expires_at__lt=now, status__in=(BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS), stop_reason__isnull=True
     ).values_list("id", flat=True):
+        if job_time_up():
+            break  # the next run expires the rest (core/workers/deadlines.py)
         with transaction.atomic():
             if not batch_stop_running(batch_id=batch_id, reason=StopReason.EXPIRE, now=now):
                 continue

@@ -28,6 +28,7 @@ from controlplane.batches.transitions import event_record
 from controlplane.batches.usage_rows import shard_usage_from_row
 from controlplane.core.http.errors import Conflict, NotFound
 from controlplane.core.messaging import dispatch
+from controlplane.core.workers.deadlines import job_time_up
 from controlplane.kinds.base import TokenCounts
 from controlplane.usage.services import usage_record_shard
 
@@ -239,6 +240,8 @@ def shards_rescue() -> list[int]:
     for shard in expired.select_related("batch").only(
         "id", "attempt", "batch_id", "index", "lease_expiries", "batch__stop_reason", "batch__model"
     ):
+        if job_time_up():
+            break  # the next run rescues the rest (core/workers/deadlines.py)
         expiries = shard.lease_expiries + 1
         # A stopping batch runs nothing new: the dead worker's lines are accounted as cancelled/expired.
         # A shard whose every run loses its worker is presumed to kill it (see Shard.lease_expiries).

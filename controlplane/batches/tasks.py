@@ -7,6 +7,7 @@ conditional updates make the second run a no-op. Shards are not tasks: the sched
 from __future__ import annotations
 
 from celery import shared_task
+from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from django.utils import timezone
 
@@ -30,6 +31,11 @@ VALIDATE_DB_RETRIES = 5
     retry_backoff=2,
     retry_backoff_max=32,
     retry_jitter=False,
+    # The validation worker's process pool enforces time limits: past the attempt's own deadline (which stops it a
+    # little before BATCH_VALIDATION_DEADLINE_SECONDS from its turn), never the global ones, which would end a large
+    # file's validation that its deadline still allows.
+    soft_time_limit=settings.BATCH_VALIDATION_DEADLINE_SECONDS + 60,
+    time_limit=settings.BATCH_VALIDATION_DEADLINE_SECONDS + 120,
 )
 def batch_validate_task(batch_id: str) -> None:
     log_context_bind(batch_id=batch_id)
@@ -40,8 +46,12 @@ def batch_validate_task(batch_id: str) -> None:
 
 
 @shared_task(name="batches.batch_finalize")
-def batch_finalize_task(batch_id: str) -> bool:
+def batch_finalize_task(batch_id: str, taken: bool = False) -> bool:
+    """``taken``: the rescuer already moved the batch into finalizing (finalize.batches_finalize_stuck)."""
     log_context_bind(batch_id=batch_id)
+    if taken:
+        finalize.batch_finalize(batch_id=batch_id)
+        return True
     return finalize.batch_try_finalize(batch_id=batch_id)
 
 

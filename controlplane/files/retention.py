@@ -10,6 +10,7 @@ import logging
 from datetime import datetime
 
 from controlplane.core.http.errors import Conflict
+from controlplane.core.workers.deadlines import job_time_up
 from controlplane.files.in_use import file_users
 from controlplane.files.models import File
 from controlplane.files.services import file_delete
@@ -30,6 +31,8 @@ def files_expire(*, now: datetime, limit: int = FILES_PER_RUN) -> list[str]:
         expired = expired.exclude(id__in=user.files_in_use())
     deleted = []
     for file in expired.order_by("expires_at")[:limit]:
+        if job_time_up():
+            break  # the next run deletes the rest (core/workers/deadlines.py)
         try:
             file_delete(file=file)
         except Conflict:

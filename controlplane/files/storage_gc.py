@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.core.files.storage import FileSystemStorage, Storage
 
+from controlplane.core.workers.deadlines import job_time_up
 from controlplane.files.in_use import FileUser, file_users
 from controlplane.files.models import File
 from controlplane.files.storage import blob_delete, blob_storage
@@ -52,7 +53,7 @@ def orphans_collect(*, now: datetime, scan_limit: int | None = None, rng: random
     directories = [f"{prefix}/{name}" for prefix in prefixes for name in sorted(_listdir(storage, prefix)[0])]
     deleted: list[str] = []
     for directory in _rotated(directories, rng):
-        if budget <= 0:
+        if budget <= 0 or job_time_up():  # the next run goes on (core/workers/deadlines.py)
             break
         subdirectories, names = _listdir(storage, directory)
         if not names and not subdirectories:

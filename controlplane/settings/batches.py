@@ -79,20 +79,36 @@ SHARD_MAX_LEASE_EXPIRIES = env_int(
 RESCUE_INTERVAL_SECONDS = env_float(
     "RESCUE_INTERVAL_SECONDS", 2.0, help="How often beat hands shards whose lease expired to another worker."
 )
-# A batch still in validating this long after its validation was (re)enqueued lost its message or its
-# worker: the rescuer enqueues it again (validation checks the status first, so a duplicate is harmless) and
-# fails it after validation_rescue.VALIDATION_MAX_ATTEMPTS tries. The running attempt stops itself a little
-# before this deadline (batches/intake/validation_deadline.py; the control worker's thread pool ignores Celery's time
-# limits), so a validation that is still running is never duplicated. Finalization is idempotent, so a stale
-# finalizer is simply replaced.
+# A batch still in validating this long after its validation took its turn (or was re-enqueued, or last gave its
+# turn back) lost its message or its worker: the rescuer enqueues it again (validation checks the status first, so a
+# duplicate is harmless) and fails it after validation_rescue.VALIDATION_MAX_ATTEMPTS tries. The running attempt
+# stops itself a little before this deadline (batches/intake/validation_deadline.py), so a validation that is still
+# running is never duplicated. Finalization is idempotent, so a stale finalizer is simply replaced.
 BATCH_VALIDATION_DEADLINE_SECONDS = env_int(
     "BATCH_VALIDATION_DEADLINE_SECONDS",
     1200,
     minimum=1,
-    help="A batch still validating this long after its validation was enqueued is enqueued again.",
+    help="A batch still validating this long after its validation took its turn is enqueued again.",
+)
+# One, with the validation worker's two processes: a tenant's flood of large files holds one process, and every
+# other tenant's validation finds the other (batches/intake/turns.py).
+VALIDATION_MAX_PER_TENANT = env_int(
+    "VALIDATION_MAX_PER_TENANT",
+    1,
+    minimum=1,
+    help="Most batches of one tenant validating at once; another waits for its turn behind other tenants' work.",
 )
 FINALIZE_STALE_SECONDS = env_int(
     "FINALIZE_STALE_SECONDS", 600, minimum=1, help="A finalizer still finalizing after this is presumed dead."
+)
+# Beat's jobs and finalize run on thread pools, which ignore Celery's time limits: each run stops by this deadline
+# (its statements' timeout and its loops' budget, core/workers/deadlines.py) and the next run continues. Two
+# minutes: every job's run is bounded by count far below it (history_prune: at most 100,000 rows of a kind).
+JOB_DEADLINE_SECONDS = env_int(
+    "JOB_DEADLINE_SECONDS",
+    120,
+    minimum=1,
+    help="Most seconds one run of a beat job or finalize may take; its next run continues.",
 )
 EXPIRY_INTERVAL_SECONDS = env_float(
     "EXPIRY_INTERVAL_SECONDS", 30.0, help="How often beat expires batches past their completion window."

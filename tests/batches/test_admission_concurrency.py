@@ -31,9 +31,10 @@ def _batch(tenant) -> Batch:
     )
 
 
-def test_two_concurrent_validations_cannot_both_pass_a_token_limit_only_one_fits(tenant, monkeypatch):
+def test_two_concurrent_validations_cannot_both_pass_a_token_limit_only_one_fits(tenant, monkeypatch, settings):
     assert connection.vendor == "postgresql"  # row locks are the point; SQLite serializes writers anyway
     monkeypatch.setattr(dispatch, "send", lambda task_name, args: None)
+    settings.VALIDATION_MAX_PER_TENANT = 2  # both validate at once (batches/intake/turns.py)
     first, second = _batch(tenant), _batch(tenant)
     # Each batch's estimated tokens: 10 lines × (40 // 4 + 2). One fits, two do not.
     Tenant.objects.filter(id=tenant.id).update(max_enqueued_tokens=120 + 60)

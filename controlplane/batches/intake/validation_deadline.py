@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db.models import Max
 from django.utils import timezone
 
-from controlplane.batches.models import BatchEvent
+from controlplane.batches.models import Batch, BatchEvent
 
 # Events that (re)start a validation; the latest one's time is the start of the current attempt's deadline.
 VALIDATION_ATTEMPT_EVENTS = ("created", "validation_retried")
@@ -34,13 +34,17 @@ class ValidationDeadlinePassed(Exception):
 
 
 def attempt_stop_at(*, batch_id: str, created_at: datetime) -> datetime:
-    """When the current attempt of ``batch_id`` must stop reading."""
+    """When the current attempt of ``batch_id`` must stop reading: the deadline counts from the latest (re)start
+    event or the moment the batch took its validation turn (turns.py), whichever is later, as the rescuer's does."""
     started = (
         BatchEvent.objects.filter(batch_id=batch_id, kind__in=VALIDATION_ATTEMPT_EVENTS).aggregate(
             last=Max("created_at")
         )["last"]
         or created_at
     )
+    turn = Batch.objects.filter(id=batch_id).values_list("validation_started_at", flat=True).first()
+    if turn is not None:
+        started = max(started, turn)
     deadline = timedelta(seconds=settings.BATCH_VALIDATION_DEADLINE_SECONDS)
     return started + deadline - min(deadline * _MARGIN_FRACTION, _MAX_MARGIN)
 

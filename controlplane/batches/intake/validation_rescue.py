@@ -8,6 +8,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Max, Q
+from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from controlplane.batches.intake.validation_deadline import VALIDATION_ATTEMPT_EVENTS
@@ -15,6 +16,7 @@ from controlplane.batches.intake.verdict import batch_validation_fail, validatio
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus
 from controlplane.batches.transitions import event_record
 from controlplane.core.messaging import dispatch
+from controlplane.core.workers.deadlines import job_time_up
 
 # Tries of a batch's validation (the first enqueue at create included) before the rescuer fails it.
 VALIDATION_MAX_ATTEMPTS = 3
@@ -23,8 +25,9 @@ _VALIDATION_ATTEMPT_EVENTS = VALIDATION_ATTEMPT_EVENTS
 
 
 def batches_validation_rescue() -> list[str]:
-    """Batches left in ``validating`` past BATCH_VALIDATION_DEADLINE_SECONDS since their last attempt (the
-    validate message was lost, the worker died, a lost database connection was re-raised) are enqueued
+    """Batches left in ``validating`` past BATCH_VALIDATION_DEADLINE_SECONDS since their last attempt, their turn
+    and their last give-back of a turn (turns.py: a batch that waits its tenant's turn is not lost), because the
+    validate message was lost, the worker died or a lost database connection was re-raised, are enqueued
     again, and after VALIDATION_MAX_ATTEMPTS attempts failed with a ``validation_error`` entry, so none
     stays there forever. Attempts are counted from the batch's events (``created`` and each
     ``validation_retried``), which also show them to operators. Returns the ids acted on.
@@ -34,19 +37,32 @@ def batches_validation_rescue() -> list[str]:
     deadline = timezone.now() - timedelta(seconds=settings.BATCH_VALIDATION_DEADLINE_SECONDS)
     overdue = (
         Batch.objects.filter(status=BatchStatus.VALIDATING)
-        .annotate(last_attempt_at=Max("events__created_at", filter=Q(events__kind__in=_VALIDATION_ATTEMPT_EVENTS)))
-        .filter(Q(last_attempt_at__lt=deadline) | Q(last_attempt_at__isnull=True, created_at__lt=deadline))
+        .annotate(
+            last_attempt_at=Coalesce(
+                Max("events__created_at", filter=Q(events__kind__in=_VALIDATION_ATTEMPT_EVENTS)), "created_at"
+            ),
+            # Each argument coalesced: SQLite's MAX() of a NULL is NULL, Postgres's GREATEST skips it.
+            last_sign_at=Greatest(
+                "last_attempt_at",
+                Coalesce("validation_started_at", "created_at"),
+                Coalesce("validation_waiting_at", "created_at"),
+            ),
+        )
+        .filter(last_sign_at__lt=deadline)
     )
     rescued: list[str] = []
     for batch_id in list(overdue.values_list("id", flat=True)):
+        if job_time_up():
+            break  # the next run goes on (core/workers/deadlines.py)
         with transaction.atomic():
             batch = Batch.objects.select_for_update().filter(id=batch_id, status=BatchStatus.VALIDATING).first()
             if batch is None:
                 continue  # validated, cancelled or expired since the query
             attempts = BatchEvent.objects.filter(batch_id=batch_id, kind__in=_VALIDATION_ATTEMPT_EVENTS)
             last_attempt_at = attempts.aggregate(last=Max("created_at"))["last"] or batch.created_at
-            if last_attempt_at >= deadline:
-                continue  # another rescuer retried it while we queried
+            signs = (last_attempt_at, batch.validation_started_at, batch.validation_waiting_at)
+            if max(sign for sign in signs if sign is not None) >= deadline:
+                continue  # another rescuer retried it, or it took or gave back its turn, while we queried
             tries = max(1, attempts.count())
             if tries >= VALIDATION_MAX_ATTEMPTS:
                 batch_validation_fail(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -23,7 +24,9 @@ from controlplane.batches.run.parts import decode_entry, dumps
 from controlplane.batches.run.records import error_record
 from controlplane.batches.selectors import batch_input_name
 from controlplane.batches.transitions import FINALIZABLE, batch_finalizing, batch_finish, event_record
+from controlplane.core.messaging import dispatch
 from controlplane.core.observability import tracing
+from controlplane.core.workers.deadlines import job_time_up
 from controlplane.files.services import file_result_create, result_blob_name
 from controlplane.files.storage import blob_delete, blob_open, blob_read_range, blob_save_spooled, blob_spool
 
@@ -41,6 +44,14 @@ _PART_LOST_ERROR = ("part_lost", "The results of this request were lost in stora
 
 def batch_try_finalize(*, batch_id: str) -> bool:
     """Move a batch whose shards are all closed into finalizing, then finalize. Safe to call often."""
+    if not _finalizing_take(batch_id=batch_id):
+        return False
+    batch_finalize(batch_id=batch_id)
+    return True
+
+
+def _finalizing_take(*, batch_id: str) -> bool:
+    """Move the batch into finalizing when its shards are all closed; True for the one caller that did."""
     if Shard.objects.filter(batch_id=batch_id, status__in=SHARD_OPEN_STATUSES).exists():
         return False  # the common case, answered without a lock
     with transaction.atomic():
@@ -50,31 +61,51 @@ def batch_try_finalize(*, batch_id: str) -> bool:
             return False
         if Shard.objects.filter(batch_id=batch_id, status__in=SHARD_OPEN_STATUSES).exists():
             return False
-        won = batch_finalizing(batch_id=batch_id, now=timezone.now())
-    if not won:
-        return False
-    batch_finalize(batch_id=batch_id)
-    return True
+        return batch_finalizing(batch_id=batch_id, now=timezone.now())
 
 
 def batches_finalize_stuck() -> list[str]:
     """Restart finalizers that died (after FINALIZE_STALE_SECONDS), and finalize batches whose last shard
     closed unnoticed: in_progress or cancelling (a lost finalize message, a running shard of a cancelled
-    batch closed as skipped by shards.shards_rescue when its worker died)."""
+    batch closed as skipped by shards.shards_rescue when its worker died).
+
+    The rescuer (a beat job) only takes each batch into (or back into) finalizing and sends it to the control
+    queue: merging a large batch's parts is tenant work, which must not hold a housekeeping thread."""
     stale_before = timezone.now() - timedelta(seconds=settings.FINALIZE_STALE_SECONDS)
     stale = Batch.objects.filter(status=BatchStatus.FINALIZING, finalizing_at__lt=stale_before).values_list(
         "id", flat=True
     )
-    done = []
+    done: list[str] = []
     for batch_id in list(stale):
-        if Batch.objects.filter(id=batch_id, status=BatchStatus.FINALIZING).update(finalizing_at=timezone.now()):
-            batch_finalize(batch_id=batch_id)
-            done.append(batch_id)
+        if job_time_up():
+            return done  # the next run goes on (core/workers/deadlines.py)
+        with transaction.atomic():
+            if Batch.objects.filter(id=batch_id, status=BatchStatus.FINALIZING).update(finalizing_at=timezone.now()):
+                dispatch.batch_finalize_enqueue(batch_id, taken=True)
+                done.append(batch_id)
     idle = Batch.objects.filter(status__in=FINALIZABLE).exclude(shards__status__in=SHARD_OPEN_STATUSES)
     for batch_id in list(idle.values_list("id", flat=True)):
-        if batch_try_finalize(batch_id=batch_id):
-            done.append(batch_id)
+        if job_time_up():
+            break
+        with transaction.atomic():
+            if _finalizing_take(batch_id=batch_id):
+                dispatch.batch_finalize_enqueue(batch_id, taken=True)
+                done.append(batch_id)
     return done
+
+
+class FinalizeDeadlinePassed(Exception):
+    """The finalizer ran out of time; the batch stays finalizing and the stale-finalizer rescue restarts it."""
+
+
+def finalize_stop_at(batch: Batch) -> float:
+    """When (time.monotonic) a finalizer of ``batch`` stops: a little before the rescuer presumes it dead
+    (FINALIZE_STALE_SECONDS after ``finalizing_at``), so a restart never runs beside it; as validation's deadline,
+    a tenth of it, at most 30 s, earlier."""
+    stale = timedelta(seconds=settings.FINALIZE_STALE_SECONDS)
+    since = batch.finalizing_at or timezone.now()
+    stop = since + stale - min(stale * 0.1, timedelta(seconds=30))
+    return time.monotonic() + (stop - timezone.now()).total_seconds()
 
 
 def _open_part(part_name: str) -> IO[bytes] | None:
@@ -158,16 +189,22 @@ def batch_finalize(*, batch_id: str) -> None:
     batch = Batch.objects.get(id=batch_id)
     if batch.status != BatchStatus.FINALIZING:
         return
-    # The last stage of the batch's trace (core/observability/tracing.py), wherever it runs: the slot, the control queue, beat.
+    # The last stage of the batch's trace (core/observability/tracing.py), wherever it runs: the slot or the control queue.
     with tracing.batch_span(
         "batch.finalize", traceparent=batch.trace_parent, attributes={"batch.id": batch_id}
     ) as span:
-        completed, failed = _batch_finalize(batch)
+        try:
+            completed, failed = _batch_finalize(batch, stop_at=finalize_stop_at(batch))
+        except FinalizeDeadlinePassed:
+            # Nothing was published (the spools are discarded); the rescuer's restart begins again from the parts.
+            logger.warning("batch=%s finalize stopped at its deadline", batch_id)
+            tracing.span_fail(span, "finalize stopped at its deadline")
+            return
         if span is not None:
             span.set_attributes({"batch.completed": completed, "batch.failed": failed})
 
 
-def _batch_finalize(batch: Batch) -> tuple[int, int]:
+def _batch_finalize(batch: Batch, *, stop_at: float) -> tuple[int, int]:
     batch_id = batch.id
     completed = failed = 0
     lost_parts: list[int] = []
@@ -177,6 +214,9 @@ def _batch_finalize(batch: Batch) -> tuple[int, int]:
             # Streamed line by line from storage into the result spools: memory stays flat in the size of
             # parts and results; storing a spool is a link on local storage, a chunked upload on S3.
             for _, kind, payload in shard_entries(batch, shard, lost_parts):
+                # A clock read per line, a few tens of nanoseconds beside the line's copy.
+                if time.monotonic() >= stop_at:
+                    raise FinalizeDeadlinePassed()
                 if kind == "out":
                     out.write(payload)
                     completed += 1

@@ -21,6 +21,7 @@ from django.conf import settings
 from django.db.models import Model, Q, QuerySet
 
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard
+from controlplane.core.workers.deadlines import job_time_up
 from controlplane.files.storage import blob_delete
 
 logger = logging.getLogger(__name__)
@@ -71,6 +72,8 @@ def parts_collect(*, now: datetime, limit: int = PARTS_PER_RUN) -> int:
     for field in ("part_name", "columns_name"):
         named = ended.exclude(**{field: ""}).values_list("id", field)[: limit - collected]
         for shard_id, name in list(named):
+            if job_time_up():
+                break  # the next run collects the rest (core/workers/deadlines.py)
             # Conditional: only the run that clears the name deletes the blob.
             if Shard.objects.filter(id=shard_id, **{field: name}).update(**{field: ""}) == 1:
                 blob_delete(name)
@@ -83,7 +86,7 @@ def parts_collect(*, now: datetime, limit: int = PARTS_PER_RUN) -> int:
 def _delete_in_chunks(rows: QuerySet[BatchEvent] | QuerySet[Shard], *, limit: int) -> int:
     model: type[Model] = rows.model
     deleted = 0
-    while deleted < limit:
+    while deleted < limit and not job_time_up():
         ids = list(rows.values_list("id", flat=True)[: min(DELETE_CHUNK, limit - deleted)])
         if not ids:
             break

@@ -46,20 +46,21 @@ RELAY_GRACE = timedelta(seconds=2)
 RELAY_BATCH = 500
 
 
-def send(task_name: str, args: list[Any]) -> None:
-    """Publish now (tests replace this to drive the services by hand)."""
+def send(task_name: str, args: list[Any], **options: Any) -> None:
+    """Publish now (tests replace this to drive the services by hand). ``options``: Celery's, e.g. a countdown."""
     current_app.send_task(
         task_name,
         args=args,
         queue=queue_for(task_name),
         retry=True,
         retry_policy=_PUBLISH_RETRY,
+        **options,
     )
 
 
-def _send_or_log(task_name: str, args: list[Any]) -> bool:
+def _send_or_log(task_name: str, args: list[Any], **options: Any) -> bool:
     try:
-        send(task_name, args)
+        send(task_name, args, **options)
     except Exception as exc:  # noqa: BLE001 - any publish failure means "the broker did not take it"
         logger.warning("broker did not take %s%s: %s", task_name, args, exc)
         return False
@@ -70,11 +71,12 @@ def _regenerable(task_name: str, args: list[Any]) -> None:
     transaction.on_commit(lambda: _send_or_log(task_name, args))
 
 
-def _durable(task_name: str, args: list[Any]) -> None:
+def _durable(task_name: str, args: list[Any], **options: Any) -> None:
+    # The relay sends a row without its options: a message the broker first refused goes out at once.
     message = OutboxMessage.objects.create(task_name=task_name, args=args)
 
     def publish() -> None:
-        if _send_or_log(task_name, args):
+        if _send_or_log(task_name, args, **options):
             OutboxMessage.objects.filter(id=message.id).delete()
 
     transaction.on_commit(publish)
@@ -105,12 +107,17 @@ def outbox_relay(*, now: Any = None) -> int:
     return sent
 
 
-def batch_validate_enqueue(batch_id: str) -> None:
-    _durable(VALIDATE, [batch_id])
+def batch_validate_enqueue(batch_id: str, *, countdown: float | None = None) -> None:
+    """``countdown``: a validation that gave its turn back (batches/intake/turns.py) comes round again later."""
+    if countdown is None:
+        _durable(VALIDATE, [batch_id])
+    else:
+        _durable(VALIDATE, [batch_id], countdown=countdown)
 
 
-def batch_finalize_enqueue(batch_id: str) -> None:
-    _durable(FINALIZE, [batch_id])
+def batch_finalize_enqueue(batch_id: str, *, taken: bool = False) -> None:
+    """``taken``: the sender moved the batch into finalizing itself (the rescuer): the task finalizes it."""
+    _durable(FINALIZE, [batch_id, True] if taken else [batch_id])
 
 
 def slots_topup_enqueue(model_name: str | None = None) -> None:
