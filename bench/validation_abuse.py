@@ -10,7 +10,9 @@ Medians over `--runs` runs (3).
 
 The last line is machine-readable:
   ABUSE b_slowdown=<B under abuse ÷ B alone, medians> lost=<lines of A and B not accounted for>
-Target: b_slowdown ≤ 1.5, lost = 0."""
+Target: b_slowdown ≤ 1.5, lost = 0. Each run's line shows B's create → in_progress (validation: its own queue and
+process) and → first shard claim (behind A's shards, which early dispatch runs while A still validates); with
+BATCH_EARLY_DISPATCH=0 in the environment A runs no shard before it is valid."""
 
 from __future__ import annotations
 
@@ -104,6 +106,8 @@ def main() -> int:
             b_id = create("b", b_file)
             lost += _unaccounted(db, b_id)
             alone.append(db.latency(b_id))
+            alone_row = db.batch(b_id)
+            alone_to_progress = (alone_row["in_progress_at"] - alone_row["created_at"]).total_seconds()
             a_id = create("a", a_file)
             a_waited = _validating(db, a_id)
             b_id = create("b", b_file)
@@ -114,7 +118,8 @@ def main() -> int:
             lost += _unaccounted(db, a_id)
             a = db.batch(a_id)
             print(
-                f"  run {run + 1}/{args.runs}: B alone {alone[-1]:.2f}s, B while A validates {abused[-1]:.2f}s "
+                f"  run {run + 1}/{args.runs}: B alone {alone[-1]:.2f}s (in_progress after {alone_to_progress:.2f}s), "
+                f"B while A validates {abused[-1]:.2f}s "
                 f"(in_progress after {to_progress:.2f}s, first claim after {to_claim:.2f}s) "
                 f"(A validating {a_waited:.2f}s after its create; A was {a_status_then} when B completed; "
                 f"A validated in {(a['in_progress_at'] - a['created_at']).total_seconds():.1f}s)",

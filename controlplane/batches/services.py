@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from controlplane.batches.intake.admission import batch_admit, batch_admit_validated
 from controlplane.batches.intake.early_dispatch import ValidationSuperseded, shard_rows, shards_discard
-from controlplane.batches.intake.turns import WAIT, validation_turn_take
+from controlplane.batches.intake.turns import WAIT, validation_turn_pass, validation_turn_take
 from controlplane.batches.intake.validation_deadline import ValidationDeadlinePassed
 from controlplane.batches.intake.verdict import (
     CheckedInput,
@@ -121,7 +121,7 @@ def batch_create(
     return batch
 
 
-def batch_validate(*, batch_id: str) -> None:
+def batch_validate(*, batch_id: str, waiting: bool = False) -> None:
     """Stream the input once; either every shard is created and the batch is in_progress, or the
     batch is failed with line-numbered errors. Nothing in between is ever visible.
 
@@ -134,9 +134,17 @@ def batch_validate(*, batch_id: str) -> None:
     if batch.status != BatchStatus.VALIDATING:
         return  # a redelivered task after the batch moved on, or cancelled while queued
     # At most VALIDATION_MAX_PER_TENANT of a tenant's batches validate at once; past it, the message goes round.
-    attempt = validation_turn_take(batch_id=batch.id)
+    attempt = validation_turn_take(batch_id=batch.id, waiting=waiting)
     if attempt is None or attempt == WAIT:
         return
+    try:
+        _batch_validate_attempt(batch, attempt)
+    finally:
+        # The tenant's turn is free (or this attempt stopped): its next waiting batch need not wait out its round.
+        validation_turn_pass(tenant_id=batch.tenant_id)
+
+
+def _batch_validate_attempt(batch: Batch, attempt: int) -> None:
     attributes = {"batch.id": batch.id, "validation.attempt": attempt}
     with tracing.batch_span("batch.validate", traceparent=batch.trace_parent, attributes=attributes) as span:
         try:

@@ -37,12 +37,13 @@ VALIDATE_DB_RETRIES = 5
     soft_time_limit=settings.BATCH_VALIDATION_DEADLINE_SECONDS + 60,
     time_limit=settings.BATCH_VALIDATION_DEADLINE_SECONDS + 120,
 )
-def batch_validate_task(batch_id: str) -> None:
+def batch_validate_task(batch_id: str, waiting: bool = False) -> None:
+    """``waiting``: the message of a batch waiting its validation turn (batches/intake/turns.py)."""
     log_context_bind(batch_id=batch_id)
     # A re-run's input is built here first, from its source's failed lines (batches/results/rerun.py): the request
     # that created it only reserved the input's id.
     if rerun_input.rerun_input_ready(batch_id=batch_id):
-        services.batch_validate(batch_id=batch_id)
+        services.batch_validate(batch_id=batch_id, waiting=waiting)
 
 
 @shared_task(name="batches.batch_finalize")

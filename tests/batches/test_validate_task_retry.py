@@ -14,7 +14,7 @@ from controlplane.batches.results import rerun_input
 def test_a_lost_connection_retries_the_validation_with_backoff(monkeypatch):
     calls: list[str] = []
 
-    def lost(*, batch_id: str) -> None:
+    def lost(*, batch_id: str, waiting: bool = False) -> None:
         calls.append(batch_id)
         raise OperationalError("server closed the connection unexpectedly")
 
@@ -37,6 +37,8 @@ def test_a_lost_connection_retries_the_validation_with_backoff(monkeypatch):
 
 def test_other_errors_are_not_retried_by_the_task(monkeypatch):
     monkeypatch.setattr(rerun_input, "rerun_input_ready", lambda *, batch_id: True)
-    monkeypatch.setattr(services, "batch_validate", lambda *, batch_id: (_ for _ in ()).throw(KeyError("x")))
+    monkeypatch.setattr(
+        services, "batch_validate", lambda *, batch_id, waiting=False: (_ for _ in ()).throw(KeyError("x"))
+    )
     with pytest.raises(KeyError):
         tasks.batch_validate_task.run("batch_x")

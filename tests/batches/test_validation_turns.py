@@ -51,18 +51,33 @@ def test_a_tenant_at_its_limit_waits_while_another_tenants_batch_validates(tenan
     services.batch_validate(batch_id=second.id)
     assert _status(second) == BatchStatus.VALIDATING
     assert Batch.objects.get(id=second.id).validation_attempt == 0  # no attempt taken: nothing to supersede
-    assert sent == [(dispatch.VALIDATE, [second.id], {"countdown": WAIT_SECONDS})]
+    assert sent == [(dispatch.VALIDATE, [second.id, True], {"countdown": WAIT_SECONDS})]
     services.batch_validate(batch_id=theirs.id)  # the other tenant's, behind it, runs at once
     assert _status(theirs) == BatchStatus.IN_PROGRESS
     # second comes round while first still validates: it waits again.
-    services.batch_validate(batch_id=second.id)
+    services.batch_validate(batch_id=second.id, waiting=True)
     assert _status(second) == BatchStatus.VALIDATING
-    # first finishes (its message, delivered again, takes the next attempt); then second's turn comes.
+    # first finishes (its message, delivered again, takes the next attempt) and hands the turn to second at once.
+    sent.clear()
     services.batch_validate(batch_id=first.id)
     assert _status(first) == BatchStatus.IN_PROGRESS
-    services.batch_validate(batch_id=second.id)
+    assert (dispatch.VALIDATE, [second.id, True], {}) in sent
+    services.batch_validate(batch_id=second.id, waiting=True)  # the hand-off
     second = Batch.objects.get(id=second.id)
     assert second.status == BatchStatus.IN_PROGRESS and second.validation_attempt == 1
+
+
+def test_of_two_waiting_messages_of_one_batch_the_second_drops_out(tenant, sent):
+    first, second = _batch(tenant), _batch(tenant)
+    assert validation_turn_take(batch_id=first.id) == 1
+    assert validation_turn_take(batch_id=second.id) == WAIT  # its own message goes round
+    Batch.objects.filter(id=first.id).update(status=BatchStatus.IN_PROGRESS)  # first ended
+    assert validation_turn_take(batch_id=second.id, waiting=True) == 1  # the hand-off takes the turn
+    # Its own message, round again, must not supersede the attempt the hand-off began.
+    assert validation_turn_take(batch_id=second.id, waiting=True) is None
+    assert Batch.objects.get(id=second.id).validation_attempt == 1
+    # A redelivery (not a waiting message: the worker that ran attempt 1 was lost) takes a new attempt.
+    assert validation_turn_take(batch_id=second.id) == 2
 
 
 def test_the_limit_is_a_setting(tenant, sent, settings):
@@ -84,7 +99,9 @@ def test_a_give_back_is_durable_when_the_broker_refuses_it(tenant, sent, monkeyp
     assert validation_turn_take(batch_id=second.id) == WAIT
     # The outbox row stays for the relay: the waiting batch keeps its message.
     assert (
-        list(dispatch.OutboxMessage.objects.values_list("task_name", "args")).count((dispatch.VALIDATE, [second.id]))
+        list(dispatch.OutboxMessage.objects.values_list("task_name", "args")).count(
+            (dispatch.VALIDATE, [second.id, True])
+        )
         == 1
     )
 

@@ -107,12 +107,14 @@ def outbox_relay(*, now: Any = None) -> int:
     return sent
 
 
-def batch_validate_enqueue(batch_id: str, *, countdown: float | None = None) -> None:
-    """``countdown``: a validation that gave its turn back (batches/intake/turns.py) comes round again later."""
+def batch_validate_enqueue(batch_id: str, *, countdown: float | None = None, waiting: bool = False) -> None:
+    """``waiting``: a message of a batch waiting its validation turn (batches/intake/turns.py), which takes the turn
+    only if no other message did; ``countdown``: it comes round again that much later."""
+    args: list[Any] = [batch_id, True] if waiting else [batch_id]
     if countdown is None:
-        _durable(VALIDATE, [batch_id])
+        _durable(VALIDATE, args)
     else:
-        _durable(VALIDATE, [batch_id], countdown=countdown)
+        _durable(VALIDATE, args, countdown=countdown)
 
 
 def batch_finalize_enqueue(batch_id: str, *, taken: bool = False) -> None:
