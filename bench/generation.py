@@ -242,11 +242,11 @@ def refused_connections(bench: Bench) -> str:
 
 
 def profile_batch(bench: Bench, content: bytes, lines: int, model: str, out: Path) -> None:
-    """py-spy over the shard worker, the control worker and the model's python-backend stub (the engine) during
+    """py-spy over the shard worker, the validation worker and the model's python-backend stub (the engine) during
     one batch of the corpus (not timed), and the CPU seconds of tritonserver's threads; profiles under ``out``."""
     triton = bench.stack.procs["triton"].pid
     stub = [pid for pid in _descendants(triton) if f"/{model}/" in _cmdline(pid) and "stub" in _cmdline(pid)]
-    trees = ["worker", "control", *(["engine"] if stub else [])]
+    trees = ["worker", "validation", *(["engine"] if stub else [])]
     threads_before = thread_cpu_seconds(triton)
     summaries = bench.profile_trees(
         content,
@@ -291,7 +291,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=1, help="end-to-end runs; the median ratio is reported")
     parser.add_argument("--small-runs", type=int, default=3, help="4-line batches timed for small_p50_s")
     parser.add_argument(
-        "--profile", action="store_true", help="first, py-spy the shard and control workers over one batch"
+        "--profile", action="store_true", help="first, py-spy the shard and validation workers over one batch"
     )
     parser.add_argument(
         "--e2e-only", action="store_true", help="vs_inprocess and small_p50_s only (no static sweep, no prefix runs)"
