@@ -50,6 +50,20 @@ def test_every_path_named_exists():
     assert not missing, f"docs/architecture/ names files that do not exist: {missing}"
 
 
+def test_every_path_the_other_docs_name_exists():
+    """The operations pages, performance, reliability and the GPU checks name code paths too."""
+    tracked = _tracked()
+    pages = [page for page in sorted((ROOT / "docs").rglob("*.md")) if DOCS not in page.parents]
+    assert len(pages) > 10, "the docs moved: point this test at them"
+    missing = [
+        f"{page.relative_to(ROOT)}: {path}"
+        for page in pages
+        for path in sorted(set(PATH.findall(page.read_text())))
+        if not _exists(path, tracked)
+    ]
+    assert not missing, f"these docs name files that do not exist: {missing}"
+
+
 @pytest.mark.parametrize("base", ["controlplane", "deploy"])
 def test_every_module_name_named_is_defined(base):
     text = _text()
