@@ -5,7 +5,8 @@ Delivering itself (attempts, backoff, the sweep) is in attempts.py."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -54,10 +55,11 @@ def _name_parse(value: object) -> str:
     return value
 
 
-def _url_parse(value: object, *, tenant_id: object) -> str:
-    """The checked URL. Resolved here, outside any transaction (a slow DNS answer holds no lock), under the test
-    call's deadline and its caps on web threads: a tenant's slow name server holds at most one thread of a
-    process, for seconds, whether it creates, updates or tests endpoints (more at once is a 429)."""
+@contextmanager
+def _web_thread_call(tenant_id: object) -> Iterator[None]:
+    """A call that waits on a tenant's own server (its name server, its receiver) on a web thread: at most one
+    per tenant and WEBHOOK_TEST_MAX_INFLIGHT in all in a process, each within WEBHOOK_TEST_TIMEOUT_SECONDS;
+    more at once is a 429, so a tenant's slow server holds at most one thread of a process, for seconds."""
     caps = {"all": settings.WEBHOOK_TEST_MAX_INFLIGHT, f"tenant:{tenant_id}": 1}
     with inflight.TESTS.hold(caps) as admitted:
         if not admitted:
@@ -67,6 +69,13 @@ def _url_parse(value: object, *, tenant_id: object) -> str:
                 code="webhook_test_in_flight",
                 retry_after=settings.WEBHOOK_TEST_TIMEOUT_SECONDS,
             )
+        yield
+
+
+def _url_parse(value: object, *, tenant_id: object) -> str:
+    """The checked URL. Resolved here, outside any transaction (a slow DNS answer holds no lock), as a web-thread
+    call of the tenant's: create, update and test share its caps."""
+    with _web_thread_call(tenant_id):
         target_resolve(value, policy=UrlPolicy.configured(), timeout=settings.WEBHOOK_TEST_TIMEOUT_SECONDS)
     assert isinstance(value, str)  # target_resolve refuses anything else
     return value
@@ -233,15 +242,7 @@ def webhook_endpoint_test(*, endpoint: WebhookEndpoint, event_type: object) -> O
     if not isinstance(event_type, str) or event_type not in EVENT_TYPES:
         raise ValidationFailed(f"event_type must be one of {list(EVENT_TYPES)}.", param="event_type")
     cap_seconds = settings.WEBHOOK_TEST_TIMEOUT_SECONDS
-    caps = {"all": settings.WEBHOOK_TEST_MAX_INFLIGHT, f"tenant:{endpoint.tenant_id}": 1}
-    with inflight.TESTS.hold(caps) as admitted:
-        if not admitted:
-            raise QuotaExceeded(
-                "A test call of your webhook endpoints is already in flight (or too many tests are); retry when "
-                "it has finished.",
-                code="webhook_test_in_flight",
-                retry_after=cap_seconds,
-            )
+    with _web_thread_call(endpoint.tenant_id):
         now = timezone.now()
         event_id = new_event_id()
         return post(
