@@ -47,7 +47,7 @@ TERMINAL = ("completed", "failed", "cancelled", "expired")
 
 
 def tensor_jsonl(n: int, prefix: str) -> io.BytesIO:
-    """n identity requests of one [1, 4] FP32 row each (the shape of tests/batches/helpers.tensor_line)."""
+    """n identity requests of one [1, 4] FP32 row each (the shape of tensor_line in tests/support/batches.py)."""
     return io.BytesIO(
         b"".join(
             json.dumps(

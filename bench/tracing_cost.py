@@ -31,7 +31,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from bench.hotpath import Bench, Run, corpus  # noqa: E402
-from tests.otlp_receiver import OtlpReceiver  # noqa: E402
+from tests.support.otlp_receiver import OtlpReceiver  # noqa: E402
 
 
 def traceparent(*, sampled: bool) -> dict[str, str]:

@@ -25,7 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from deploy.local.triton_server import DEFAULT_MODEL_REPOSITORY, running_local_server, trace_args
-from tests.otlp_receiver import OtlpReceiver
+from tests.support.otlp_receiver import OtlpReceiver
 
 EXPORT_WAIT_S = 8.0  # Triton's batching span processor exports every 5 s by default
 

@@ -26,10 +26,10 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: N
 
 @pytest.fixture(scope="session", autouse=True)
 def _stack_tenants_blocker(request: pytest.FixtureRequest) -> None:
-    """tests/stack_tenants.py makes tenants on running stacks' databases from this process, past pytest-django's
+    """tests/support/stack_tenants.py makes tenants on running stacks' databases from this process, past pytest-django's
     database blocker: it gets the blocker."""
     if _with_django(request.config):
-        from tests import stack_tenants
+        from tests.support import stack_tenants
 
         stack_tenants.BLOCKER = request.getfixturevalue("django_db_blocker")
 

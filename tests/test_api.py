@@ -11,7 +11,7 @@ from django.contrib.admin.utils import quote as admin_quote
 from django.core.files.uploadedfile import SimpleUploadedFile
 from rest_framework.test import APIClient
 
-from tests.batches.helpers import embedding_line, jsonl
+from tests.support.batches import embedding_line, jsonl
 
 pytestmark = pytest.mark.django_db
 

@@ -15,7 +15,7 @@ from django.core.files.uploadhandler import FileUploadHandler
 from controlplane.batches.services import metadata_validate
 from controlplane.core.http.errors import PayloadTooLarge, ValidationFailed
 from controlplane.core.http.parsers import LimitedJSONParser
-from tests.batches.helpers import embedding_line, jsonl
+from tests.support.batches import embedding_line, jsonl
 
 pytestmark = pytest.mark.django_db
 

@@ -17,9 +17,9 @@ from controlplane.batches.models import Batch, BatchStatus, Shard
 from controlplane.core.messaging import dispatch
 from controlplane.files.models import File
 from controlplane.files.uploads import SizeLimitUploadHandler
-from tests.batches.helpers import embedding_line, jsonl
-from tests.fakes import FakeBackend
-from tests.running import run_batch
+from tests.support.batches import embedding_line, jsonl
+from tests.support.fakes import FakeBackend
+from tests.support.running import run_batch
 
 pytestmark = pytest.mark.django_db
 

@@ -18,8 +18,8 @@ from controlplane.core.http.idempotency import idempotency_records_prune
 from controlplane.core.messaging import dispatch
 from controlplane.core.models import IdempotencyRecord
 from controlplane.files.models import File
-from tests.batches.helpers import embedding_line, jsonl
-from tests.row_locks import GIVE_UP_SECONDS, connect
+from tests.support.batches import embedding_line, jsonl
+from tests.support.row_locks import GIVE_UP_SECONDS, connect
 
 CONTENT = jsonl([embedding_line("a", "x")])
 

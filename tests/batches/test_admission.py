@@ -12,7 +12,7 @@ from controlplane.batches.models import Batch, BatchStatus
 from controlplane.core.http.errors import QuotaExceeded, ValidationFailed
 from controlplane.files.models import File
 from controlplane.tenants.models import Tenant
-from tests.batches.helpers import embedding_line, jsonl, upload
+from tests.support.batches import embedding_line, jsonl, upload
 
 pytestmark = pytest.mark.django_db
 

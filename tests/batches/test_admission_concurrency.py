@@ -15,7 +15,7 @@ from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchStatus
 from controlplane.core.messaging import dispatch
 from controlplane.tenants.models import Tenant
-from tests.batches.helpers import embedding_line, jsonl, upload
+from tests.support.batches import embedding_line, jsonl, upload
 
 pytestmark = pytest.mark.django_db(transaction=True)
 # Where the race would be lost: between a validation's check and its commit. Held open this long, so the other

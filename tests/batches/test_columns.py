@@ -36,10 +36,10 @@ from controlplane.kinds.tensors.columns import (
 )
 from controlplane.kinds.tensors.packing import pack_tensors
 from controlplane.kinds.tensors.values import KSERVE_DTYPES
-from tests.batches.helpers import jsonl, parse_accepted, tensor_line, upload
 from tests.batches.test_fastparse import DTYPES, _assert_same_arrays, _model, _values
-from tests.fakes import FakeBackend
-from tests.running import run_shard
+from tests.support.batches import jsonl, parse_accepted, tensor_line, upload
+from tests.support.fakes import FakeBackend
+from tests.support.running import run_shard
 
 OUTPUTS = ["Y", "Z"]
 

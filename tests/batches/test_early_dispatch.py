@@ -24,9 +24,9 @@ from controlplane.files.storage import blob_open, blob_storage
 from controlplane.fleet.models import CatalogueModel
 from controlplane.scheduling.claims import shard_claim_next
 from controlplane.usage.models import UsageRecord
-from tests.batches.helpers import jsonl, tensor_line, upload
-from tests.fakes import FakeBackend
-from tests.running import run_batch, run_shard
+from tests.support.batches import jsonl, tensor_line, upload
+from tests.support.fakes import FakeBackend
+from tests.support.running import run_batch, run_shard
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

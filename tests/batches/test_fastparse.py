@@ -18,7 +18,7 @@ from controlplane.kinds.tensors.fast import ValidatedTensorLines
 from controlplane.kinds.tensors.packing import pack_tensors
 from controlplane.kinds.tensors.requests import RawTensorRequest
 from controlplane.kinds.tensors.values import KSERVE_DTYPES
-from tests.batches.helpers import parse_accepted
+from tests.support.batches import parse_accepted
 
 DTYPES = [d for d in KSERVE_DTYPES if d != "BYTES"]
 

@@ -35,9 +35,9 @@ from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import TokenCounts
 from controlplane.scheduling.claims import shard_claim_next
 from controlplane.usage.models import UsageRecord
-from tests.fakes import FakeBackend
-from tests.running import run_shard
-from tests.scheduling.helpers import new_tenant, runnable_batch
+from tests.support.fakes import FakeBackend
+from tests.support.running import run_shard
+from tests.support.scheduling import new_tenant, runnable_batch
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -20,8 +20,8 @@ from controlplane.files.storage import blob_delete, blob_save
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import TokenCounts
 from controlplane.scheduling.claims import shard_claim_next
-from tests.batches.helpers import embedding_line, jsonl, upload
 from tests.batches.test_lifecycle import _read
+from tests.support.batches import embedding_line, jsonl, upload
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -21,7 +21,7 @@ from controlplane.batches.intake.validation import ValidationResult, validate_in
 from controlplane.batches.models import Batch, BatchStatus, Shard
 from controlplane.core.messaging import dispatch
 from controlplane.fleet.models import CatalogueModel
-from tests.batches.helpers import embedding_line, jsonl, tensor_line
+from tests.support.batches import embedding_line, jsonl, tensor_line
 
 pytestmark = pytest.mark.django_db
 

@@ -16,9 +16,9 @@ from controlplane.batches.results.finalize import batch_try_finalize
 from controlplane.core.messaging import dispatch
 from controlplane.files.models import File
 from controlplane.files.storage import blob_open
-from tests.batches.helpers import embedding_line, jsonl, upload
-from tests.fakes import FakeBackend
-from tests.running import run_batch, run_shard
+from tests.support.batches import embedding_line, jsonl, upload
+from tests.support.fakes import FakeBackend
+from tests.support.running import run_batch, run_shard
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -13,9 +13,9 @@ from controlplane.core.messaging import dispatch
 from controlplane.files.models import File
 from controlplane.files.storage import blob_open
 from controlplane.kinds.base import TokenCounts
-from tests.batches.helpers import embedding_line, jsonl, tensor_line, upload
-from tests.fakes import FakeBackend, fake_embedding
-from tests.running import run_batch, run_next, run_shard
+from tests.support.batches import embedding_line, jsonl, tensor_line, upload
+from tests.support.fakes import FakeBackend, fake_embedding
+from tests.support.running import run_batch, run_next, run_shard
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -20,11 +20,11 @@ from controlplane.batches.run.records import output_record
 from controlplane.batches.shards import shard_claim_selected, shard_release
 from controlplane.files.models import File
 from controlplane.files.storage import blob_open, blob_save
-from tests.batches.helpers import embedding_line
 from tests.batches.test_dead_letters import sent
 from tests.batches.test_lifecycle import _create
-from tests.fakes import FakeBackend
-from tests.running import run_batch, run_next
+from tests.support.batches import embedding_line
+from tests.support.fakes import FakeBackend
+from tests.support.running import run_batch, run_next
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,8 +16,8 @@ from controlplane.batches.intake import verdict
 from controlplane.batches.models import Batch, BatchStatus
 from controlplane.core.messaging import dispatch
 from controlplane.tenants.models import Tenant
-from tests.batches.helpers import jsonl, tensor_line, upload
-from tests.row_locks import GIVE_UP_SECONDS, connect
+from tests.support.batches import jsonl, tensor_line, upload
+from tests.support.row_locks import GIVE_UP_SECONDS, connect
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.row_locks]
 

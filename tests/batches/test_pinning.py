@@ -8,10 +8,10 @@ import pytest
 from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchStatus, Shard
 from controlplane.fleet.models import CatalogueModel
-from tests.batches.helpers import tensor_line
 from tests.batches.test_lifecycle import _create, _read, eager
-from tests.fakes import FakeBackend
-from tests.running import run_shard
+from tests.support.batches import tensor_line
+from tests.support.fakes import FakeBackend
+from tests.support.running import run_shard
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,8 +15,8 @@ from controlplane.batches.intake.quickcheck import LineFacts, quick_check
 from controlplane.batches.intake.requests import ModelResolver, work_units
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import LineIssue
-from tests.batches.helpers import parse_accepted
 from tests.batches.test_fastparse import _model, lines
+from tests.support.batches import parse_accepted
 
 EMBEDDER = CatalogueModel(
     name="emb", triton_name="emb", kind="embeddings", max_batch_size=8, embedding_dimensions=384,

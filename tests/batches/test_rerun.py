@@ -17,10 +17,10 @@ from controlplane.files.models import File
 from controlplane.files.storage import blob_open
 from controlplane.tenants.models import ApiKey
 from controlplane.usage.models import BatchOrigin
-from tests.batches.helpers import embedding_line, jsonl
 from tests.batches.test_dead_letters import CrashingBackend, _run, sent
 from tests.batches.test_lifecycle import _create, _read
-from tests.fakes import FakeBackend
+from tests.support.batches import embedding_line, jsonl
+from tests.support.fakes import FakeBackend
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

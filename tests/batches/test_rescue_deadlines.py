@@ -19,10 +19,10 @@ from controlplane.core.messaging import dispatch
 from controlplane.files.storage import blob_delete
 from controlplane.fleet.models import CatalogueModel
 from controlplane.scheduling.claims import shard_claim_next
-from tests.batches.helpers import embedding_line
 from tests.batches.test_lifecycle import _create, _read
-from tests.fakes import FakeBackend
-from tests.running import run_shard
+from tests.support.batches import embedding_line
+from tests.support.fakes import FakeBackend
+from tests.support.running import run_shard
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,5 +1,5 @@
 """The batch pipeline's data lifecycle sweeps (batches/results/retention.py: history pruning, part blobs of ended
-batches) and beat's lifecycle tasks, called as beat calls them (tests/sweeps.py)."""
+batches) and beat's lifecycle tasks, called as beat calls them (tests/support/sweeps.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from controlplane.batches.models import Batch, BatchEvent, BatchStatus, Shard
 from controlplane.batches.results import retention
 from controlplane.files import tasks as files_tasks
 from controlplane.files.models import File
-from tests.batches.helpers import upload
-from tests.sweeps import GRACE, blob_exists, ran_batch, sweep_settings
+from tests.support.batches import upload
+from tests.support.sweeps import GRACE, blob_exists, ran_batch, sweep_settings
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

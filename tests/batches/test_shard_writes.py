@@ -31,7 +31,7 @@ from controlplane.core.http.errors import Conflict
 from controlplane.core.messaging import dispatch
 from controlplane.kinds.base import TokenCounts
 from controlplane.usage.models import UsageRecord
-from tests.scheduling.helpers import new_tenant, runnable_batch
+from tests.support.scheduling import new_tenant, runnable_batch
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -12,9 +12,9 @@ from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
 from controlplane.batches.results.finalize import batch_try_finalize
 from controlplane.core.messaging import dispatch
-from tests.batches.helpers import jsonl, tensor_line, upload
-from tests.fakes import FakeBackend
-from tests.running import run_shard
+from tests.support.batches import jsonl, tensor_line, upload
+from tests.support.fakes import FakeBackend
+from tests.support.running import run_shard
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,7 +11,7 @@ import pytest
 
 from controlplane.batches.intake.requests import ModelResolver, parse_line
 from controlplane.batches.intake.validation import validate_input
-from tests.batches.helpers import embedding_line, jsonl, tensor_line
+from tests.support.batches import embedding_line, jsonl, tensor_line
 
 pytestmark = pytest.mark.django_db
 

@@ -18,8 +18,8 @@ from controlplane.batches.intake.turns import WAIT, WAIT_SECONDS, validation_tur
 from controlplane.batches.intake.validation_deadline import attempt_stop_at
 from controlplane.batches.models import Batch, BatchEvent, BatchStatus
 from controlplane.core.messaging import dispatch
-from tests.batches.helpers import embedding_line
 from tests.batches.test_lifecycle import _create
+from tests.support.batches import embedding_line
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -10,7 +10,7 @@ from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
 from controlplane.batches.run.work_facts import ShardWork
 from controlplane.core.messaging import dispatch
-from tests.batches.helpers import jsonl, tensor_line, upload
+from tests.support.batches import jsonl, tensor_line, upload
 
 pytestmark = pytest.mark.django_db
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 # test_serving.py starts a real tritonserver; a failing test there gets the server's log tail in its report.
-from tests.triton_fixture import pytest_runtest_makereport  # pytest finds hooks by name
+from tests.support.triton_fixture import pytest_runtest_makereport  # pytest finds hooks by name
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

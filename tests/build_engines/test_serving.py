@@ -22,7 +22,7 @@ from controlplane.triton.client import TritonClient
 from deploy.local.inprocess import InProcessMiniLM
 from deploy.local.triton_server import LocalTriton
 from tests.build_engines.conftest import CORPUS, REPO_ROOT
-from tests.triton_fixture import triton_client, triton_server
+from tests.support.triton_fixture import triton_client, triton_server
 
 ONNX_NAME = "all-MiniLM-L6-v2-onnx"
 TRITON_NAME = "minilm_ort"
@@ -62,7 +62,7 @@ def served_build(tmp_path_factory: pytest.TempPathFactory) -> Build:
 
 @pytest.fixture(scope="session")
 def triton_model_repository(served_build: Build) -> Path:
-    """Overrides tests.triton_fixture's: the server serves the tmp copy with the freshly emitted model."""
+    """Overrides tests.support.triton_fixture's: the server serves the tmp copy with the freshly emitted model."""
     return served_build.models
 
 
@@ -134,7 +134,7 @@ def test_registered_model_runs_a_batch_through_triton(
     from controlplane.fleet.backend import TritonBackend
     from controlplane.fleet.models import CatalogueModel
     from controlplane.scheduling.runner import shard_run_next
-    from tests.batches.helpers import embedding_line, jsonl, upload
+    from tests.support.batches import embedding_line, jsonl, upload
 
     output = _register(served_build, name=ONNX_NAME, triton_name=TRITON_NAME)
     assert f"'{ONNX_NAME}' -> Triton model '{TRITON_NAME}'" in output

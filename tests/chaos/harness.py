@@ -24,7 +24,7 @@ import psycopg
 from deploy.local.stack import REPO_ROOT
 from tests.chaos.services import ThrowawayPostgres, ThrowawayRedis
 from tests.e2e.conftest import E2E
-from tests.e2e.helpers import read_jsonl, submit, tensor_lines
+from tests.support.stack import read_jsonl, submit, tensor_lines
 
 FULL = os.environ.get("CHAOS_FULL", "") not in ("", "0")
 RESULTS_DIR = Path(os.environ.get("CHAOS_RESULTS_DIR", REPO_ROOT / "var" / "chaos"))

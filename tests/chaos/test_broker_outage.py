@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from tests.chaos.harness import PROFILE, RESUME_TARGET_S, Figures
-from tests.e2e.helpers import as_file
+from tests.support.stack import as_file
 
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e]
 

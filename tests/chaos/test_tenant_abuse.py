@@ -24,7 +24,7 @@ import requests
 
 from tests.chaos.harness import FULL, MARGIN, MODEL, Figures
 from tests.chaos.probe import api_probe, latency_details, quantile
-from tests.e2e.helpers import tensor_lines
+from tests.support.stack import tensor_lines
 
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e]
 

@@ -19,12 +19,12 @@ from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchStatus, Shard
 from controlplane.files.models import File
 from controlplane.files.storage import blob_open
-from tests.batches.helpers import embedding_line
 from tests.batches.test_dead_letters import sent
 from tests.batches.test_lifecycle import _create
 from tests.e2e.test_follow import _cutting_proxy
-from tests.fakes import FakeBackend
-from tests.running import run_next
+from tests.support.batches import embedding_line
+from tests.support.fakes import FakeBackend
+from tests.support.running import run_next
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

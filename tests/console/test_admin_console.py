@@ -19,7 +19,7 @@ from controlplane.core.messaging import dispatch
 from controlplane.core.models import AuditEntry
 from controlplane.tenants.models import ApiKey, Tenant
 from controlplane.usage.models import UsageRecord
-from tests.scheduling.helpers import new_tenant, runnable_batch
+from tests.support.scheduling import new_tenant, runnable_batch
 
 pytestmark = pytest.mark.django_db
 

@@ -15,7 +15,7 @@ from controlplane.console.selectors import bucket_seconds_for, dashboard
 from controlplane.fleet.membership.inventory import server_register
 from controlplane.fleet.models import CatalogueModel, Gpu, Placement
 from controlplane.scheduling.models import Slot, SlotState
-from tests.scheduling.helpers import new_tenant, runnable_batch
+from tests.support.scheduling import new_tenant, runnable_batch
 
 pytestmark = pytest.mark.django_db
 

@@ -26,7 +26,7 @@ from controlplane.core.messaging import dispatch
 from controlplane.core.models import IdempotencyRecord
 from controlplane.files import services as file_services
 from controlplane.files.models import File
-from tests.batches.helpers import embedding_line, jsonl
+from tests.support.batches import embedding_line, jsonl
 
 ON_SQLITE = settings.DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3"
 CONTENT = jsonl([embedding_line("a", "x")])

@@ -23,10 +23,10 @@ from controlplane.core.workers.deadlines import (
     job_deadline_seconds,
     job_time_up,
 )
-from tests.batches.helpers import embedding_line
 from tests.batches.test_lifecycle import _create
-from tests.fakes import FakeBackend
-from tests.running import run_shard
+from tests.support.batches import embedding_line
+from tests.support.fakes import FakeBackend
+from tests.support.running import run_shard
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

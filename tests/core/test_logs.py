@@ -23,7 +23,7 @@ from controlplane.core.observability.logs import (
     task_log_context_end,
     task_log_context_start,
 )
-from tests.batches.helpers import embedding_line, jsonl
+from tests.support.batches import embedding_line, jsonl
 
 
 @pytest.fixture(autouse=True)

@@ -21,9 +21,9 @@ from django.utils import timezone
 from controlplane.batches.models import Batch, BatchStatus
 from controlplane.core.messaging import dispatch
 from controlplane.core.models import OutboxMessage
-from tests.batches.helpers import embedding_line, jsonl
 from tests.chaos.services import ThrowawayRedis
-from tests.row_locks import beside_held_rows
+from tests.support.batches import embedding_line, jsonl
+from tests.support.row_locks import beside_held_rows
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs the redis-server binary")
 

@@ -1,5 +1,5 @@
 """Tracing (core/observability/tracing.py) in process: a batch created through the API and run by the services as a worker
-would, its spans exported by the real OTLP/HTTP exporter to an in-test OTLP receiver (tests/otlp_receiver.py)
+would, its spans exported by the real OTLP/HTTP exporter to an in-test OTLP receiver (tests/support/otlp_receiver.py)
 and read back as one tree; line errors as events, trace ids on the batch and in JSON logs, sampling per batch,
 and nothing at all when tracing is off. The tree on a real stack with Triton's own spans: tests/e2e/test_tracing.py."""
 
@@ -18,10 +18,10 @@ from controlplane.batches.results.finalize import batch_try_finalize
 from controlplane.core.messaging import dispatch
 from controlplane.core.observability import tracing
 from controlplane.core.observability.logs import JsonFormatter
-from tests.batches.helpers import embedding_line, jsonl, upload
-from tests.fakes import FakeBackend
-from tests.otlp_receiver import OtlpReceiver, ReceivedSpan, one_span, tracing_to
-from tests.running import run_batch
+from tests.support.batches import embedding_line, jsonl, upload
+from tests.support.fakes import FakeBackend
+from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan, one_span, tracing_to
+from tests.support.running import run_batch
 
 pytestmark = pytest.mark.django_db
 

@@ -20,11 +20,11 @@ from controlplane.batches.models import Batch, Shard, ShardStatus
 from controlplane.core.messaging import dispatch
 from controlplane.fleet.models import CatalogueModel
 from controlplane.scheduling.selectors import runnable_q
-from tests.batches.helpers import embedding_line, jsonl, upload
 from tests.deploy.manifests import DEPLOY, REPO, find, promql_metric_names, render
-from tests.fakes import FakeBackend
-from tests.running import run_shard
-from tests.triton_fixture import triton_client, triton_model_repository, triton_server
+from tests.support.batches import embedding_line, jsonl, upload
+from tests.support.fakes import FakeBackend
+from tests.support.running import run_shard
+from tests.support.triton_fixture import triton_client, triton_model_repository, triton_server
 
 TOKEN = "deploy-scrape-token"
 # Prometheus' own series: `up` per scrape target.

@@ -13,8 +13,8 @@ import pytest
 from openai import OpenAI
 
 from deploy.local.stack import Stack, find_free_port
-from tests.e2e.helpers import assert_exactly_once, submit, tensor_lines
-from tests.triton_fixture import pytest_runtest_makereport, triton_model_repository, triton_server
+from tests.support.stack import assert_exactly_once, submit, tensor_lines
+from tests.support.triton_fixture import pytest_runtest_makereport, triton_model_repository, triton_server
 
 pytestmark = pytest.mark.e2e
 

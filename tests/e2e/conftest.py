@@ -16,8 +16,8 @@ import redis
 
 from deploy.local.databases import migrated_database
 from deploy.local.stack import Stack, find_free_port
-from tests.stack_tenants import tenant_key
-from tests.triton_fixture import pytest_runtest_makereport, triton_model_repository, triton_server
+from tests.support.stack_tenants import tenant_key
+from tests.support.triton_fixture import pytest_runtest_makereport, triton_model_repository, triton_server
 
 BROKER_URL = os.environ.get("E2E_BROKER_URL", "redis://127.0.0.1:6379/14")
 

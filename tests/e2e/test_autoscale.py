@@ -29,8 +29,8 @@ import redis
 from deploy.local.databases import migrated_database
 from deploy.local.stack import REPO_ROOT, Stack, find_free_port
 from tests.e2e.conftest import broker_env
-from tests.e2e.helpers import assert_exactly_once, register_sleeping_model, submit, tensor_lines
-from tests.stack_tenants import tenant_key
+from tests.support.stack import assert_exactly_once, register_sleeping_model, submit, tensor_lines
+from tests.support.stack_tenants import tenant_key
 
 pytestmark = [pytest.mark.e2e, pytest.mark.scale]
 

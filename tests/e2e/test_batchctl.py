@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.helpers import tensor_lines
+from tests.support.stack import tensor_lines
 
 pytestmark = pytest.mark.e2e
 

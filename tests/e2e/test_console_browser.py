@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.helpers import submit, tensor_lines
+from tests.support.stack import submit, tensor_lines
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 

@@ -20,8 +20,8 @@ import psycopg
 import pytest
 
 from deploy.local.fleet import local_fleet
-from tests.e2e.helpers import assert_exactly_once, register_sleeping_model, submit
 from tests.e2e.test_placement import BROKER_URL, tensor_lines
+from tests.support.stack import assert_exactly_once, register_sleeping_model, submit
 
 pytestmark = pytest.mark.e2e
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.e2e.helpers import assert_exactly_once, embedding_lines, submit, wait_for_running_shard
+from tests.support.stack import assert_exactly_once, embedding_lines, submit, wait_for_running_shard
 
 pytestmark = pytest.mark.e2e
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.helpers import as_file, tensor_lines
 from tests.e2e.test_batchctl import BATCHCTL, _env, batchctl
+from tests.support.stack import as_file, tensor_lines
 
 pytestmark = pytest.mark.e2e
 

@@ -19,8 +19,8 @@ import psycopg
 import pytest
 
 from deploy.local.fleet import local_fleet
-from tests.e2e.helpers import assert_exactly_once, submit
 from tests.e2e.test_placement import BROKER_URL
+from tests.support.stack import assert_exactly_once, submit
 
 pytestmark = pytest.mark.e2e
 

@@ -17,10 +17,10 @@ import pytest
 import requests
 from openai.types.chat import ChatCompletion
 
-from tests.batches.helpers import jsonl
 from tests.batches.test_hostile_input import BODY_CODES, CASES, DTYPES, TENSOR, _good
-from tests.e2e.helpers import assert_exactly_once, submit
 from tests.e2e.hostile_generation import CHAT, GENERATION_CASES, MODEL, generation_lines
+from tests.support.batches import jsonl
+from tests.support.stack import assert_exactly_once, submit
 
 pytestmark = pytest.mark.e2e
 

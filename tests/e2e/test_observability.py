@@ -24,8 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from deploy.local.databases import migrated_database
 from deploy.local.stack import Stack, find_free_port
 from tests.e2e.conftest import E2E, broker_env
-from tests.e2e.helpers import submit, tensor_lines
-from tests.stack_tenants import tenant_key
+from tests.support.stack import submit, tensor_lines
+from tests.support.stack_tenants import tenant_key
 
 pytestmark = pytest.mark.e2e
 

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from deploy.local.fleet import local_fleet
-from tests.e2e.helpers import assert_exactly_once, register_sleeping_model, submit
+from tests.support.stack import assert_exactly_once, register_sleeping_model, submit
 
 pytestmark = pytest.mark.e2e
 

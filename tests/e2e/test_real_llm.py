@@ -16,7 +16,7 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
-from tests.e2e.helpers import assert_exactly_once, submit, wait_for_running_shard
+from tests.support.stack import assert_exactly_once, submit, wait_for_running_shard
 
 pytestmark = pytest.mark.e2e
 

@@ -15,7 +15,7 @@ from datetime import datetime
 import openai
 import pytest
 
-from tests.e2e.helpers import assert_exactly_once, submit, tensor_lines
+from tests.support.stack import assert_exactly_once, submit, tensor_lines
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,7 @@ import numpy as np
 import openai
 import pytest
 
-from tests.e2e.helpers import as_file, assert_exactly_once, embedding_lines, read_jsonl, submit
+from tests.support.stack import as_file, assert_exactly_once, embedding_lines, read_jsonl, submit
 
 pytestmark = pytest.mark.e2e
 

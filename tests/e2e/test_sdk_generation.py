@@ -8,8 +8,8 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
-from tests.e2e.helpers import assert_exactly_once, submit
-from tests.structured_schema import SCHEMA
+from tests.support.stack import assert_exactly_once, submit
+from tests.support.structured_schema import SCHEMA
 
 pytestmark = pytest.mark.e2e
 

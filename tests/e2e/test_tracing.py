@@ -1,6 +1,6 @@
 """One batch, one trace, on a real stack: gunicorn (Django instrumented), the control and shard workers, beat
 and the runner's own tritonserver in OpenTelemetry trace mode (LOCAL_TRITON_TRACING=1), every process exporting
-over OTLP/HTTP to an in-test receiver (tests/otlp_receiver.py) that decodes what arrives with opentelemetry-proto.
+over OTLP/HTTP to an in-test receiver (tests/support/otlp_receiver.py) that decodes what arrives with opentelemetry-proto.
 
 The tree asserted: the API's request span → batch.create → batch.validate, one shard.run per shard (batch,
 shard and attempt attributes; a refused line as an event), each shard's triton.infer calls under it, Triton's
@@ -21,9 +21,9 @@ import pytest
 from deploy.local.databases import migrated_database
 from deploy.local.stack import Stack, find_free_port
 from tests.e2e.conftest import E2E, broker_env
-from tests.e2e.helpers import submit, tensor_lines
-from tests.otlp_receiver import OtlpReceiver, ReceivedSpan, one_span
-from tests.stack_tenants import tenant_key
+from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan, one_span
+from tests.support.stack import submit, tensor_lines
+from tests.support.stack_tenants import tenant_key
 
 pytestmark = pytest.mark.e2e
 

@@ -10,8 +10,8 @@ import time
 import pytest
 from openai import OpenAI
 
-from tests.e2e.helpers import embedding_lines, submit
 from tests.e2e.test_batchctl import batchctl
+from tests.support.stack import embedding_lines, submit
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from tests.e2e.helpers import assert_exactly_once, submit, tensor_lines
+from tests.support.stack import assert_exactly_once, submit, tensor_lines
 
 pytestmark = pytest.mark.e2e
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import httpx2
 import pytest
 
-from tests.e2e.helpers import embedding_lines, submit
+from tests.support.stack import embedding_lines, submit
+from tests.support.webhook_receiver import Receiver
 from tests.webhooks.conftest import unwrap
-from tests.webhooks.receiver import Receiver
 
 pytestmark = pytest.mark.e2e
 

@@ -8,8 +8,8 @@ from urllib.parse import unquote
 
 import pytest
 
-from tests.batches.helpers import embedding_line, jsonl, upload
 from tests.deploy.test_nginx import internal_blob_location
+from tests.support.batches import embedding_line, jsonl, upload
 
 pytestmark = pytest.mark.django_db
 CONTENT = jsonl([embedding_line(f"r{i}", f"text {i}") for i in range(50)])

@@ -13,7 +13,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from tests.batches.helpers import embedding_line, jsonl, upload
+from tests.support.batches import embedding_line, jsonl, upload
 
 pytestmark = pytest.mark.django_db(transaction=True)
 CONTENT = jsonl([embedding_line(f"r{i}", f"text {i}") for i in range(50)])

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from controlplane.files.linecount import LineCountingReader, NonBlankLineCounter
 from controlplane.files.models import File
 from controlplane.files.storage import blob_open
-from tests.batches.helpers import embedding_line, jsonl, upload
+from tests.support.batches import embedding_line, jsonl, upload
 
 
 def _reference(content: bytes) -> int:

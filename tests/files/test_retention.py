@@ -1,5 +1,5 @@
 """File expiry (files/retention.py), called as beat calls it; the batch pipeline's inputs and results come from
-batches run for real (tests/sweeps.py), so the in-use hook it asks is the registered one (batches/results/file_use.py)."""
+batches run for real (tests/support/sweeps.py), so the in-use hook it asks is the registered one (batches/results/file_use.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchStatus
 from controlplane.files import retention
 from controlplane.files.models import File
-from tests.batches.helpers import embedding_line, jsonl, upload
-from tests.fakes import FakeBackend
-from tests.running import run_batch
-from tests.sweeps import blob_exists, ran_batch, sweep_settings
+from tests.support.batches import embedding_line, jsonl, upload
+from tests.support.fakes import FakeBackend
+from tests.support.running import run_batch
+from tests.support.sweeps import blob_exists, ran_batch, sweep_settings
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

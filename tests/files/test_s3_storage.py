@@ -18,9 +18,9 @@ from controlplane.batches.run import execution
 from controlplane.core.messaging import dispatch
 from controlplane.files.models import File
 from controlplane.files.storage import blob_read_range, blob_save
-from tests.batches.helpers import embedding_line, jsonl, tensor_line, upload
-from tests.fakes import FakeBackend
-from tests.running import run_shard
+from tests.support.batches import embedding_line, jsonl, tensor_line, upload
+from tests.support.fakes import FakeBackend
+from tests.support.running import run_shard
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,5 +1,5 @@
 """The orphan collector (files/storage_gc.py) on local storage, with the batch pipeline's part blobs named by its
-registered hook (batches/results/file_use.py); batches are run for real (tests/sweeps.py). On S3: test_storage_gc_s3.py."""
+registered hook (batches/results/file_use.py); batches are run for real (tests/support/sweeps.py). On S3: test_storage_gc_s3.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from controlplane.batches.results import retention
 from controlplane.files import storage_gc
 from controlplane.files.models import File
 from controlplane.files.storage import blob_save
-from tests.sweeps import GRACE, all_blobs, blob_exists, named_blobs, ran_batch, sweep_settings
+from tests.support.sweeps import GRACE, all_blobs, blob_exists, named_blobs, ran_batch, sweep_settings
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -20,9 +20,9 @@ from controlplane.files.quota import storage_used
 from controlplane.files.storage import blob_open
 from controlplane.kinds.base import OUTPUT_LINE_BYTES
 from controlplane.kinds.embeddings import FLOAT_JSON_BYTES
-from tests.batches.helpers import embedding_line, jsonl, upload
-from tests.fakes import FakeBackend
-from tests.running import run_batch
+from tests.support.batches import embedding_line, jsonl, upload
+from tests.support.fakes import FakeBackend
+from tests.support.running import run_batch
 
 pytestmark = pytest.mark.django_db(transaction=True)
 LINES = 20

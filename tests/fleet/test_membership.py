@@ -244,7 +244,7 @@ def test_used_by_others_leaves_out_the_planners_own_instances(fleet_api, metrics
 
 def _running_shard(tenant, server_names: str) -> Shard:
     from controlplane.batches import services
-    from tests.batches.helpers import jsonl, tensor_line, upload
+    from tests.support.batches import jsonl, tensor_line, upload
 
     file = upload(tenant, jsonl([tensor_line("r-0", [[1.0, 2.0]])]))
     batch = services.batch_create(tenant=tenant, input_file_id=file.id, endpoint="/v2/infer", completion_window="24h")

@@ -20,8 +20,8 @@ from controlplane.fleet.models import Placement, PlacementEvent, PlacementStatus
 from controlplane.fleet.placement.reconciler import fleet_reconcile
 from controlplane.triton.client import TritonClient
 from deploy.local.triton_server import running_local_server
-from tests.batches.helpers import jsonl, tensor_line, upload
-from tests.triton_fixture import pytest_runtest_makereport, triton_model_repository, triton_server
+from tests.support.batches import jsonl, tensor_line, upload
+from tests.support.triton_fixture import pytest_runtest_makereport, triton_model_repository, triton_server
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TOKEN = "fleet-token-for-tests"

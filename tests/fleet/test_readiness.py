@@ -14,7 +14,7 @@ from controlplane.fleet.models import CatalogueModel, Placement, PlacementEvent,
 from controlplane.fleet.placement.readiness import ModelsNotReady, fleet_wait_ready, models_not_ready
 from controlplane.fleet.services import catalogue_set_min_instances
 from controlplane.triton.client import TritonClient
-from tests.triton_fixture import pytest_runtest_makereport, triton_model_repository, triton_server
+from tests.support.triton_fixture import pytest_runtest_makereport, triton_model_repository, triton_server
 
 pytestmark = pytest.mark.django_db(transaction=True)
 WARM = ["identity", "scale2"]  # minilm takes ~15 s to load: the demo covers it

@@ -12,8 +12,8 @@ from controlplane.fleet.membership.inventory import server_register
 from controlplane.fleet.models import CatalogueModel, Placement, PlacementEvent, PlacementStatus
 from controlplane.fleet.placement.reconciler import fleet_reconcile
 from controlplane.triton.client import TritonClient
-from tests.batches.helpers import jsonl, tensor_line, upload
-from tests.triton_fixture import pytest_runtest_makereport, triton_model_repository, triton_server
+from tests.support.batches import jsonl, tensor_line, upload
+from tests.support.triton_fixture import pytest_runtest_makereport, triton_model_repository, triton_server
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -18,7 +18,7 @@ from controlplane.fleet.membership.inventory import server_register
 from controlplane.fleet.models import CatalogueModel, FleetSizePlan, PlacementEvent
 from controlplane.fleet.sizing.types import PoolLimits
 from controlplane.fleet.tasks import fleet_size_plan_task
-from tests.batches.helpers import jsonl, tensor_line, upload
+from tests.support.batches import jsonl, tensor_line, upload
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TOKEN = "scrape-token-for-tests"

@@ -25,9 +25,14 @@ from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.generation.kind import model_tokenizer
 from controlplane.scheduling.runner import shard_run_next
 from controlplane.triton.client import TritonClient
-from tests.batches.helpers import jsonl, upload
 from tests.contracts.openai_schema import validate
-from tests.triton_fixture import pytest_runtest_makereport, triton_client, triton_model_repository, triton_server
+from tests.support.batches import jsonl, upload
+from tests.support.triton_fixture import (
+    pytest_runtest_makereport,
+    triton_client,
+    triton_model_repository,
+    triton_server,
+)
 
 pytestmark = pytest.mark.django_db
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"

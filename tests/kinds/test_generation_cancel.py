@@ -19,9 +19,14 @@ from controlplane.core.messaging import dispatch
 from controlplane.fleet.backend import TritonBackend
 from controlplane.fleet.models import CatalogueModel
 from controlplane.scheduling.runner import shard_run_next
-from tests.batches.helpers import jsonl, upload
 from tests.kinds.test_generation_batch import CHAT, _records, chat_line
-from tests.triton_fixture import pytest_runtest_makereport, triton_client, triton_model_repository, triton_server
+from tests.support.batches import jsonl, upload
+from tests.support.triton_fixture import (
+    pytest_runtest_makereport,
+    triton_client,
+    triton_model_repository,
+    triton_server,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the cancel comes from another thread's connection
 LINES = 1024  # ~30k generated tokens: ten seconds of the engine and more; the cancel comes early

@@ -19,10 +19,10 @@ from controlplane.kinds.base import ParsedLine
 from controlplane.kinds.generation import kind as generation
 from controlplane.kinds.generation.columns import generation_columns_decode, generation_columns_encode
 from controlplane.kinds.registry import kind_for
-from tests.batches.helpers import jsonl, upload
 from tests.kinds.fake_engine import FakeEngine
 from tests.kinds.test_generation_kind import CHAT, COMPLETIONS, chat, parsed_lines, tinylm
-from tests.running import run_shard
+from tests.support.batches import jsonl, upload
+from tests.support.running import run_shard
 
 SCHEMA = {
     "type": "json_schema",

@@ -20,10 +20,10 @@ from controlplane.fleet.models import CatalogueModel, Placement, PlacementStatus
 from controlplane.triton.client import TransientTritonError, TritonClient
 from controlplane.webhooks import attempts
 from controlplane.webhooks import services as webhook_services
-from tests.batches.helpers import embedding_line, jsonl, upload
-from tests.fakes import FakeBackend
-from tests.running import run_batch
-from tests.webhooks.receiver import Receiver
+from tests.support.batches import embedding_line, jsonl, upload
+from tests.support.fakes import FakeBackend
+from tests.support.running import run_batch
+from tests.support.webhook_receiver import Receiver
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

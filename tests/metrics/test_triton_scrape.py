@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from controlplane.fleet.models import ServerState, TritonServer
 from controlplane.metrics import triton_scrape
 from controlplane.metrics.triton_scrape import ScrapeTarget, scrape, triton_values
-from tests.triton_fixture import (  # pytest finds fixtures and hooks by name
+from tests.support.triton_fixture import (  # pytest finds fixtures and hooks by name
     pytest_runtest_makereport,
     triton_client,
     triton_model_repository,

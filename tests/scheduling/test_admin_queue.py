@@ -16,7 +16,7 @@ from controlplane.fleet.models import CatalogueModel, PlacementEvent
 from controlplane.scheduling.models import SchedulerClock, Slot, SlotState, TenantShare
 from controlplane.scheduling.queue_overview import queue_overview
 from controlplane.tenants.models import Tenant, TenantEvent
-from tests.scheduling.helpers import new_tenant, runnable_batch
+from tests.support.scheduling import new_tenant, runnable_batch
 
 pytestmark = pytest.mark.django_db
 

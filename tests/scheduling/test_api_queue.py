@@ -11,7 +11,7 @@ from controlplane.batches.models import Batch
 from controlplane.core.messaging import dispatch
 from controlplane.scheduling import selectors
 from controlplane.tenants.models import Tenant
-from tests.batches.helpers import embedding_line, jsonl, tensor_line
+from tests.support.batches import embedding_line, jsonl, tensor_line
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,8 +16,8 @@ from controlplane.core.messaging import dispatch
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import TokenCounts
 from controlplane.scheduling.claims import shard_claim_next
-from tests.row_locks import beside_held_rows
-from tests.scheduling.helpers import new_tenant, runnable_batch
+from tests.support.row_locks import beside_held_rows
+from tests.support.scheduling import new_tenant, runnable_batch
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -33,7 +33,7 @@ def _identity() -> CatalogueModel:
 
 
 def _claim_beside_held_rows(shard_ids: list[int]) -> tuple[Shard | None, float]:
-    """A worker's claim while another transaction holds these shard rows FOR UPDATE (tests/row_locks.py)."""
+    """A worker's claim while another transaction holds these shard rows FOR UPDATE (tests/support/row_locks.py)."""
     return beside_held_rows("batches_shard", shard_ids, lambda: shard_claim_next(model=_identity(), owner="w2"))
 
 

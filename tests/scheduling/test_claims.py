@@ -19,8 +19,8 @@ from controlplane.kinds.base import TokenCounts
 from controlplane.scheduling.claims import shard_claim_next
 from controlplane.scheduling.models import TenantShare
 from controlplane.tenants.models import Tenant
-from tests.batches.helpers import embedding_line, jsonl, upload
-from tests.scheduling.helpers import new_tenant, runnable_batch
+from tests.support.batches import embedding_line, jsonl, upload
+from tests.support.scheduling import new_tenant, runnable_batch
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

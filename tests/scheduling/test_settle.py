@@ -16,8 +16,8 @@ from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import TokenCounts
 from controlplane.scheduling.claims import shard_claim_next
 from controlplane.scheduling.models import TenantShare
-from tests.batches.helpers import embedding_line, jsonl, upload
-from tests.scheduling.helpers import new_tenant, runnable_batch
+from tests.support.batches import embedding_line, jsonl, upload
+from tests.support.scheduling import new_tenant, runnable_batch
 
 
 @pytest.fixture

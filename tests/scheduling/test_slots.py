@@ -18,8 +18,8 @@ from controlplane.scheduling.models import Slot, SlotState
 from controlplane.scheduling.runner import slot_run
 from controlplane.scheduling.slots import slot_start, slots_topup
 from controlplane.tenants.models import Tenant
-from tests.fakes import FakeBackend
-from tests.scheduling.helpers import new_tenant, runnable_batch
+from tests.support.fakes import FakeBackend
+from tests.support.scheduling import new_tenant, runnable_batch
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -9,7 +9,7 @@ import json
 import jsonschema
 import pytest
 
-from tests.structured_schema import SCHEMA
+from tests.support.structured_schema import SCHEMA
 
 PROMPTS = ["count from 3 to 9 :", "count from 12 to 20 :", "count from 0 to 5 as json :"]
 

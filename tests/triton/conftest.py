@@ -8,7 +8,7 @@ import pytest
 
 from controlplane.triton.client import TritonClient
 from deploy.local.inprocess import InProcessMiniLM
-from tests.triton_fixture import (  # pytest finds fixtures and hooks by name
+from tests.support.triton_fixture import (  # pytest finds fixtures and hooks by name
     pytest_runtest_makereport,
     triton_client,
     triton_model_repository,

@@ -13,7 +13,7 @@ import pytest
 from controlplane.triton.client import TritonClient
 from controlplane.triton.errors import PermanentTritonError
 from controlplane.triton.streaming import GenerationRequest, GenerationResponse, GenerationStream
-from tests.triton_fixture import LocalTriton
+from tests.support.triton_fixture import LocalTriton
 
 HF_DIR = Path(__file__).resolve().parents[2] / "triton_models" / "tinylm" / "1" / "hf"
 ALL_OUTPUTS = ("finish_reason", "num_input_tokens", "num_output_tokens", "num_cached_tokens", "logprobs")

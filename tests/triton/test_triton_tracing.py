@@ -10,7 +10,7 @@ import pytest
 
 from controlplane.core.observability import tracing
 from controlplane.triton.client import TritonClient
-from tests.otlp_receiver import OtlpReceiver, one_span, tracing_to
+from tests.support.otlp_receiver import OtlpReceiver, one_span, tracing_to
 
 
 @pytest.fixture

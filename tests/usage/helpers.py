@@ -9,9 +9,9 @@ from controlplane.batches.models import Batch
 from controlplane.fleet.models import CatalogueModel
 from controlplane.tenants.models import Tenant
 from controlplane.usage.models import Price
-from tests.batches.helpers import embedding_line, jsonl, tensor_line, upload
-from tests.fakes import FakeBackend
-from tests.running import run_batch as run_shards_of
+from tests.support.batches import embedding_line, jsonl, tensor_line, upload
+from tests.support.fakes import FakeBackend
+from tests.support.running import run_batch as run_shards_of
 
 
 def embedding_lines(count: int, prefix: str = "r") -> list[dict]:

@@ -15,7 +15,7 @@ from rest_framework.test import APIClient
 
 from controlplane.core.messaging import dispatch
 from controlplane.usage.models import UsageRecord
-from tests.batches.helpers import jsonl, upload
+from tests.support.batches import jsonl, upload
 from tests.usage.helpers import embedding_lines, price_set, run_batch, tensor_lines
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -14,9 +14,9 @@ from controlplane.batches.models import Batch, Shard
 from controlplane.core.messaging import dispatch
 from controlplane.usage import selectors
 from controlplane.usage.models import UsageRecord
-from tests.batches.helpers import jsonl, upload
-from tests.fakes import FakeBackend
-from tests.running import run_batch as run_shards_of
+from tests.support.batches import jsonl, upload
+from tests.support.fakes import FakeBackend
+from tests.support.running import run_batch as run_shards_of
 from tests.usage.helpers import embedding_lines, price_set, run_batch, tensor_lines
 
 pytestmark = pytest.mark.django_db(transaction=True)

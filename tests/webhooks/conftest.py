@@ -7,7 +7,7 @@ import openai
 import pytest
 from django.core.wsgi import get_wsgi_application
 
-from tests.webhooks.receiver import Receiver
+from tests.support.webhook_receiver import Receiver
 
 
 @pytest.fixture

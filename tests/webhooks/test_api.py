@@ -162,7 +162,7 @@ def test_the_delivery_log_shows_each_delivery(api, tenant, loopback, receiver, m
 
 
 def test_a_test_call_to_an_unreachable_endpoint_is_a_400(api, loopback):
-    from tests.webhooks.receiver import Receiver
+    from tests.support.webhook_receiver import Receiver
 
     gone = Receiver()
     url = gone.url

@@ -19,8 +19,8 @@ from django.utils import timezone
 
 from controlplane.webhooks import attempts, services
 from controlplane.webhooks.models import DeliveryStatus, WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from tests.support.webhook_receiver import Receiver
 from tests.webhooks.bounded_server import BoundedServer
-from tests.webhooks.receiver import Receiver
 
 TRICKLE_SECONDS = 2.0  # the receiver: one byte every two seconds
 

@@ -14,8 +14,8 @@ from django.utils import timezone
 from controlplane.core.messaging import dispatch
 from controlplane.webhooks import attempts, services
 from controlplane.webhooks.models import DeliveryStatus, WebhookAttempt, WebhookDelivery, WebhookEvent
+from tests.support.webhook_receiver import Receiver
 from tests.webhooks.conftest import unwrap
-from tests.webhooks.receiver import Receiver
 
 pytestmark = pytest.mark.django_db
 

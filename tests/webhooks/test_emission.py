@@ -18,11 +18,11 @@ from controlplane.webhooks import attempts
 from controlplane.webhooks.models import DeliveryStatus, WebhookDelivery, WebhookEvent
 from controlplane.webhooks.services import webhook_endpoint_create
 from controlplane.webhooks.tasks import deliver_task
-from tests.batches.helpers import embedding_line, jsonl, upload
-from tests.fakes import FakeBackend
-from tests.running import run_batch
+from tests.support.batches import embedding_line, jsonl, upload
+from tests.support.fakes import FakeBackend
+from tests.support.running import run_batch
+from tests.support.webhook_receiver import Receiver
 from tests.webhooks.conftest import unwrap
-from tests.webhooks.receiver import Receiver
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

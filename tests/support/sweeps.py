@@ -13,9 +13,9 @@ from controlplane.core.messaging import dispatch
 from controlplane.files.models import File
 from controlplane.files.storage import blob_storage
 from controlplane.tenants.models import Tenant
-from tests.batches.helpers import embedding_line, jsonl, upload
-from tests.fakes import FakeBackend
-from tests.running import run_shard
+from tests.support.batches import embedding_line, jsonl, upload
+from tests.support.fakes import FakeBackend
+from tests.support.running import run_shard
 
 GRACE = timedelta(hours=1)
 

@@ -2,11 +2,11 @@
 
 Use from any suite's conftest.py (the repo root must be on sys.path, as with `python -m pytest`):
 
-    from tests.triton_fixture import (  # noqa: F401 - pytest finds fixtures/hooks by name
+    from tests.support.triton_fixture import (  # noqa: F401 - pytest finds fixtures/hooks by name
         pytest_runtest_makereport, triton_client, triton_model_repository, triton_server,
     )
 
-or once, from the root conftest: `pytest_plugins = ["tests.triton_fixture"]`.
+or once, from the root conftest: `pytest_plugins = ["tests.support.triton_fixture"]`.
 Override `triton_model_repository` to serve another repository. The server starts in explicit mode with
 nothing loaded; load what you need through `triton_client.ensure_loaded(...)` once per session.
 """

@@ -1,3 +1,6 @@
+"""Helpers of the tests against a running stack (tests/e2e, tests/chaos): input lines, a submit, waits on its
+shards, its results read back and checked exactly once, a sleeping model registered on the stack."""
+
 from __future__ import annotations
 
 import io

@@ -6,7 +6,7 @@ from controlplane.batches import services
 from controlplane.batches.models import Batch
 from controlplane.tenants.models import Tenant
 from controlplane.tenants.services import tenant_create
-from tests.batches.helpers import jsonl, tensor_line, upload
+from tests.support.batches import jsonl, tensor_line, upload
 
 
 def new_tenant(name: str, **fields: object) -> Tenant:

@@ -36,7 +36,7 @@ def tenant_key(db_url: str, name: str) -> str:
             connection.close()
 
     if BLOCKER is None:
-        raise RuntimeError("tests/stack_tenants.py needs pytest-django's database blocker (tests/conftest.py)")
+        raise RuntimeError("tests/support/stack_tenants.py needs pytest-django's database blocker (tests/conftest.py)")
     with BLOCKER.unblock():
         thread = threading.Thread(target=run, name="stack-tenant")
         thread.start()

@@ -1,4 +1,4 @@
-"""Builders shared by the batches tests."""
+"""Builders of batch input: request lines, JSONL, uploaded files and the checked parse of an accepted line."""
 
 from __future__ import annotations
 
