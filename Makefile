@@ -13,7 +13,7 @@ export PYTHONDONTWRITEBYTECODE :=
 TEST_ENV := DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL)
 # pytest-xdist workers: the shared stack, the chaos suite, the scenarios on fleets of their own and the
 # tritonserver modules each run as one group on a worker (four groups), the rest spread over the fifth and over
-# each group's worker once its group is done (tests/conftest.py); the groups mostly wait on the processes they
+# each group's worker once its group is done (tests/plugins/scheduling.py); the groups mostly wait on the processes they
 # start, so five workers pay on two cores.
 TEST_WORKERS ?= 5
 
@@ -94,7 +94,7 @@ test: $(VENV)/.installed
 	echo "--- make lint (ran beside the install and the suite; exit $$linted) ---"; cat $(LINT_LOG); \
 	test $$tested -eq 0 && test $$linted -eq 0
 
-# The edit loop: unit and API tests (Postgres, Redis, the in-process fake backend); left out (tests/conftest.py
+# The edit loop: unit and API tests (Postgres, Redis, the in-process fake backend); left out (tests/plugins/scheduling.py
 # `--fast`): the stack, chaos and e2e suites, the tritonserver modules, and the modules that start processes of
 # their own (_FAST_LEAVES_OUT). `make test` runs everything (docs/performance.md has both times).
 # Fewer property examples and claim-race rounds than `make test` runs (the knobs in tests/fleet/*_strategies.py,

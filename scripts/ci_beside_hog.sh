@@ -45,7 +45,7 @@ for run in $(seq "$FIRST" $((FIRST + RUNS - 1))); do
     ) &
     watcher=$!
     start=$(date +%s)
-    # The suite's CPU per test (tests/cpu_ledger.py), kept as run-<n>-cpu/ (scripts/suite_cpu.py sums it).
+    # The suite's CPU per test (tests/plugins/cpu_ledger.py), kept as run-<n>-cpu/ (scripts/suite_cpu.py sums it).
     rm -rf "$clone/.cpu-ledger"
     (cd "$clone" && SUITE_CPU_LOG="$clone/.cpu-ledger" bash .ci/run >"$clone/ci.log" 2>&1)
     rc=$?

@@ -44,14 +44,14 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "var" / "mutation"
 # Plugins are named rather than found (PYTEST_DISABLE_PLUGIN_AUTOLOAD): schemathesis' and anyio's cost each run
-# seconds of imports on a loaded host, for tests that use neither. xdist stays (tests/conftest.py implements one
-# of its hooks), with no workers. The test database is created once, by the recording run (--reuse-db).
+# seconds of imports on a loaded host, for tests that use neither. xdist stays (tests/plugins/scheduling.py
+# implements one of its hooks), with no workers. The test database is created once, by the recording run (--reuse-db).
 PYTEST = [".venv/bin/python", "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider"]
 PYTEST += ["-p", "xdist", "-p", "timeout"]
-# By entry-point name, as autoloading registers them: tests/conftest.py asks for the plugin named "django".
+# By entry-point name, as autoloading registers them: tests/plugins/__init__.py asks for the plugin named "django".
 DJANGO_PLUGIN = ["-p", "django", "--reuse-db"]
 HYPOTHESIS_PLUGIN = ["-p", "hypothesispytest"]
-# Modules with no Django in them: their tests run without it (tests/conftest.py allows `-p no:django`), which
+# Modules with no Django in them: their tests run without it (tests/plugins/__init__.py allows `-p no:django`), which
 # saves the settings, the apps and the test database on every run.
 PURE = {"policy", "planner"}  # not sizing: tests/fleet/test_size_plans.py reads the catalogue
 

@@ -1,5 +1,5 @@
 """Every process's CPU on this host while something runs, summed by what the process is (docs/performance.md,
-"The test suite"): the suite's CPU ledger (tests/cpu_ledger.py) sees only what pytest reaps, not
+"The test suite"): the suite's CPU ledger (tests/plugins/cpu_ledger.py) sees only what pytest reaps, not
 Postgres, Redis, the kernel or a stack's processes by kind. Reads /proc every 2 s and keeps each process's last
 user + system time less what it had used when first seen in the first pass (processes older than the run
 count from then); a process living under 2 s is missed or counted under "other". Rewrites OUT (JSON, [label,

@@ -1,4 +1,4 @@
-"""Summarise a suite's CPU ledger (tests/cpu_ledger.py, ``SUITE_CPU_LOG=<dir>``): CPU seconds by module and
+"""Summarise a suite's CPU ledger (tests/plugins/cpu_ledger.py, ``SUITE_CPU_LOG=<dir>``): CPU seconds by module and
 by xdist group, the largest first, beside their wall seconds. Usage: python scripts/suite_cpu.py DIR [top]."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main(directory: str, top: int = 40) -> None:
-    from tests.conftest import test_group
+    from tests.plugins.scheduling import test_group
 
     modules: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0])
     groups: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])

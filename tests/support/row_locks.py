@@ -1,6 +1,6 @@
 """Running a service beside rows another transaction holds, for the tests of guards that rest on Postgres row
-locks (``SELECT … FOR UPDATE SKIP LOCKED``). Mark such tests ``@pytest.mark.row_locks``: tests/conftest.py
-refuses to run them on SQLite, which has no row locks, and says so."""
+locks (``SELECT … FOR UPDATE SKIP LOCKED``). Mark such tests ``@pytest.mark.row_locks``:
+tests/plugins/database.py refuses to run them on SQLite, which has no row locks, and says so."""
 
 from __future__ import annotations
 

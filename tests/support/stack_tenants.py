@@ -4,14 +4,14 @@ start of ~1.3 CPU-s, ~20 a suite run (docs/performance.md).
 
 The service runs in a thread of its own whose default database connection is the stack's (Django keeps
 connections per thread); pytest-django's database blocker, which stops tests without a database mark from
-touching the test database, is lifted for that thread's work (tests/conftest.py hands it over)."""
+touching the test database, is lifted for that thread's work (tests/plugins/database.py hands it over)."""
 
 from __future__ import annotations
 
 import threading
 from typing import Any
 
-BLOCKER: Any = None  # pytest-django's django_db_blocker (tests/conftest.py, _stack_tenants_blocker)
+BLOCKER: Any = None  # pytest-django's django_db_blocker (tests/plugins/database.py, _stack_tenants_blocker)
 
 
 def tenant_key(db_url: str, name: str) -> str:
@@ -36,7 +36,9 @@ def tenant_key(db_url: str, name: str) -> str:
             connection.close()
 
     if BLOCKER is None:
-        raise RuntimeError("tests/support/stack_tenants.py needs pytest-django's database blocker (tests/conftest.py)")
+        raise RuntimeError(
+            "tests/support/stack_tenants.py needs pytest-django's database blocker (tests/plugins/database.py)"
+        )
     with BLOCKER.unblock():
         thread = threading.Thread(target=run, name="stack-tenant")
         thread.start()

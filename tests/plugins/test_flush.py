@@ -1,4 +1,4 @@
-"""The test databases' flush (tests/flush.py): DELETE in one transaction empties every table, rows that reference
+"""The test databases' flush (tests/plugins/flush.py): DELETE in one transaction empties every table, rows that reference
 each other included, where Django's flush issued one TRUNCATE; the rows post_migrate makes are inserted again as
 the first flush's post_migrate made them, the same rows Django's own post_migrate makes."""
 
@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 
 from controlplane.tenants.models import ApiKey, Tenant
 from controlplane.tenants.services import tenant_create
-from tests import flush
+from tests.plugins import flush
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,10 +1,10 @@
-"""The suite's own xdist scheduling (tests/conftest.py): which tests share a worker, and what starts first."""
+"""The suite's own xdist scheduling (tests/plugins/scheduling.py): which tests share a worker, and what starts first."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from tests.conftest import _GROUPS, _START_ORDER, pytest_xdist_make_scheduler, scheduling_unit, start_rank
+from tests.plugins.scheduling import _GROUPS, _START_ORDER, pytest_xdist_make_scheduler, scheduling_unit, start_rank
 
 
 def test_every_group_has_a_start_rank_so_a_new_group_does_not_start_last():

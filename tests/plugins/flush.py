@@ -1,14 +1,14 @@
 """How the test databases are flushed after a transactional test (``django_db(transaction=True)``, ~290 of them):
 Django's flush empties every table and then emits post_migrate, whose handlers put back the rows every database
 has (content types, permissions, the console's roles). Both are made cheaper here, for test databases only:
-production never flushes. tests/test_flush.py holds both to Django's own result."""
+production never flushes. tests/plugins/test_flush.py holds both to Django's own result."""
 
 from __future__ import annotations
 
 from typing import Any
 
 # (database alias, database name) → the rows post_migrate made after the first flush: [(table, columns, rows)].
-# Django's own post_migrate emitter, kept for tests/test_flush.py to compare with.
+# Django's own post_migrate emitter, kept for tests/plugins/test_flush.py to compare with.
 emit_post_migrate: Any = None
 _AFTER_POST_MIGRATE: dict[tuple[str, str], list[tuple[str, list[str], list[tuple[Any, ...]]]]] = {}
 
