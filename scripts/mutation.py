@@ -83,7 +83,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "tests/batches/test_fences.py",
             "tests/batches/test_rescue_deadlines.py",
             "tests/batches/test_lifecycle.py",
-            "tests/batches/test_finalize_merge.py",
+            "tests/batches/results/test_finalize_merge.py",
             # The dead shard of a cancelled batch: its lines are internal_error, not batch_cancelled.
             "tests/batches/test_dead_letters.py",
         ],
@@ -106,9 +106,9 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "controlplane/fleet/sizing/planner.py",
         ["tests/fleet/test_sizing_rules.py", "tests/fleet/test_sizing_properties.py", "tests/fleet/test_size_plans.py"],
     ),
-    "custom_ids": ("controlplane/batches/intake/custom_ids.py", ["tests/batches/test_custom_ids.py"]),
-    "quickcheck": ("controlplane/batches/intake/quickcheck.py", ["tests/batches/test_quickcheck.py"]),
-    "fastparse": ("controlplane/kinds/tensors/fast.py", ["tests/batches/test_fastparse.py"]),
+    "custom_ids": ("controlplane/batches/intake/custom_ids.py", ["tests/batches/intake/test_custom_ids.py"]),
+    "quickcheck": ("controlplane/batches/intake/quickcheck.py", ["tests/batches/intake/test_quickcheck.py"]),
+    "fastparse": ("controlplane/kinds/tensors/fast.py", ["tests/kinds/test_tensors_fastparse.py"]),
 }
 # Per mutant: a mutant that makes its tests hang (a loop that never ends) counts as killed at this limit. Each
 # test also gets pytest-timeout's limit of ten times its unmutated duration (at least a minute: the host is noisy).

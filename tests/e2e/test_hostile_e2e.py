@@ -1,4 +1,4 @@
-"""The hostile-input corpus of tests/batches/test_hostile_input.py through the running service: uploaded
+"""The hostile-input corpus of tests/batches/intake/test_hostile_input.py through the running service: uploaded
 with the openai SDK, validated by a real Celery worker, every case ends in a terminal state within a
 bounded time (a failed batch whose error names line 2 and the case's code, or, for the odd-but-valid
 cases, a completed batch), and the API keeps answering throughout. Bodies the endpoint kind refuses are no
@@ -17,7 +17,7 @@ import pytest
 import requests
 from openai.types.chat import ChatCompletion
 
-from tests.batches.test_hostile_input import BODY_CODES, CASES, DTYPES, TENSOR, _good
+from tests.batches.intake.test_hostile_input import BODY_CODES, CASES, DTYPES, TENSOR, _good
 from tests.e2e.hostile_generation import CHAT, GENERATION_CASES, MODEL, generation_lines
 from tests.support.batches import jsonl
 from tests.support.stack import assert_exactly_once, submit

@@ -1,4 +1,4 @@
-"""Builders for the data lifecycle sweeps' tests (tests/batches/test_retention.py, tests/files/test_retention.py,
+"""Builders for the data lifecycle sweeps' tests (tests/batches/results/test_retention.py, tests/files/test_retention.py,
 tests/files/test_storage_gc.py): batches run for real through the services with the fake backend, so parts,
 results and events are the ones production writes; time is moved by passing a later ``now`` to the sweeps."""
 

@@ -7,7 +7,7 @@ This lane checks the same rules on the common shapes in plain Python over orjson
 validation keeps of a line (its custom_id, model and work units). It never decides a line is wrong: whenever a
 line is unusual (a BOM, an escaped surrogate, anything orjson refuses, a body the kind's own lane declines:
 kinds/base.EndpointKind.quick_units) it answers None and the caller runs the checked parse, which accepts or
-writes the line's error. A property test (tests/batches/test_quickcheck.py) holds it to that:
+writes the line's error. A property test (tests/batches/intake/test_quickcheck.py) holds it to that:
 on generated good and broken lines, its answer is None or exactly the checked parse's.
 """
 

@@ -8,5 +8,5 @@ in the catalogue (kind.py binds it to the endpoint-kind interface).
 
 Who may import it: the rest of kinds/ (registry.py binds the kind to its URL). Other apps reach it through
 kinds.base and kinds.registry only (pyproject.toml, contract "Endpoint kinds' public surface"). Tests hold
-the fast paths (quick, fast, columns) to the checked parse (tests/batches/test_quickcheck.py, test_fastparse.py,
-test_columns.py)."""
+the fast paths (quick, fast, columns) to the checked parse (tests/batches/intake/test_quickcheck.py,
+tests/kinds/test_tensors_fastparse.py, tests/kinds/test_tensors_columns.py)."""

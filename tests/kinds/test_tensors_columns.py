@@ -36,7 +36,7 @@ from controlplane.kinds.tensors.columns import (
 )
 from controlplane.kinds.tensors.packing import pack_tensors
 from controlplane.kinds.tensors.values import KSERVE_DTYPES
-from tests.batches.test_fastparse import DTYPES, _assert_same_arrays, _model, _values
+from tests.kinds.test_tensors_fastparse import DTYPES, _assert_same_arrays, _model, _values
 from tests.support.batches import jsonl, parse_accepted, tensor_line, upload
 from tests.support.fakes import FakeBackend
 from tests.support.running import run_shard

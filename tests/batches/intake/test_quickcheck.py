@@ -15,7 +15,7 @@ from controlplane.batches.intake.quickcheck import LineFacts, quick_check
 from controlplane.batches.intake.requests import ModelResolver, work_units
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import LineIssue
-from tests.batches.test_fastparse import _model, lines
+from tests.kinds.test_tensors_fastparse import _model, lines
 from tests.support.batches import parse_accepted
 
 EMBEDDER = CatalogueModel(
