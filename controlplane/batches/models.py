@@ -48,6 +48,8 @@ RUNNABLE_BATCH_STATUSES = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)
 class StopReason(models.TextChoices):
     CANCEL = "cancel"
     EXPIRE = "expire"
+    # The tenant reached its monthly spend cap while the batch ran (batches.services.batches_stop_spend_capped).
+    SPEND_CAP = "spend_cap"
 
 
 class Batch(models.Model):

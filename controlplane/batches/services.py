@@ -1,5 +1,6 @@
-"""Batch lifecycle: create, validate, cancel, expire, and running a shard the scheduler claimed. The status changes themselves are transitions.py's
-(batch) and shards.py's (shard), which write each change's BatchEvent with it."""
+"""Batch lifecycle: create, validate, cancel, expire, stop at the tenant's spend cap, and running a shard the
+scheduler claimed. The status changes themselves are transitions.py's (batch) and shards.py's (shard), which write
+each change's BatchEvent with it."""
 
 from __future__ import annotations
 
@@ -22,13 +23,14 @@ from controlplane.batches.intake.verdict import (
 )
 from controlplane.batches.intake.windows import parse_completion_window
 from controlplane.batches.models import Batch, BatchStatus, Shard, StopReason
-from controlplane.batches.results.finalize import batch_try_finalize
+from controlplane.batches.results.finalize import SPEND_CAP_ERROR_CODE, batch_try_finalize
 from controlplane.batches.run.execution import SHARD_CLOSED_OUTCOMES, shard_execute
 from controlplane.batches.shards import shards_skip_pending
 from controlplane.batches.transitions import (
     batch_cancel_validating,
     batch_start,
     batch_stop_running,
+    batch_stop_spend_capped,
     event_record,
 )
 from controlplane.core.http.errors import Conflict, ValidationFailed
@@ -44,6 +46,7 @@ from controlplane.kinds.base import Backend
 from controlplane.kinds.registry import KINDS, endpoint_urls
 from controlplane.tenants.models import Tenant
 from controlplane.usage.services import batch_origin_record
+from controlplane.usage.spendcap import spend_caps_refresh
 
 logger = logging.getLogger(__name__)
 
@@ -263,6 +266,30 @@ def batches_expire() -> list[str]:
                 dispatch.batch_finalize_enqueue(batch_id)
         expired.append(batch_id)
     return expired
+
+
+def batches_stop_spend_capped() -> list[str]:
+    """Refresh the tenants' spend-cap marks (which stop the scheduler claiming their shards) and stop the running
+    batches of the tenants at their cap: finished lines stay in the output, the rest become ``spend_cap_exceeded``
+    lines in the error file, and the batch ends ``expired`` with the reason in its ``errors``. A batch still
+    validating is stopped once it starts (its shards are not claimed meanwhile); a new month or a raised cap
+    clears the mark, and new batches run again."""
+    reached = spend_caps_refresh(now=timezone.now())
+    stopped: list[str] = []
+    for cap in reached:
+        message = cap.message()
+        for batch_id in Batch.objects.filter(
+            tenant_id=cap.tenant_id, status=BatchStatus.IN_PROGRESS, stop_reason__isnull=True
+        ).values_list("id", flat=True):
+            if job_time_up():
+                return stopped  # the next run stops the rest (core/workers/deadlines.py)
+            with transaction.atomic():
+                if not batch_stop_spend_capped(batch_id=batch_id, code=SPEND_CAP_ERROR_CODE, message=message):
+                    continue
+                shards_skip_pending(batch_id=batch_id)
+                dispatch.batch_finalize_enqueue(batch_id)
+            stopped.append(batch_id)
+    return stopped
 
 
 def shard_run(

@@ -72,6 +72,11 @@ def batches_expire_task() -> int:
     return len(services.batches_expire())
 
 
+@shared_task(name="batches.spend_caps_enforce")
+def spend_caps_enforce_task() -> int:
+    return len(services.batches_stop_spend_capped())
+
+
 # Data lifecycle (batches/results/retention.py; files' expiry and orphan collection are files/retention.py,
 # files/storage_gc.py, the expiry task files/tasks.py): each run is bounded; the next goes on.
 @shared_task(name="batches.history_prune")

@@ -7,7 +7,7 @@ transition is a conditional UPDATE from the states it may leave: False means the
 fails when a status is written anywhere else.
 
     validating ──► in_progress ──► finalizing ──► completed
-        │              │  (stop_reason cancel: cancelling; expire: stays in_progress)
+        │              │  (stop_reason cancel: cancelling; expire, spend_cap: stays in_progress)
         │              └──► cancelling ──► finalizing ──► cancelled / expired
         ├──► failed / cancelled (terminal at once: nothing ran that shows)
         └─ expire: stays validating with its stop reason; once valid it starts and finalizes at once, so that
@@ -31,6 +31,9 @@ logger = logging.getLogger(__name__)
 _TERMINAL_BY_STOP_REASON: dict[str | None, BatchStatus] = {
     StopReason.CANCEL: BatchStatus.CANCELLED,
     StopReason.EXPIRE: BatchStatus.EXPIRED,
+    # OpenAI's status for a batch that could not finish, whose finished lines are in its output file and the rest in
+    # its error file: SDK clients already read partial results off an expired batch. ``errors`` says why.
+    StopReason.SPEND_CAP: BatchStatus.EXPIRED,
 }
 _STAMP = {
     BatchStatus.COMPLETED: "completed_at",
@@ -138,6 +141,19 @@ def batch_stop_running(*, batch_id: str, reason: StopReason, now: datetime) -> b
             moved, message = stoppable.filter(status=BatchStatus.IN_PROGRESS).update(stop_reason=reason), ""
     if moved == 1:
         event_record(batch_id=batch_id, kind=kind, message=message)
+    return moved == 1
+
+
+def batch_stop_spend_capped(*, batch_id: str, code: str, message: str) -> bool:
+    """An in_progress batch stops because its tenant reached its monthly spend cap: it stays ``in_progress`` (as an
+    expiring one) with the reason in its ``errors`` (the Batch object's, and the message of each line that did not
+    run); its running shards stop between calls and it finalizes once they are closed."""
+    moved = Batch.objects.filter(id=batch_id, status=BatchStatus.IN_PROGRESS, stop_reason__isnull=True).update(
+        stop_reason=StopReason.SPEND_CAP,
+        errors={"object": "list", "data": [{"code": code, "message": message, "param": None, "line": None}]},
+    )
+    if moved == 1:
+        event_record(batch_id=batch_id, kind="spend_capped", message=message)
     return moved == 1
 
 

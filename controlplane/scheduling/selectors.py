@@ -29,12 +29,16 @@ def policy_config() -> policy.PolicyConfig:
 
 
 def runnable_q(now: datetime) -> Q:
-    """A pending shard may be claimed: its batch runs, nobody paused it, and any deferral has passed."""
+    """A pending shard may be claimed: its batch runs, nobody paused it, its tenant is under its spend cap, and any
+    deferral has passed."""
     return Q(
         status=ShardStatus.PENDING,
         batch__status__in=RUNNABLE_BATCH_STATUSES,
         batch__stop_reason__isnull=True,
         batch__tenant__paused=False,
+        # A column kept current on beat (usage/spendcap.spend_caps_refresh), not the ledger's sum: the ledger also
+        # changes after commit (attribution), and a grouped read every few seconds costs less than a sum per claim.
+        batch__tenant__spend_capped_at__isnull=True,
     ) & (Q(not_before__isnull=True) | Q(not_before__lte=now))
 
 

@@ -54,7 +54,7 @@ from controlplane.settings.security import *  # noqa: F403
 from controlplane.settings.storage import *  # noqa: F403
 from controlplane.settings.tracing import *  # noqa: F403
 from controlplane.settings.usage import *  # noqa: F403
-from controlplane.settings.usage import USAGE_ATTRIBUTION_INTERVAL_SECONDS
+from controlplane.settings.usage import SPEND_CAP_INTERVAL_SECONDS, USAGE_ATTRIBUTION_INTERVAL_SECONDS
 from controlplane.settings.webhooks import *  # noqa: F403
 from controlplane.settings.webhooks import WEBHOOK_SWEEP_INTERVAL_SECONDS
 
@@ -289,6 +289,10 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "usage-attribute": {
         "task": "usage.attribute",
         "schedule": USAGE_ATTRIBUTION_INTERVAL_SECONDS,
+    },
+    "spend-caps": {
+        "task": "batches.spend_caps_enforce",
+        "schedule": timedelta(seconds=SPEND_CAP_INTERVAL_SECONDS),
     },
     "console-samples": {  # the operators' dashboards
         "task": "console.samples_take",

@@ -24,3 +24,11 @@ USAGE_ATTRIBUTION_MAX_AGE_SECONDS = env_float(
     600.0,
     help="Ledger rows older than this keep their dispatch time instead of attributed busy time.",
 )
+# How often beat re-reads the month's ledger for the tenants with a spend cap (usage/spendcap.py): a tenant at its
+# cap gets no more shards claimed, and its running batches end. A tenant may spend about this long's worth of
+# its shards past its cap (with the shards already running); each run is one grouped read of the ledger.
+SPEND_CAP_INTERVAL_SECONDS = env_float(
+    "SPEND_CAP_INTERVAL_SECONDS",
+    10.0,
+    help="How often beat checks tenants' monthly spend caps and stops the batches of those at their cap.",
+)

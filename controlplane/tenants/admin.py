@@ -49,7 +49,7 @@ class TenantAdmin(AuditedAdmin, admin.ModelAdmin):
     list_editable = ("weight", "max_priority", "default_priority")
     list_filter = ("is_active", "paused", "max_priority")
     search_fields = ("name",)
-    readonly_fields = ("paused", "created_at", "updated_at", "storage_used_bytes")
+    readonly_fields = ("paused", "created_at", "updated_at", "storage_used_bytes", "spend_capped_at")
     fieldsets = (
         (None, {"fields": ("name", "is_active", "created_at", "updated_at")}),
         (
@@ -63,6 +63,7 @@ class TenantAdmin(AuditedAdmin, admin.ModelAdmin):
                     "storage_quota_bytes",
                     "storage_used_bytes",
                     "monthly_spend_cap",
+                    "spend_capped_at",
                 )
             },
         ),

@@ -75,13 +75,20 @@ class Tenant(TimestampedModel):
     default_priority = models.CharField(max_length=8, choices=Priority.choices, default=Priority.NORMAL)
     # A paused tenant's batches stay in_progress but no new shard of theirs is dispatched.
     paused = models.BooleanField(default=False)
-    # Checked at batch create against the usage ledger's month-to-date cost (controlplane/usage/spendcap.py).
+    # Checked at batch create against the usage ledger's month-to-date cost, and on beat while batches run
+    # (controlplane/usage/spendcap.py).
     monthly_spend_cap = models.DecimalField(
         max_digits=14,
         decimal_places=2,
         null=True,
         blank=True,
-        help_text="USD per calendar month (UTC); new batches are refused once reached. Empty: no cap.",
+        help_text="USD per calendar month (UTC); once reached, new batches are refused and running ones stop. "
+        "Empty: no cap.",
+    )
+    # Set while the month-to-date cost is at or over the cap (usage/spendcap.spend_caps_refresh, on beat): the
+    # scheduler's claim reads this column instead of summing the ledger on every claim.
+    spend_capped_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the tenant reached its spend cap this month; empty: under it."
     )
 
     def __str__(self) -> str:

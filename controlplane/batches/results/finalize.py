@@ -40,6 +40,16 @@ _MISSING_LINE_ERRORS = {
     None: ("internal_error", "This request could not be processed after repeated attempts."),
 }
 _PART_LOST_ERROR = ("part_lost", "The results of this request were lost in storage; re-run it.")
+# A spend cap's lines carry the message the stop wrote on the batch (it names the cap and the amount spent).
+SPEND_CAP_ERROR_CODE = "spend_cap_exceeded"
+
+
+def _missing_line_error(batch: Batch, shard: Shard) -> tuple[str, str]:
+    reason = StopReason(batch.stop_reason) if batch.stop_reason and shard.status != ShardStatus.DEAD else None
+    if reason == StopReason.SPEND_CAP:
+        stated = (batch.errors or {}).get("data") or [{}]
+        return SPEND_CAP_ERROR_CODE, stated[0].get("message") or "The tenant's monthly spend cap was reached."
+    return _MISSING_LINE_ERRORS[reason]
 
 
 def batch_try_finalize(*, batch_id: str) -> bool:
@@ -137,9 +147,7 @@ def _with_missing_lines(
     if part_lost:
         code, message = _PART_LOST_ERROR
     else:
-        code, message = _MISSING_LINE_ERRORS[
-            StopReason(batch.stop_reason) if batch.stop_reason and shard.status != ShardStatus.DEAD else None
-        ]
+        code, message = _missing_line_error(batch, shard)
     pending = next(entries, None)
     with blob_read_range(batch_input_name(batch), shard.start_byte, shard.end_byte) as stream:
         for line in iter_lines(

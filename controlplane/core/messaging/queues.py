@@ -20,6 +20,7 @@ TASK_QUEUES = {
     # Beat's schedule (settings CELERY_BEAT_SCHEDULE; tests/core/test_queues.py holds it to this list).
     "batches.shards_rescue": HOUSEKEEPING_QUEUE,
     "batches.batches_expire": HOUSEKEEPING_QUEUE,
+    "batches.spend_caps_enforce": HOUSEKEEPING_QUEUE,
     "batches.files_expire": HOUSEKEEPING_QUEUE,
     "batches.history_prune": HOUSEKEEPING_QUEUE,
     "batches.storage_collect": HOUSEKEEPING_QUEUE,
