@@ -73,6 +73,9 @@ class Batch(models.Model):
     priority = models.CharField(max_length=8, choices=Priority.choices, default=Priority.NORMAL)
     # Estimated work units (tokens for embeddings, rows for tensors) of the whole input, from validation.
     work_units = models.PositiveBigIntegerField(default=0)
+    # What the batch counts against its tenant's enqueued-token quota (batches/intake/admission.py): its work units,
+    # or for generation its prompts and n × max_tokens of each line. 0 on rows written before it was counted.
+    quota_tokens = models.PositiveBigIntegerField(default=0, db_default=0)
     # When a shard of this batch was last claimed (or the batch became runnable): the age for aging.
     last_dispatched_at = models.DateTimeField(null=True, blank=True)
     # Set when the scheduler first found the batch at risk of missing expires_at; it then stays above

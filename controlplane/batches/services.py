@@ -191,7 +191,11 @@ def _batch_start_validated(batch: Batch, attempt: int, checked: CheckedInput) ->
         # The tenant row is locked from here to the commit: a concurrent validation of the same tenant counts
         # this batch's lines, tokens and reserved results once it is in progress (batches/intake/admission.py).
         refused, expected_output = batch_admit_validated(
-            batch=batch, lines=result.total, work_units=result.work_units, model_snapshot=result.model_snapshot
+            batch=batch,
+            lines=result.total,
+            work_units=result.work_units,
+            quota_tokens=result.quota_tokens,
+            model_snapshot=result.model_snapshot,
         )
         if refused is None:
             started = batch_start(
@@ -205,6 +209,7 @@ def _batch_start_validated(batch: Batch, attempt: int, checked: CheckedInput) ->
                 shards=len(result.shards),
                 added_early=early.added,
                 body_errors=result.body_errors,
+                quota_tokens=result.quota_tokens,
             )
             if not started:
                 # Cancelled while we validated (its shards went with it), or superseded.

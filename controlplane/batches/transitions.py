@@ -71,6 +71,7 @@ def batch_start(
     shards: int,
     added_early: int,
     body_errors: int = 0,
+    quota_tokens: int = 0,
 ) -> bool:
     """validating → in_progress with what validation learned, only as validation ``attempt`` (a superseded
     attempt matches nothing). The ledger rows of the shards that committed while the file was checked are
@@ -82,6 +83,7 @@ def batch_start(
         last_dispatched_at=now,
         total_lines=total_lines,
         work_units=work_units,
+        quota_tokens=quota_tokens,
         model=model,
         model_snapshot=model_snapshot,
     )

@@ -210,6 +210,11 @@ class EndpointKind(ABC):
     def work_units(self, request: Any) -> int:
         """What a valid line costs the model (≥ 1), in the unit fair share is charged in."""
 
+    def quota_tokens(self, request: Any) -> int:
+        """What a valid line counts against the tenant's enqueued-token quota (kinds that ``counts_tokens``): its
+        work units, unless the kind's output can cost more than they estimate (generation: its max_tokens)."""
+        return self.work_units(request)
+
     def quick_units(self, model: CatalogueModel) -> Callable[[dict[str, Any]], int | None] | None:
         """Validation's fast lane for the body: its work units when ``parse_body`` would accept it, else None
         (then the checked parse decides). None: no fast lane for this kind."""

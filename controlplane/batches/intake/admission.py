@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from django.conf import settings
 from django.db.models import Q, Sum
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from controlplane.batches import selectors
@@ -112,18 +113,23 @@ def _refusal(code: str, message: str) -> dict[str, Any]:
 
 
 def batch_admit_validated(
-    *, batch: Batch, lines: int, work_units: int, model_snapshot: dict[str, Any] | None
+    *, batch: Batch, lines: int, work_units: int, quota_tokens: int, model_snapshot: dict[str, Any] | None
 ) -> tuple[dict[str, Any] | None, int]:
     """For a batch whose file just proved valid, inside the transaction that will start it: locks the tenant row
     and returns (the batch's error entry, or None when it may start; the bytes of results to reserve). Checks the
-    tenant's enqueued lines and tokens across its other non-terminal batches with this batch's exact counts, the
-    per-batch output cap (BATCH_MAX_OUTPUT_BYTES) and the storage quota."""
+    tenant's enqueued lines and tokens across its other non-terminal batches with this batch's exact counts (tokens:
+    ``quota_tokens``, where a generation line counts its prompt and n × max_tokens, so the output a tenant can have
+    queued is bounded too), the per-batch output cap (BATCH_MAX_OUTPUT_BYTES) and the storage quota."""
     tenant = Tenant.objects.select_for_update().get(id=batch.tenant_id)
     kind = kind_for(batch.endpoint)
     others = (
         Batch.objects.filter(tenant_id=tenant.id, status__in=ACTIVE_STATUSES)
         .exclude(id=batch.id)
-        .aggregate(lines=Sum("total_lines"), work=Sum("work_units", filter=Q(endpoint__in=token_endpoint_urls())))
+        .aggregate(
+            lines=Sum("total_lines"),
+            # A row from before quota_tokens was counted holds 0 there: its work units stand in.
+            work=Sum(Greatest("quota_tokens", "work_units"), filter=Q(endpoint__in=token_endpoint_urls())),
+        )
     )
     queued_lines = (others["lines"] or 0) + lines
     if queued_lines > tenant.max_enqueued_lines:
@@ -133,14 +139,14 @@ def batch_admit_validated(
             f"over the limit of {tenant.max_enqueued_lines}.",
         ), 0
     if kind.counts_tokens:
-        queued_tokens = (others["work"] or 0) + work_units
+        queued_tokens = (others["work"] or 0) + quota_tokens
         if queued_tokens > tenant.max_enqueued_tokens:
             # OpenAI's code for the same condition, so clients can handle it the same way.
             return _refusal(
                 "token_limit_exceeded",
-                f"Enqueued token limit reached: this batch's ~{work_units} tokens would bring the tenant's "
-                f"enqueued tokens to ~{queued_tokens}, over the limit of {tenant.max_enqueued_tokens}. "
-                "Wait for other batches to finish or split the file.",
+                f"Enqueued token limit reached: this batch's ~{quota_tokens} tokens would bring the tenant's "
+                f"enqueued tokens to ~{queued_tokens}, over the limit of {tenant.max_enqueued_tokens} (a generation "
+                "line counts its prompt and n × max_tokens). Wait for other batches to finish or split the file.",
             ), 0
     expected = 0
     if model_snapshot is not None:

@@ -10,7 +10,7 @@ from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import BodyIssue, LineIssue, ParsedLine
 from controlplane.kinds.registry import kind_for
 
-__all__ = ["LineIssue", "ModelResolver", "ParsedLine", "parse_line", "work_units"]
+__all__ = ["LineIssue", "ModelResolver", "ParsedLine", "parse_line", "quota_tokens", "work_units"]
 
 
 def work_units(parsed: ParsedLine, *, endpoint: str) -> int:
@@ -19,6 +19,14 @@ def work_units(parsed: ParsedLine, *, endpoint: str) -> int:
     if parsed.issue is not None:
         return 0
     return kind_for(endpoint).work_units(parsed.request)
+
+
+def quota_tokens(parsed: ParsedLine, *, endpoint: str) -> int:
+    """What a line counts against the enqueued-token quota (kinds/base.EndpointKind.quota_tokens); a refused line
+    nothing."""
+    if parsed.issue is not None:
+        return 0
+    return kind_for(endpoint).quota_tokens(parsed.request)
 
 
 class ModelResolver:

@@ -7,12 +7,13 @@ BodyError, chat template applied here, with the model's own tokenizer), the engi
 (run.py: one stream, lines in flight, each finished as it ends) and the rendering (render.py). This module binds
 them to the endpoint-kind interface (kinds/base.py).
 
-Work units (the enqueued-token quota, fair share's charge, the scheduler's shard sizing) are estimated at
+Work units (fair share's charge, the scheduler's shard sizing) are estimated at
 validation as (prompt tokens) + w × n × the expected completion, w the model's completion_weight (decode costs
 more per token than prefill) and the expected completion per choice the model's measured mean
 (``CatalogueModel.expected_completion_tokens``, folded in from every settled shard, scheduling/claims.py),
 capped at the line's max_tokens; max_tokens itself until the first shard of the model settled. At commit
-the tenant's charge is corrected to what the engine counted: (prompt - cached) + w × completion.
+the tenant's charge is corrected to what the engine counted: (prompt - cached) + w × completion. The enqueued-token
+quota counts more: prompt + n × max_tokens (``quota_tokens``), the most a line can generate.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from controlplane.kinds.generation.render import EngineResult, render_completion
 from controlplane.kinds.generation.run import inflight_limit, run_generation
 from controlplane.kinds.generation.schema import check_schema_compiles
 from controlplane.kinds.generation.tokenizer import file_tokenizer
-from controlplane.kinds.generation.units import GenerationLine, estimated_charge, fair_share_charge
+from controlplane.kinds.generation.units import GenerationLine, estimated_charge, fair_share_charge, line_quota_tokens
 
 __all__ = ["ChatCompletionsKind", "CompletionsKind", "GenerationLine", "model_tokenizer", "tokenizers_preload"]
 
@@ -169,6 +170,10 @@ class _GenerationKind(EndpointKind):
 
     def work_units(self, request: GenerationLine) -> int:
         return request.units
+
+    def quota_tokens(self, request: GenerationLine) -> int:
+        # Not the estimate: an expected completion far below max_tokens would leave the output unbounded.
+        return line_quota_tokens(request.request)
 
     def min_shard_lines(self, model: CatalogueModel) -> int:
         # A slot runs one shard at a time and the engine batches only what is in flight: shards cut at 1 s of

@@ -1,6 +1,7 @@
 """What a generation line costs, in tokens, for the scheduler (DESIGN.md, "Generation batches"):
 
-- quota: the enqueued-token quota counts prompt tokens (OpenAI's rule);
+- quota: the enqueued-token quota counts prompt + n · max_tokens, the most a line can generate, so the output a
+  tenant may have queued (and will be billed for) is bounded by the quota too, not only its prompts (OpenAI's rule);
 - reservation: a dispatch reserves prompt + max_tokens per sequence against the instance's KV budget (TGI's and
   TRT-LLM guaranteed_no_evict's budget), n sequences per line. Engines that share the prompt's cache blocks
   between the n choices use less; the reservation is an upper bound, so it never over-commits;
@@ -21,6 +22,7 @@ __all__ = [
     "estimated_charge",
     "fair_share_charge",
     "line_prompt_tokens",
+    "line_quota_tokens",
     "line_reservation",
     "result_charge",
 ]
@@ -35,8 +37,13 @@ class GenerationLine:
 
 
 def line_prompt_tokens(request: GenerationRequest) -> int:
-    """Tokens the enqueued-token quota counts for the line: its prompt, once, whatever n."""
+    """The line's prompt tokens, once, whatever n."""
     return request.prompt_tokens
+
+
+def line_quota_tokens(request: GenerationRequest) -> int:
+    """Tokens the enqueued-token quota counts for the line: its prompt and every token its n choices may generate."""
+    return request.prompt_tokens + request.n * request.max_tokens
 
 
 def line_reservation(request: GenerationRequest) -> int:
