@@ -93,6 +93,7 @@ def _e2e_stack(triton_server, tmp_path_factory, db_url: str) -> Iterator[E2E]:
         "SHARD_LEASE_SECONDS": "3",
         "RESCUE_INTERVAL_SECONDS": "1",
         "EXPIRY_INTERVAL_SECONDS": "1",
+        "SPEND_CAP_INTERVAL_SECONDS": "1",
         "BATCH_COMPLETION_WINDOWS": "24h,8s,20s",  # 20s: deadline promotion (test_scheduling.py)
         "FILE_MAX_BYTES": str(2 * 1024 * 1024),
     }

@@ -1,5 +1,5 @@
 """The usage ledger on the running stack: a real batch's ledger rows total its usage, and the tenant reads
-them back through the openai SDK's organization usage call."""
+them back through the openai SDK's organization usage call; a tenant reaching its spend cap mid-batch stops."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from openai import OpenAI
 
 from tests.e2e.test_batchctl import batchctl
-from tests.support.stack import embedding_lines, submit
+from tests.support.stack import assert_exactly_once, embedding_lines, submit, wait_for_running_shard
 
 pytestmark = pytest.mark.e2e
 
@@ -56,3 +56,17 @@ def test_a_batch_lands_in_the_ledger_and_the_usage_report(e2e):
     rows = list(csv.DictReader(io.StringIO(shown.stdout)))
     assert {r["batch_id"] for r in rows} == {batch.id}
     assert sum(int(r["input_tokens"]) for r in rows) == tokens
+
+
+def test_a_tenant_at_its_spend_cap_mid_batch_ends_it_with_spend_cap_exceeded_lines(e2e):
+    name = f"cap-{time.time_ns()}"
+    client = e2e.sdk(e2e.new_tenant(name))
+    lines = embedding_lines(480, seed=14, prefix="cap")
+    batch = submit(client, lines)
+    wait_for_running_shard(e2e, batch.id)
+    e2e.tenant_update(name, "monthly_spend_cap = 0")  # reached at once: the month's cost is at least 0
+    batch = e2e.wait_status(client, batch.id, {"expired", "completed"}, timeout_s=60)
+    assert batch.status == "expired" and batch.errors.data[0].code == "spend_cap_exceeded", batch.errors
+    output, errors = assert_exactly_once(client, batch, lines)
+    assert output, "lines finished before the cap must stay downloadable"
+    assert errors and {e["error"]["code"] for e in errors} == {"spend_cap_exceeded"}
