@@ -2,18 +2,20 @@
 gunicorn (deploy/local/proxy.py). While a victim tenant's batch runs and the victim polls the API through nginx,
 an attacker holds 200 slow connections open (full profile: 1,000): half send their header one byte every few
 seconds and reconnect when dropped, half send valid headers and then a JSON body a byte at a time before going
-silent (tests/chaos/slowloris.py).
+silent (tests/chaos/slowloris.py); then 20 clients trickle a 1 GiB upload each.
 
 Asserted: the victim's p99 through nginx stays under the 1 s target (bounded as the tenant-abuse scenario is:
 MARGIN × the target times the contention measured here, or × the victim's own quiet-phase p99 when the host is
 noisier than that); nginx closes every slow connection, without an answer, within its configured
 client_header_timeout (from the connection) or client_body_timeout (from the last byte), give or take the
 slack; gunicorn never saw a slow client (no attacker's request id in its log, and never more connections on its
-port than it has threads); a body over client_max_body_size is refused by nginx with a 413 from its headers and
-never reaches gunicorn; the victim's batch loses no line."""
+port than it has threads while they lived); the uploads past nginx's budget are answered 429 at once and the others
+are read until their body timeout, unanswered; a body over the upload limit is refused by nginx with a 413 from
+its headers and never reaches gunicorn; the victim's batch loses no line."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import socket
 import threading
@@ -136,8 +138,10 @@ def test_slow_clients_are_cut_by_nginx_and_never_reach_gunicorn(chaos, proxy, re
         drip_interval_s=DRIP_INTERVAL_S,
         body_drips=BODY_DRIPS,
         give_up_after_s=30,
-        upload_clients=UPLOAD_CLIENTS,
     )
+    # Then 20 clients trickling a 1 GiB upload each: a phase of its own, since each one's key check is a real
+    # (quick) request to gunicorn, which the slow clients' phase shows never happens for them.
+    uploads = dataclasses.replace(attack, header_clients=0, body_clients=0, upload_clients=UPLOAD_CLIENTS)
     with PortWatch(chaos.stack.web_port) as gunicorn:
         probe.start()
         try:
@@ -147,6 +151,8 @@ def test_slow_clients_are_cut_by_nginx_and_never_reach_gunicorn(chaos, proxy, re
             gunicorn.phase = "attack"
             attack_started = time.monotonic()
             connections = attack.run(header_timeout, body_timeout)
+            gunicorn.phase = "uploads"
+            connections += uploads.run(header_timeout, body_timeout)
             attack_s = time.monotonic() - attack_started
             # The victim's call in flight when the attack ended counts too: a call stuck through it ends only now.
             attacked = len(latencies) + 1
