@@ -239,7 +239,7 @@ def test_a_reconcile_that_dies_on_a_closed_connection_still_gives_its_lease_back
 
     def database_restarted(servers):
         assert FleetLock.objects.get(name="reconcile").expires_at is not None  # the run holds the lease
-        with connection.cursor() as cursor:  # the server ends this session, as a restart does
+        with connection.cursor() as cursor:  # the server ends this connection, as a restart does
             cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
 
     monkeypatch.setattr(reconciler, "_sync_actual_state", database_restarted)
