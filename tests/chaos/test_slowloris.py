@@ -32,7 +32,7 @@ from deploy.local.proxy import LocalProxy
 from tests.chaos.harness import FULL, MARGIN, Chaos, Figures
 from tests.chaos.probe import api_probe, latency_details, quantile
 from tests.chaos.slowloris import Attack, PortWatch, SlowConnection
-from tests.deploy.manifests import nginx_directives, nginx_parse, nginx_seconds, nginx_size
+from tests.deploy.manifests import nginx_directives, nginx_exact_location, nginx_parse, nginx_seconds, nginx_size
 
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e]
 
@@ -77,9 +77,7 @@ def _http_setting(proxy: LocalProxy, name: str) -> str:
 def _upload_location(proxy: LocalProxy) -> list[Any]:
     """The body of the upload location (POST /v1/files) of the file nginx runs."""
     [http] = nginx_directives(nginx_parse((proxy.directory / "nginx.conf").read_text()), "http")
-    locations = [d for s in nginx_directives(http[-1], "server") for d in nginx_directives(s[-1], "location")]
-    [upload] = [d[-1] for d in locations if d[1:3] == ["=", "/v1/files"]]
-    return upload
+    return nginx_exact_location(http[-1], "/v1/files")
 
 
 def _oversize_upload(proxy: LocalProxy, api_key: str) -> bytes:

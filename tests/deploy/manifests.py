@@ -148,6 +148,13 @@ def nginx_directives(block: list[Any], name: str) -> list[list[Any]]:
     return [d for d in block if d and d[0] == name]
 
 
+def nginx_exact_location(block: list[Any], path: str) -> list[Any]:
+    """The body of the ``location = path`` in ``block`` (a server's body, or the http block's: every server)."""
+    servers = [s[-1] for s in nginx_directives(block, "server")] or [block]
+    [location] = [d[-1] for s in servers for d in nginx_directives(s, "location") if d[1:3] == ["=", path]]
+    return location
+
+
 def nginx_size(text: str) -> int:
     units = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
     match = re.fullmatch(r"(\d+)([kKmMgG]?)", text)

@@ -17,6 +17,7 @@ from tests.deploy.manifests import (
     compose_file,
     find,
     nginx_directives,
+    nginx_exact_location,
     nginx_parse,
     nginx_seconds,
     nginx_size,
@@ -68,14 +69,13 @@ def test_bodies_are_small_everywhere_but_uploads_whose_key_is_checked_first():
     upload = _upload_location()
     assert nginx_size(_value(upload, "client_max_body_size")) == settings.FILE_MAX_BYTES + _MULTIPART_SLACK
     assert _value(upload, "auth_request") == "/_edge/auth"
-    [auth] = [d[-1] for d in nginx_directives(_server(), "location") if d[1:3] == ["=", "/_edge/auth"]]
+    auth = nginx_exact_location(_server(), "/_edge/auth")
     assert nginx_directives(auth, "internal") and _value(auth, "proxy_pass").endswith("/internal/edge/auth")
     assert _value(auth, "proxy_pass_request_body") == "off"
 
 
 def _upload_location() -> list[Any]:
-    [upload] = [d[-1] for d in nginx_directives(_server(), "location") if d[1:3] == ["=", "/v1/files"]]
-    return upload
+    return nginx_exact_location(_server(), "/v1/files")
 
 
 def _limits(block: list[Any]) -> dict[str, str]:
