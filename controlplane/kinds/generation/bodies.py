@@ -46,12 +46,15 @@ from controlplane.kinds.generation.fields import (
 )
 from controlplane.kinds.generation.messages import chat_conversation
 from controlplane.kinds.generation.schema import check_json_object_prompt
+from controlplane.kinds.generation.tools import NO_TOOL_CHOICE, FunctionTool, ToolChoice
 
 __all__ = [
     "BodyError",
     "ChatTokenizer",
+    "FunctionTool",
     "GenerationRequest",
     "ResponseFormat",
+    "ToolChoice",
     "parse_chat_body",
     "parse_completion_body",
 ]
@@ -91,6 +94,11 @@ class GenerationRequest:
     response_format: ResponseFormat = PLAIN_TEXT
     user: str | None = None
     metadata: tuple[tuple[str, str], ...] | None = None
+    # Chat only (tools.py): the functions the model may call, whether and which it must call, and whether it may
+    # make several calls in one answer.
+    tools: tuple[FunctionTool, ...] = ()
+    tool_choice: ToolChoice = NO_TOOL_CHOICE
+    parallel_tool_calls: bool = True
 
     @property
     def prompt_tokens(self) -> int:

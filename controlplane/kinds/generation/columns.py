@@ -34,6 +34,7 @@ from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import BodyIssue, ParsedLine
 from controlplane.kinds.generation.bodies import GenerationRequest
 from controlplane.kinds.generation.fields import ResponseFormat
+from controlplane.kinds.generation.tools import FunctionTool, ToolChoice
 from controlplane.kinds.generation.units import GenerationLine
 from controlplane.kinds.tensors.columns import ColumnsUnusable, columns_name
 
@@ -48,6 +49,8 @@ _FIELDS = tuple(field.name for field in dataclasses.fields(GenerationRequest))
 def _request_row(request: GenerationRequest) -> dict[str, Any]:
     row = {name: getattr(request, name) for name in _FIELDS}
     row["response_format"] = dataclasses.asdict(request.response_format)
+    row["tools"] = [dataclasses.asdict(tool) for tool in request.tools]
+    row["tool_choice"] = dataclasses.asdict(request.tool_choice)
     return row
 
 
@@ -63,6 +66,8 @@ def _request_from_row(row: dict[str, Any]) -> GenerationRequest:
             "stop": tuple(row["stop"]),
             "metadata": None if metadata is None else tuple((str(k), str(v)) for k, v in metadata),
             "response_format": ResponseFormat(**row["response_format"]),
+            "tools": tuple(FunctionTool(**tool) for tool in row["tools"]),
+            "tool_choice": ToolChoice(**row["tool_choice"]),
         }
     )
 

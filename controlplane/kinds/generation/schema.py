@@ -17,7 +17,7 @@ from collections import OrderedDict
 
 from controlplane.kinds.generation.fields import BodyError, ResponseFormat
 
-__all__ = ["check_json_object_prompt", "check_schema_compiles", "structured_outputs"]
+__all__ = ["check_json_object_prompt", "check_schema_compiles", "schema_compile_problem", "structured_outputs"]
 
 # The engine's JSON options (triton_models/tinylm/1/cb_grammar.py JSON_OPTIONS): compact, no free whitespace.
 _JSON_OPTIONS = {"whitespace_flexible": False}
@@ -37,7 +37,7 @@ def check_schema_compiles(response_format: ResponseFormat) -> None:
     """Raises BodyError naming the schema when the decoding library cannot compile it."""
     if response_format.type != "json_schema" or response_format.schema is None:
         return
-    problem = _compile_problem(response_format.schema)
+    problem = schema_compile_problem(response_format.schema)
     if problem:
         raise BodyError(
             SCHEMA_PARAM,
@@ -53,7 +53,9 @@ _VERDICTS_MAX = 256
 _VERDICTS_LOCK = threading.Lock()
 
 
-def _compile_problem(schema_text: str) -> str:
+def schema_compile_problem(schema_text: str) -> str:
+    """What the decoding library says is wrong with the schema (JSON text), "" when it compiles; also used for the
+    schemas of tool parameters (tools.py)."""
     digest = hashlib.sha256(schema_text.encode()).digest()
     with _VERDICTS_LOCK:
         if digest in _VERDICTS:
