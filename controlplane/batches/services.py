@@ -196,6 +196,7 @@ def _batch_start_validated(batch: Batch, attempt: int, checked: CheckedInput) ->
             work_units=result.work_units,
             quota_tokens=result.quota_tokens,
             model_snapshot=result.model_snapshot,
+            output_bytes=result.output_bytes,
         )
         if refused is None:
             started = batch_start(

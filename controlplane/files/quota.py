@@ -10,7 +10,7 @@ A file larger than the whole quota is a 413; one that only does not fit beside t
 files is a 429 naming the limit.
 
 A batch's results are reserved when its validation succeeds: the expected output size (its endpoint kind's
-estimate, e.g. embeddings: lines × dimensions) is checked against the room left, under the tenant row lock, and
+estimate, e.g. embeddings: lines × dimensions; generation: per line, choices and logprobs counted) is checked against the room left, under the tenant row lock, and
 held as a StorageReservation until the batch ends, when its result files (written in that same transaction)
 count instead. A batch that does not fit fails validation (storage_quota_exceeded), before any more of it runs;
 results are never refused once it runs, so real output larger than the estimate can take a tenant over its

@@ -279,7 +279,14 @@ class EndpointKind(ABC):
 
     # --- (e) storage ----------------------------------------------------------------------------------
 
-    def output_bytes_estimate(self, *, lines: int, work_units: int, model: CatalogueModel) -> int:
+    def line_output_bytes(self, request: Any) -> int:
+        """The expected payload of a valid line's output beyond its envelope, for a kind whose output size varies
+        by line more than its work units say (generation: n choices, logprobs); 0 for a kind that estimates per
+        batch. Validation sums it over the file (``output_bytes_estimate``'s ``line_bytes``)."""
+        return 0
+
+    def output_bytes_estimate(self, *, lines: int, work_units: int, model: CatalogueModel, line_bytes: int = 0) -> int:
         """The expected size of a batch's output file, held against the tenant's storage quota while it runs
-        (files/quota.py): a line's envelope, plus a few bytes per work unit for a kind that says no more."""
+        (files/quota.py): a line's envelope, plus a few bytes per work unit for a kind that says no more.
+        ``line_bytes``: the sum of ``line_output_bytes`` over the valid lines."""
         return lines * OUTPUT_LINE_BYTES + work_units * 8

@@ -68,7 +68,7 @@ class EmbeddingsKind(CallKind):
         body, tokens = embedding_body(parsed, pieces)
         return LineOutput(body, tokens)
 
-    def output_bytes_estimate(self, *, lines: int, work_units: int, model: CatalogueModel) -> int:
+    def output_bytes_estimate(self, *, lines: int, work_units: int, model: CatalogueModel, line_bytes: int = 0) -> int:
         # A vector per line (a line with several inputs has several: counted as one, the estimate stays an
         # estimate), orjson writing each float32 in at most ~12 characters and a comma.
         return lines * (OUTPUT_LINE_BYTES + (model.embedding_dimensions or 0) * FLOAT_JSON_BYTES)

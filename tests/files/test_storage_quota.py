@@ -123,3 +123,36 @@ def test_a_cancelled_batch_gives_its_reservation_back(tenant):
     # Its unrun lines are batch_cancelled lines of the error file, which counts now instead.
     errors = File.objects.get(id=batch.error_file_id)
     assert storage_used(tenant_id=tenant.id) == len(INPUT) + errors.bytes < len(INPUT) + EXPECTED
+
+
+def _chat_batch(tenant, **fields) -> Batch:
+    body = {"model": "tinylm", "messages": [{"role": "user", "content": "count from 1 to 9"}], "max_tokens": 64}
+    lines = [
+        {"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions", "body": {**body, **fields}}
+        for i in range(LINES)
+    ]
+    file = upload(tenant, jsonl(lines))
+    batch = services.batch_create(
+        tenant=tenant, input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    services.batch_validate(batch_id=batch.id)
+    return Batch.objects.get(id=batch.id)
+
+
+def test_a_generation_reservation_counts_choices_and_logprobs(tenant):
+    # The same prompts and max_tokens, so the same work units: the output differs ~200× with top_logprobs 20 and
+    # the reservation must follow it, or a tenant's results outgrow its quota unchecked.
+    plain = _chat_batch(tenant)
+    plain_bytes = StorageReservation.objects.get(batch_id=plain.id).bytes
+    logprobs = _chat_batch(tenant, logprobs=True, top_logprobs=20, n=4)
+    logprobs_bytes = StorageReservation.objects.get(batch_id=logprobs.id).bytes
+    assert logprobs.work_units < 5 * plain.work_units
+    assert logprobs_bytes > 100 * plain_bytes, (plain_bytes, logprobs_bytes)
+    # A quota the plain batch fits refuses the logprobs batch at validation, before any of it runs.
+    room_for_inputs = 64 * 1024  # the next two input files, far below the logprobs batch's reservation
+    tenant.storage_quota_bytes = storage_used(tenant_id=tenant.id) + plain_bytes + room_for_inputs
+    tenant.save()
+    assert _chat_batch(tenant).status == BatchStatus.IN_PROGRESS
+    refused = _chat_batch(tenant, logprobs=True, top_logprobs=20, n=4)
+    assert refused.status == BatchStatus.FAILED
+    assert refused.errors["data"][0]["code"] == "storage_quota_exceeded"

@@ -4,10 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.kinds.generation.render import EngineChoice, EngineResult
+import orjson
+
+from controlplane.kinds.base import OUTPUT_LINE_BYTES
+from controlplane.kinds.generation.render import (
+    EngineChoice,
+    EngineResult,
+    TokenLogprob,
+    TopLogprob,
+    render_completion,
+)
 from controlplane.kinds.generation.units import (
+    BODY_BYTES,
+    CHOICE_BYTES,
     estimated_charge,
     fair_share_charge,
+    line_output_bytes,
     line_prompt_tokens,
     line_reservation,
     result_charge,
@@ -63,3 +75,49 @@ def test_result_charge_follows_what_the_engine_reports():
     result = EngineResult(choices=choices, prompt_tokens=30, cached_tokens=20)
     assert result.completion_tokens == 10
     assert result_charge(result, completion_weight=1.5) == (30 - 20) + 1.5 * 10
+
+
+# An output line's own fields around the body ({"id": "batch_req_…", "custom_id": …, "response": {"status_code":
+# 200, "request_id": …, "body": …}, "error": null}).
+LINE_ENVELOPE_BYTES = 150
+
+
+def _rendered_bytes(request) -> int:
+    """The body a line of ``request`` writes when every choice runs to max_tokens (words of four characters)."""
+    top = request.top_logprobs if request.logprobs else 0
+    entry = TokenLogprob(" word", -1.2345678, tuple(TopLogprob(f" alt{i}", -2.3456789) for i in range(top)))
+    choice = EngineChoice(
+        text=" word" * request.max_tokens,
+        finish_reason="length",
+        completion_tokens=request.max_tokens,
+        logprobs=(entry,) * request.max_tokens if request.logprobs else None,
+    )
+    result = EngineResult(choices=(choice,) * request.n, prompt_tokens=request.prompt_tokens)
+    return len(orjson.dumps(render_completion(request, result, request_id="r", created=0)))
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"n": 4},
+        {"logprobs": True},
+        {"logprobs": True, "top_logprobs": 20},
+        {"n": 3, "logprobs": True, "top_logprobs": 5},
+    ],
+)
+def test_output_estimate_covers_what_render_writes_and_not_far_more(tokenizer, fields):
+    # The storage reservation's per-line figure against the body render.py writes for the same line: never
+    # under it (with the envelope's allowance), within a small factor of it, logprobs counted.
+    request = chat(tokenizer, max_tokens=16, **fields)
+    estimate = line_output_bytes(request, expected_completion_tokens=None) + OUTPUT_LINE_BYTES
+    written = _rendered_bytes(request) + LINE_ENVELOPE_BYTES
+    assert written <= estimate < 3 * written, (written, estimate)
+
+
+def test_output_estimate_follows_the_measured_mean_completion(tokenizer):
+    request = chat(tokenizer, max_tokens=100, logprobs=True, top_logprobs=2)
+    full = line_output_bytes(request, expected_completion_tokens=None)
+    per_token = (full - BODY_BYTES - CHOICE_BYTES) / 100
+    assert line_output_bytes(request, expected_completion_tokens=10.4) == BODY_BYTES + CHOICE_BYTES + 10 * per_token
+    assert line_output_bytes(request, expected_completion_tokens=500) == full  # capped at max_tokens

@@ -113,7 +113,13 @@ def _refusal(code: str, message: str) -> dict[str, Any]:
 
 
 def batch_admit_validated(
-    *, batch: Batch, lines: int, work_units: int, quota_tokens: int, model_snapshot: dict[str, Any] | None
+    *,
+    batch: Batch,
+    lines: int,
+    work_units: int,
+    quota_tokens: int,
+    model_snapshot: dict[str, Any] | None,
+    output_bytes: int = 0,
 ) -> tuple[dict[str, Any] | None, int]:
     """For a batch whose file just proved valid, inside the transaction that will start it: locks the tenant row
     and returns (the batch's error entry, or None when it may start; the bytes of results to reserve). Checks the
@@ -150,7 +156,9 @@ def batch_admit_validated(
             ), 0
     expected = 0
     if model_snapshot is not None:
-        expected = kind.output_bytes_estimate(lines=lines, work_units=work_units, model=pinned_model(model_snapshot))
+        expected = kind.output_bytes_estimate(
+            lines=lines, work_units=work_units, model=pinned_model(model_snapshot), line_bytes=output_bytes
+        )
     if expected > settings.BATCH_MAX_OUTPUT_BYTES:
         return _refusal(
             "output_too_large",

@@ -10,7 +10,7 @@ from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import BodyIssue, LineIssue, ParsedLine
 from controlplane.kinds.registry import kind_for
 
-__all__ = ["LineIssue", "ModelResolver", "ParsedLine", "parse_line", "quota_tokens", "work_units"]
+__all__ = ["LineIssue", "ModelResolver", "ParsedLine", "line_output_bytes", "parse_line", "quota_tokens", "work_units"]
 
 
 def work_units(parsed: ParsedLine, *, endpoint: str) -> int:
@@ -27,6 +27,14 @@ def quota_tokens(parsed: ParsedLine, *, endpoint: str) -> int:
     if parsed.issue is not None:
         return 0
     return kind_for(endpoint).quota_tokens(parsed.request)
+
+
+def line_output_bytes(parsed: ParsedLine, *, endpoint: str) -> int:
+    """The expected output of a line beyond its envelope (kinds/base.EndpointKind.line_output_bytes); a refused
+    line's is its error body, in the envelope."""
+    if parsed.issue is not None:
+        return 0
+    return kind_for(endpoint).line_output_bytes(parsed.request)
 
 
 class ModelResolver:

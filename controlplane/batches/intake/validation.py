@@ -11,7 +11,14 @@ from typing import IO, Any
 from controlplane.batches.intake.custom_ids import CustomIds
 from controlplane.batches.intake.lines import iter_lines
 from controlplane.batches.intake.quickcheck import FastLane, LineFacts
-from controlplane.batches.intake.requests import LineIssue, ModelResolver, parse_line, quota_tokens, work_units
+from controlplane.batches.intake.requests import (
+    LineIssue,
+    ModelResolver,
+    line_output_bytes,
+    parse_line,
+    quota_tokens,
+    work_units,
+)
 from controlplane.batches.pinning import model_snapshot
 from controlplane.core.http.errors import quote, storable_text
 from controlplane.fleet.models import CatalogueModel
@@ -48,6 +55,8 @@ class ValidationResult:
     work_units: int = 0
     # What the lines count against the enqueued-token quota: the work units, or more (kinds/base.quota_tokens).
     quota_tokens: int = 0
+    # The expected output beyond the lines' envelopes (kinds/base.line_output_bytes), for the storage reservation.
+    output_bytes: int = 0
     model: str = ""
     # The catalogue entry's interface the lines were checked against (batches/pinning.py).
     model_snapshot: dict[str, Any] | None = None
@@ -183,7 +192,11 @@ def validate_input(
         units = facts.units
         result.work_units += units
         # The fast lane's kinds count their work units; a checked parse asks the kind.
-        result.quota_tokens += units if parsed is None else quota_tokens(parsed, endpoint=endpoint)
+        if parsed is None:
+            result.quota_tokens += units
+        else:
+            result.quota_tokens += quota_tokens(parsed, endpoint=endpoint)
+            result.output_bytes += line_output_bytes(parsed, endpoint=endpoint)
         shard_count += 1
         shard_work += units
         last_line, last_end = line.number, line.end

@@ -28,6 +28,7 @@ from django.conf import settings
 
 from controlplane.fleet.models import CatalogueModel, ModelKind
 from controlplane.kinds.base import (
+    OUTPUT_LINE_BYTES,
     Backend,
     BodyIssue,
     Call,
@@ -51,7 +52,13 @@ from controlplane.kinds.generation.render import EngineResult, render_completion
 from controlplane.kinds.generation.run import inflight_limit, run_generation
 from controlplane.kinds.generation.schema import check_schema_compiles
 from controlplane.kinds.generation.tokenizer import file_tokenizer
-from controlplane.kinds.generation.units import GenerationLine, estimated_charge, fair_share_charge, line_quota_tokens
+from controlplane.kinds.generation.units import (
+    GenerationLine,
+    estimated_charge,
+    fair_share_charge,
+    line_output_bytes,
+    line_quota_tokens,
+)
 
 __all__ = ["ChatCompletionsKind", "CompletionsKind", "GenerationLine", "model_tokenizer", "tokenizers_preload"]
 
@@ -166,10 +173,18 @@ class _GenerationKind(EndpointKind):
             completion_weight=model.completion_weight,
             expected_completion_tokens=model.expected_completion_tokens,
         )
-        return GenerationLine(request, max(1, round(units)))
+        output_bytes = line_output_bytes(request, expected_completion_tokens=model.expected_completion_tokens)
+        return GenerationLine(request, max(1, round(units)), output_bytes)
 
     def work_units(self, request: GenerationLine) -> int:
         return request.units
+
+    def line_output_bytes(self, request: GenerationLine) -> int:
+        return request.output_bytes
+
+    def output_bytes_estimate(self, *, lines: int, work_units: int, model: CatalogueModel, line_bytes: int = 0) -> int:
+        # Per line (n, max_tokens, logprobs), not per work unit: the units count the prompt, the output does not.
+        return lines * OUTPUT_LINE_BYTES + line_bytes
 
     def quota_tokens(self, request: GenerationLine) -> int:
         # Not the estimate: an expected completion far below max_tokens would leave the output unbounded.

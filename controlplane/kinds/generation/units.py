@@ -21,6 +21,7 @@ __all__ = [
     "GenerationLine",
     "estimated_charge",
     "fair_share_charge",
+    "line_output_bytes",
     "line_prompt_tokens",
     "line_quota_tokens",
     "line_reservation",
@@ -34,6 +35,35 @@ class GenerationLine:
 
     request: GenerationRequest
     units: int
+    # The expected bytes of its output beyond the line's envelope (line_output_bytes), for the storage reservation.
+    output_bytes: int = 0
+
+
+# Output bytes beyond the envelope every kind counts (kinds/base.OUTPUT_LINE_BYTES), as render.py writes them
+# (tests/kinds/test_generation_units.py holds the estimate above the rendered body and within 3× of it): a body's
+# own fields (object, created, model, usage and its details) and each choice's (index, message, finish_reason);
+# a generated token's share of the text (~4 characters; escapes and multi-byte characters take more); with
+# logprobs, the token's entry ({"token": " the", "logprob": -0.0123, "bytes": [...], "top_logprobs": []}) and
+# each alternative's.
+BODY_BYTES = 200
+CHOICE_BYTES = 160
+TEXT_BYTES_PER_TOKEN = 8
+LOGPROB_ENTRY_BYTES = 100
+TOP_LOGPROB_BYTES = 80
+
+
+def line_output_bytes(request: GenerationRequest, *, expected_completion_tokens: float | None) -> int:
+    """The expected bytes of a line's output beyond its envelope: n choices of the expected completion (the
+    model's measured mean, capped at max_tokens; max_tokens until measured), each token with its logprob entry
+    and top_logprobs alternatives when asked for. With top_logprobs 20 a line writes ~200× the bytes of the same
+    line without logprobs: a figure per work unit would undercount it by that much."""
+    expected = request.max_tokens
+    if expected_completion_tokens is not None:
+        expected = min(expected, max(1, round(expected_completion_tokens)))
+    per_token = TEXT_BYTES_PER_TOKEN
+    if request.logprobs:
+        per_token += LOGPROB_ENTRY_BYTES + request.top_logprobs * TOP_LOGPROB_BYTES
+    return BODY_BYTES + request.n * (CHOICE_BYTES + expected * per_token)
 
 
 def line_prompt_tokens(request: GenerationRequest) -> int:
