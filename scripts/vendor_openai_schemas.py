@@ -32,7 +32,9 @@ DEFAULT_ROOTS = (
     "CreateCompletionRequest",
     "CreateCompletionResponse",
     "CreateEmbeddingResponse",
+    "CreateResponse",
     "ErrorResponse",
+    "Response",
 )
 
 
