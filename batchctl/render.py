@@ -70,7 +70,7 @@ def progress_text(batch: Batch) -> str:
     return f"{completed} done, {failed} failed of {total}{share}"
 
 
-GENERATION_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
+GENERATION_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
 
 
 def generation_text(batch: Batch, *, now: float) -> str | None:

@@ -29,7 +29,7 @@ from build_engines.generation_spec import GenerationSpec
 from build_engines.manifest import MANIFEST, now, sha256_file, tool_versions
 
 VERSION = "1"
-CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+CHAT, COMPLETIONS, RESPONSES = "/v1/chat/completions", "/v1/completions", "/v1/responses"
 ENGINE_SUBDIR = "engine"  # <name>_trtllm/1/engine: what trtllm-build writes, copied in by emit
 XGRAMMAR_TOKENIZER_INFO = "xgrammar_tokenizer_info.json"  # the name generate_xgrammar_tokenizer_info.py writes
 
@@ -239,8 +239,9 @@ def generation_manifest(
 ) -> dict[str, Any]:
     """What the catalogue needs to register the model, and how it was configured."""
     held, rule = memory_per_gpu(spec, facts)
-    # Chat needs a chat template (the service applies it from the tokenizer); without one, completions only.
-    endpoints = [CHAT, COMPLETIONS] if facts is not None and facts.has_chat_template else [COMPLETIONS]
+    # Chat and responses need a chat template (the service applies it from the tokenizer); without one,
+    # completions only.
+    endpoints = [CHAT, COMPLETIONS, RESPONSES] if facts is not None and facts.has_chat_template else [COMPLETIONS]
     served = {
         p.relative_to(folder).as_posix(): sha256_file(p)
         for p in sorted(folder.rglob("*"))

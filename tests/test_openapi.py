@@ -111,7 +111,13 @@ def test_batch_create_body(openapi):
     create = openapi["components"]["schemas"]["BatchCreateRequest"]
     assert create["required"] == ["completion_window", "endpoint", "input_file_id"]
     props = create["properties"]
-    assert props["endpoint"]["enum"] == ["/v1/embeddings", "/v2/infer", "/v1/chat/completions", "/v1/completions"]
+    assert props["endpoint"]["enum"] == [
+        "/v1/embeddings",
+        "/v2/infer",
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+    ]
     assert props["completion_window"]["enum"] == ["24h"]
     # null, like absent, is the tenant's default class: the body is validated with this same serializer.
     assert props["priority"]["enum"] == ["high", "normal", "low", None] and props["priority"]["nullable"]

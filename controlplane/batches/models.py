@@ -18,9 +18,10 @@ class Endpoint(models.TextChoices):
     EMBEDDINGS = "/v1/embeddings"
     # Generic tensor endpoint: a KServe v2 inference request (plus "model") as the line's body.
     TENSORS = "/v2/infer"
-    # Text generation (kinds/generation/kind.py): OpenAI's chat and legacy completions requests.
+    # Text generation (kinds/generation/kind.py): OpenAI's chat, legacy completions and Responses requests.
     CHAT_COMPLETIONS = "/v1/chat/completions"
     COMPLETIONS = "/v1/completions"
+    RESPONSES = "/v1/responses"
 
 
 class BatchStatus(models.TextChoices):

@@ -94,8 +94,8 @@ class BatchCreateSerializer(serializers.Serializer[Any]):
     input_file_id = StrictCharField(help_text="A file uploaded with purpose `batch`.")
     endpoint = strict_choice(
         Endpoint.values,
-        help_text="`/v1/embeddings`, `/v1/chat/completions` or `/v1/completions` (a generation model), or "
-        "`/v2/infer` for any catalogue model (a KServe v2 request per line).",
+        help_text="`/v1/embeddings`, `/v1/chat/completions`, `/v1/completions` or `/v1/responses` (a generation "
+        "model), or `/v2/infer` for any catalogue model (a KServe v2 request per line).",
     )
     completion_window = CompletionWindowField(help_text="The windows in `BATCH_COMPLETION_WINDOWS`.")
     metadata = MetadataField(required=False, allow_null=True)

@@ -12,7 +12,7 @@ from controlplane.fleet.models import CatalogueModel, ModelKind, TritonServer
 _ENDPOINTS = {
     ModelKind.EMBEDDINGS: ("/v1/embeddings",),
     ModelKind.TENSOR: ("/v2/infer",),
-    ModelKind.GENERATION: ("/v1/chat/completions", "/v1/completions"),
+    ModelKind.GENERATION: ("/v1/chat/completions", "/v1/completions", "/v1/responses"),
 }
 
 
@@ -32,7 +32,7 @@ def model_render(model: CatalogueModel) -> dict[str, Any]:
     if model.kind == ModelKind.EMBEDDINGS:
         body["embedding_dimensions"] = model.embedding_dimensions
     elif model.kind == ModelKind.GENERATION:
-        # Both endpoints take the model; a batch is one endpoint, so a tenant picks one of these.
+        # Every generation endpoint takes the model; a batch is one endpoint, so a tenant picks one of these.
         body["endpoints"] = list(_ENDPOINTS[ModelKind.GENERATION])
         body["context_length"] = model.context_length
     else:

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from controlplane.kinds.base import EndpointKind
 from controlplane.kinds.embeddings import EmbeddingsKind
-from controlplane.kinds.generation.kind import ChatCompletionsKind, CompletionsKind
+from controlplane.kinds.generation.kind import ChatCompletionsKind, CompletionsKind, ResponsesKind
 from controlplane.kinds.generation.kind import tokenizers_preload as generation_tokenizers_preload
 from controlplane.kinds.tensors.kind import TensorKind
 
 KINDS: dict[str, EndpointKind] = {
-    kind.url: kind for kind in (EmbeddingsKind(), TensorKind(), ChatCompletionsKind(), CompletionsKind())
+    kind.url: kind
+    for kind in (EmbeddingsKind(), TensorKind(), ChatCompletionsKind(), CompletionsKind(), ResponsesKind())
 }
 
 
@@ -38,7 +39,7 @@ def token_endpoint_urls() -> list[str]:
 
 
 def endpoints_for_model_kind(model_kind: str) -> list[str]:
-    """The endpoints a catalogue model of ``model_kind`` serves (a generation model: chat and completions)."""
+    """The endpoints a catalogue model of ``model_kind`` serves (a generation model: chat, completions and responses)."""
     return [url for url, kind in KINDS.items() if kind.model_kind == model_kind]
 
 

@@ -38,7 +38,7 @@ REPORT_KINDS: dict[str, tuple[tuple[str, ...], dict[str, str | None]]] = {
     "embeddings": (("/v1/embeddings",), {"input_tokens": "tokens"}),
     "tensors": (("/v2/infer",), {"rows": "rows"}),
     "completions": (
-        ("/v1/chat/completions", "/v1/completions"),
+        ("/v1/chat/completions", "/v1/completions", "/v1/responses"),
         {
             "input_tokens": "tokens",
             "input_cached_tokens": "cached_tokens",

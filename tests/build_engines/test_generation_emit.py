@@ -83,7 +83,7 @@ def test_vllm_model_is_valid_and_follows_the_spec(tmp_path):
 def test_manifest_has_what_the_catalogue_registers(tmp_path):
     _, _, manifest = emit(tmp_path)
     assert manifest["kind"] == "generation" and manifest["triton_name"] == "lm_vllm"
-    assert manifest["endpoints"] == ["/v1/chat/completions", "/v1/completions"]
+    assert manifest["endpoints"] == ["/v1/chat/completions", "/v1/completions", "/v1/responses"]
     assert manifest["context_length"] == 128 and manifest["gpus_per_instance"] == 2
     assert manifest["memory_per_gpu_bytes"] == int(0.5 * 80 * GIB)  # what vLLM preallocates per GPU
     assert manifest["tokenizer_dir"] == "/models/lm/1/hf" and manifest["pool"] == "llm"

@@ -52,5 +52,5 @@ def test_models_need_a_key(db):
 def test_a_generation_model_lists_both_endpoints_and_its_context_length(api):
     body = api.get("/v1/models/tinylm").json()
     assert (body["kind"], body["endpoint"], body["context_length"]) == ("generation", "/v1/chat/completions", 256)
-    assert body["endpoints"] == ["/v1/chat/completions", "/v1/completions"]
+    assert body["endpoints"] == ["/v1/chat/completions", "/v1/completions", "/v1/responses"]
     assert "inputs" not in body and "embedding_dimensions" not in body

@@ -163,6 +163,45 @@ BAD_COMPLETION_BODIES = st.one_of(
     st.just({"model": "tinylm", "prompt": [1, 2, 3]}),
 )
 
+RESPONSES_BODIES = st.fixed_dictionaries(
+    {
+        "model": st.just("tinylm"),
+        "input": WORDS.map(" ".join)
+        | st.lists(
+            st.fixed_dictionaries(
+                {"role": st.sampled_from(["developer", "user", "assistant"]), "content": WORDS.map(" ".join)}
+            ),
+            min_size=1,
+            max_size=3,
+        ),
+    },
+    optional={
+        "instructions": WORDS.map(" ".join),
+        "max_output_tokens": st.integers(16, 64),
+        "temperature": st.floats(0, 2),
+        "top_p": st.floats(0.1, 1),
+    },
+)
+BAD_RESPONSES_BODIES = st.one_of(
+    st.builds(
+        lambda body, bad: {**body, **bad},
+        RESPONSES_BODIES,
+        st.sampled_from(
+            [
+                {"temperature": 2.5},
+                {"max_output_tokens": 15},
+                {"max_output_tokens": 10_000},
+                {"stream": True},
+                {"store": True},
+                {"previous_response_id": "resp_1"},
+                {"tools": [{"type": "web_search"}]},
+            ]
+        ),
+    ),
+    st.just({"model": "tinylm", "input": []}),
+    st.just({"model": "tinylm", "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}),
+)
+
 
 @dataclass(frozen=True)
 class KindCase:
@@ -178,6 +217,7 @@ CASES = {
     # Generation answers over a stream (the backend's generation_stream), from tests/kinds/fake_engine.py.
     "/v1/chat/completions": KindCase(_generation_model, CHAT_BODIES, BAD_CHAT_BODIES, None),
     "/v1/completions": KindCase(_generation_model, COMPLETION_BODIES, BAD_COMPLETION_BODIES, None),
+    "/v1/responses": KindCase(_generation_model, RESPONSES_BODIES, BAD_RESPONSES_BODIES, None),
 }
 URLS = sorted(CASES)
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

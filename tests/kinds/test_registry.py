@@ -33,7 +33,11 @@ def test_every_model_kind_is_served_by_its_endpoints_and_every_endpoint_by_one_k
     served = {kind.model_kind for kind in KINDS.values()}
     assert served == set(ModelKind.values)
     assert sorted(url for k in ModelKind.values for url in endpoints_for_model_kind(k)) == sorted(KINDS)
-    assert endpoints_for_model_kind(ModelKind.GENERATION) == ["/v1/chat/completions", "/v1/completions"]
+    assert endpoints_for_model_kind(ModelKind.GENERATION) == [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+    ]
     assert endpoint_for_model_kind(ModelKind.GENERATION) == "/v1/chat/completions"
 
 
@@ -48,7 +52,7 @@ def test_models_endpoint_names_the_registry_endpoints_of_each_kind():
 
 def test_lookups():
     assert kind_for("/v1/embeddings").counts_tokens and not kind_for("/v2/infer").counts_tokens
-    assert token_endpoint_urls() == ["/v1/embeddings", "/v1/chat/completions", "/v1/completions"]
+    assert token_endpoint_urls() == ["/v1/embeddings", "/v1/chat/completions", "/v1/completions", "/v1/responses"]
     with pytest.raises(UnknownEndpoint):
         kind_for("/v1/chat/completion")
 

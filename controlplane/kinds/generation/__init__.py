@@ -1,12 +1,14 @@
-"""Text generation, ``/v1/chat/completions`` and ``/v1/completions``: the two endpoint kinds (kind.py) and
-everything they are made of, one concern a module.
+"""Text generation, ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/responses``: the three endpoint kinds
+(kind.py) and everything they are made of, one concern a module.
 
 - A line's body: fields.py (field rules, OpenAI's error codes), messages.py (chat messages → the conversation),
-  schema.py (response_format → constrained decoding), bodies.py (a body → GenerationRequest or BodyError);
+  schema.py (response_format → constrained decoding), bodies.py (a body → GenerationRequest or BodyError),
+  responses.py (a Responses body translated into the chat request it means);
   tokenizer.py reads a model's tokenizer and chat template from its files.
 - Cost: units.py (a line's tokens for the quota, the KV reservation and fair share).
 - Running: columns.py (the parsed lines validation keeps per shard), engine.py (a line ↔ the engine's wire),
-  run.py (a shard's lines on one generation stream), render.py (engine results → OpenAI's objects).
+  run.py (a shard's lines on one generation stream), render.py (engine results → OpenAI's objects),
+  responses_render.py (a chat completion → the Responses API's response object).
 
 Who may import it: the rest of kinds/ (registry.py binds the kinds to their URLs). Other apps reach generation
 through kinds.base and kinds.registry only (pyproject.toml, contract "Endpoint kinds' public surface").

@@ -1,6 +1,6 @@
-"""The generation kinds, ``/v1/chat/completions`` and ``/v1/completions``: OpenAI's requests and responses
-for a catalogue model of kind ``generation``, served by a decoupled Triton model that speaks the vLLM backend's
-interface (tinylm on CPU, vLLM on GPUs).
+"""The generation kinds, ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/responses``: OpenAI's requests
+and responses for a catalogue model of kind ``generation``, served by a decoupled Triton model that speaks the vLLM
+backend's interface (tinylm on CPU, vLLM on GPUs).
 
 The pieces, each in its own module of this package: the bodies (bodies.py: a body → GenerationRequest or
 BodyError, chat template applied here, with the model's own tokenizer), the engine's wire (engine.py), the run
@@ -49,6 +49,8 @@ from controlplane.kinds.generation.bodies import (
 )
 from controlplane.kinds.generation.columns import GenerationColumnCollector, generation_columns_load
 from controlplane.kinds.generation.render import EngineResult, render_completion
+from controlplane.kinds.generation.responses import parse_responses_body, responses_param
+from controlplane.kinds.generation.responses_render import render_response
 from controlplane.kinds.generation.run import inflight_limit, run_generation
 from controlplane.kinds.generation.schema import check_schema_compiles
 from controlplane.kinds.generation.tokenizer import file_tokenizer
@@ -60,7 +62,14 @@ from controlplane.kinds.generation.units import (
     line_quota_tokens,
 )
 
-__all__ = ["ChatCompletionsKind", "CompletionsKind", "GenerationLine", "model_tokenizer", "tokenizers_preload"]
+__all__ = [
+    "ChatCompletionsKind",
+    "CompletionsKind",
+    "GenerationLine",
+    "ResponsesKind",
+    "model_tokenizer",
+    "tokenizers_preload",
+]
 
 
 class ModelMisconfigured(RuntimeError):
@@ -230,8 +239,7 @@ class _GenerationKind(EndpointKind):
         """``pieces[0]``: the line's (EngineResult, output request id), from run.py."""
         result, request_id = pieces[0]
         assert isinstance(result, EngineResult)
-        request = _request(parsed)
-        body = render_completion(request, result, request_id=request_id, created=int(time.time()))
+        body = self.render_body(_request(parsed), result, request_id=request_id)
         return LineOutput(
             body,
             result.prompt_tokens,
@@ -239,6 +247,9 @@ class _GenerationKind(EndpointKind):
             cached_tokens=result.cached_tokens,
             choices=len(result.choices),
         )
+
+    def render_body(self, request: GenerationRequest, result: EngineResult, *, request_id: str) -> dict[str, Any]:
+        return render_completion(request, result, request_id=request_id, created=int(time.time()))
 
     def ledger_units(
         self, *, completed: int, runnable: int, estimated_work_units: int, measured: TokenCounts
@@ -272,3 +283,32 @@ class ChatCompletionsKind(_GenerationKind):
 class CompletionsKind(_GenerationKind):
     url: ClassVar[str] = "/v1/completions"
     parse = staticmethod(parse_completion_body)
+
+
+class ResponsesKind(_GenerationKind):
+    """OpenAI's Responses API (responses.py parses, responses_render.py renders). Its lines keep no shard
+    columns: the columns hold GenerationRequest's fields, not the echo a Response repeats (its instructions,
+    the max_output_tokens asked for), so a shard parses its lines again from the input file."""
+
+    url: ClassVar[str] = "/v1/responses"
+    parse = staticmethod(parse_responses_body)
+
+    def parse_body(self, body: dict[str, Any], *, model: CatalogueModel) -> GenerationLine:
+        try:
+            return super().parse_body(body, model=model)
+        except BodyIssue as issue:
+            # The structured-output checks name chat's field (body.response_format...); the line sent text.format.
+            chat_param = issue.param or ""
+            if not chat_param.startswith("body.response_format"):
+                raise
+            param = responses_param(chat_param.removeprefix("body."))
+            message = issue.message.replace("response_format", "text.format")
+            raise BodyIssue(issue.code, message, f"body.{param}") from None
+
+    def render_body(self, request: GenerationRequest, result: EngineResult, *, request_id: str) -> dict[str, Any]:
+        return render_response(request, result, request_id=request_id, created=int(time.time()))
+
+    def columns_collector(
+        self, model: CatalogueModel, *, batch_id: str, attempt: int, save: Callable[[str, IO[bytes]], Any]
+    ) -> ColumnCollector | None:
+        return None
