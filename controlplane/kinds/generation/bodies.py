@@ -19,12 +19,10 @@ Decisions (OpenAI's behaviour unless said otherwise):
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Hashable, Mapping
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypedDict, cast
-
-from jinja2 import TemplateError
+from typing import Any, Literal, TypedDict
 
 from controlplane.kinds.generation.fields import (
     INT64_MAX,
@@ -45,8 +43,17 @@ from controlplane.kinds.generation.fields import (
     wrong_type,
 )
 from controlplane.kinds.generation.messages import chat_conversation
-from controlplane.kinds.generation.schema import check_json_object_prompt
-from controlplane.kinds.generation.tools import NO_TOOL_CHOICE, FunctionTool, ToolChoice
+from controlplane.kinds.generation.prompt import ChatTokenizer, chat_prompt
+from controlplane.kinds.generation.schema import check_json_object_prompt, schema_compile_problem
+from controlplane.kinds.generation.tools import (
+    NO_TOOL_CHOICE,
+    FunctionTool,
+    ToolChoice,
+    read_parallel_tool_calls,
+    read_tool_choice,
+    read_tools,
+    tool_call_schema,
+)
 
 __all__ = [
     "BodyError",
@@ -63,16 +70,6 @@ MAX_CHOICES = 8  # n; OpenAI allows 128, but each choice is a sequence holding K
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's spec: CreateCompletionRequest.max_tokens default
 MAX_TOP_LOGPROBS = 20  # chat
 MAX_LEGACY_LOGPROBS = 5  # completions' integer `logprobs`
-
-
-class ChatTokenizer(Protocol):
-    """The part of a Hugging Face tokenizer this module uses (positional-only: any argument name fits)."""
-
-    def apply_chat_template(
-        self, conversation: list[dict[str, str]], /, *, add_generation_prompt: bool, tokenize: bool
-    ) -> Any: ...
-
-    def encode(self, text: str, /, *, add_special_tokens: bool) -> list[int]: ...
 
 
 @dataclass(frozen=True)
@@ -117,8 +114,6 @@ class GenerationRequest:
 CHAT_NOT_HONOURED: dict[str, tuple[Any, ...]] = {
     "stream": (False,),
     "stream_options": (),
-    "tools": (),
-    "tool_choice": ("none",),
     "functions": (),
     "function_call": ("none",),
     "logit_bias": ({},),
@@ -135,8 +130,8 @@ CHAT_NOT_HONOURED: dict[str, tuple[Any, ...]] = {
     "prompt_cache_options": (),
 }
 # Accepted and checked but not acted on: they cannot change a completion (a cache-routing hint, an abuse-
-# tracking id, a flag that only matters with tools). Prefix caching here is automatic.
-_CHAT_IGNORED = ("safety_identifier", "prompt_cache_key", "parallel_tool_calls")
+# tracking id). Prefix caching here is automatic.
+_CHAT_IGNORED = ("safety_identifier", "prompt_cache_key")
 # What both endpoints honour (the sampling fields), then each endpoint's own.
 _SHARED_HONOURED = frozenset(
     {
@@ -159,6 +154,9 @@ CHAT_HONOURED = _SHARED_HONOURED | {
     "top_logprobs",
     "response_format",
     "metadata",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
     *_CHAT_IGNORED,
 }
 COMPLETION_NOT_HONOURED: dict[str, tuple[Any, ...]] = {
@@ -181,16 +179,11 @@ def parse_chat_body(
     check_unsupported(fields, CHAT_NOT_HONOURED, CHAT_HONOURED)
     read_string(fields, "safety_identifier", max_chars=64)  # OpenAI's limits and types
     read_string(fields, "prompt_cache_key")
-    read_bool(fields, "parallel_tool_calls")
     model = _model(fields)
+    tools = read_tools(fields)
+    tool_choice = read_tool_choice(fields, tools)
     conversation = chat_conversation(require(fields, "messages"))
-    try:
-        prompt_text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
-    except TemplateError as exc:  # templates raise on purpose for conversations they refuse (role order)
-        raise BodyError("messages", "invalid_value", f"The model's chat template refused the messages: {exc}") from exc
-    if not isinstance(prompt_text, str):
-        raise TypeError(f"apply_chat_template(tokenize=False) returned {type(prompt_text).__name__}, not text")
-    prompt_text = _without_added_bos(tokenizer, prompt_text)
+    prompt_text = chat_prompt(tokenizer, conversation, tools)
     token_ids = tuple(tokenizer.encode(prompt_text, add_special_tokens=True))
     response_format = read_response_format(fields)
     check_json_object_prompt(response_format, [message["content"] for message in conversation])
@@ -209,26 +202,24 @@ def parse_chat_body(
         top_logprobs=top_logprobs or 0,
         response_format=response_format,
         metadata=read_metadata(fields),
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=read_parallel_tool_calls(fields),
         **_sampling(fields),
     )
+    _check_call_grammar(request)
     return _within_output_budget(request, max_output_units, max_param)
 
 
-def _without_added_bos(tokenizer: ChatTokenizer, text: str) -> str:
-    """The template's text less a leading BOS that the tokenizer adds by itself when it encodes."""
-    bos = _added_bos(cast(Hashable, tokenizer))  # tokenizers hash by identity
-    return text[len(bos) :] if bos and text.startswith(bos) else text
-
-
-@functools.lru_cache(maxsize=32)
-def _added_bos(tokenizer: Any) -> str | None:
-    """The BOS text a tokenizer puts in front of what it encodes with special tokens (Llama 2/3), else None;
-    asked once per tokenizer, not per line (validation parses every line of a batch)."""
-    bos = getattr(tokenizer, "bos_token", None)
-    if not isinstance(bos, str) or not bos:
-        return None
-    added = tokenizer.encode("", add_special_tokens=True)
-    return bos if added[:1] == tokenizer.encode(bos, add_special_tokens=False) else None
+def _check_call_grammar(request: GenerationRequest) -> None:
+    """A forced call's grammar (tools.tool_call_schema) compiles: each function's parameters did, but their
+    combination is what the engine gets."""
+    schema = tool_call_schema(request.tools, request.tool_choice)
+    if schema is None:
+        return
+    problem = schema_compile_problem(json.dumps(schema))
+    if problem:
+        raise BodyError("tool_choice", "invalid_value", f"The call's grammar cannot be compiled: {problem[:300]}")
 
 
 def parse_completion_body(

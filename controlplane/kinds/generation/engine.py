@@ -4,6 +4,9 @@ request it is sent as, and the ``EngineResult`` its final response becomes (what
 - The engine gets the prompt as text (chat templates were applied by the parser) with
   ``exclude_input_in_output`` (streaming.py always sets it): a completion's text is what was generated.
 - One Triton request per line, ``n`` in its sampling parameters: the engine answers one element per choice.
+- Constrained decoding as ``guided_decoding`` (schema.py): response_format's schema, or for a line whose
+  ``tool_choice`` forces a call the call's schema (tools.tool_call_schema), which takes its place: a forced answer
+  is a call, not content for response_format to shape.
 - Logprobs arrive as vLLM's JSON, per choice a list with one entry per generated token,
   ``{token_id: {logprob, rank, decoded_token}}``, the sampled token first (vLLM builds the entry from the
   sampled id, then the top-k; tinylm's cb_sampling does the same), so the first key is the token and the
@@ -12,12 +15,14 @@ request it is sent as, and the ``EngineResult`` its final response becomes (what
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.generation.bodies import GenerationRequest
 from controlplane.kinds.generation.render import EngineChoice, EngineResult, TokenLogprob, TopLogprob
 from controlplane.kinds.generation.schema import structured_outputs
+from controlplane.kinds.generation.tools import tool_call_schema
 from controlplane.triton.streaming import GenerationRequest as StreamRequest
 from controlplane.triton.streaming import GenerationResponse
 
@@ -46,6 +51,9 @@ def engine_request(request_id: str, request: GenerationRequest, *, model: Catalo
     if request.stop:
         sampling["stop"] = list(request.stop)
     guided = structured_outputs(request.response_format)
+    call_schema = tool_call_schema(request.tools, request.tool_choice)
+    if call_schema is not None:  # a forced call: its grammar, in place of response_format (which shapes content)
+        guided = json.dumps({"json": call_schema})
     if guided is not None:  # parse_body let it through only for a model whose engine constrains decoding
         sampling["guided_decoding"] = guided
     outputs: tuple[str, ...] = _BASE_OUTPUTS

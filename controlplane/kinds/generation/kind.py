@@ -177,6 +177,14 @@ class _GenerationKind(EndpointKind):
                 check_schema_compiles(request.response_format)
             except BodyError as error:
                 raise BodyIssue(error.code, error.message, _body_param(error.param)) from None
+        if request.tool_choice.forced and not model.structured_outputs:
+            # A forced call is decoded under the call's grammar (tools.py): without it the answer may be no call.
+            raise BodyIssue(
+                "unsupported_value",
+                f"tool_choice {request.tool_choice.mode!r} is not supported for model {model.name!r} (no constrained "
+                "decoding); use 'auto'.",
+                "body.tool_choice",
+            )
         units = estimated_charge(
             request,
             completion_weight=model.completion_weight,

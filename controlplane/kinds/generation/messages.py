@@ -1,25 +1,34 @@
 """A chat body's ``messages`` → the conversation handed to the model's chat template.
 
-- Roles system, developer, user and assistant; ``developer`` is ``system`` for the template (OpenAI's mapping
-  for models without the role, and what templates know). ``tool``/``function`` messages, tool calls, images,
-  audio and files are refused naming the field: this service runs no tools and reads only text.
+- Roles system, developer, user, assistant and tool; ``developer`` is ``system`` for the template (OpenAI's
+  mapping for models without the role, and what templates know). Legacy ``function`` messages, images, audio
+  and files are refused naming the field: this service reads only text.
 - Content is a string or a list of ``{"type": "text", "text": ...}`` parts, joined with "\\n" as vLLM does
   for templates that take string content.
+- Tool calls in the history take transformers' convention for chat templates: an assistant message keeps its
+  ``tool_calls`` (``{"id", "type": "function", "function": {"name", "arguments"}}``, the arguments parsed from
+  their JSON text into an object, as vLLM hands them to templates; text that is not JSON stays text), its
+  content "" when null; a ``tool`` message keeps its ``tool_call_id``, which must answer a call of an earlier
+  assistant message. Templates that do not know tools get them in the Hermes format (tool_format.py).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from controlplane.kinds.generation.fields import BodyError, missing, short, wrong_type
 
 __all__ = ["chat_conversation"]
 
-_ROLES = ("system", "developer", "user", "assistant")
+_ROLES = ("system", "developer", "user", "assistant", "tool")
 _TEMPLATE_ROLE = {"developer": "system"}
 _MESSAGE_KEYS = frozenset({"role", "content", "name"})
-# Assistant-message fields that only carry tool calls, audio or refusals, none of which a template here renders.
-_ASSISTANT_NOT_HONOURED = ("tool_calls", "function_call", "audio", "refusal")
+_TOOL_MESSAGE_KEYS = frozenset({"role", "content", "tool_call_id"})
+# Assistant-message fields that only carry legacy function calls, audio or refusals: null, or refused.
+_ASSISTANT_NOT_HONOURED = ("function_call", "audio", "refusal")
+_CALL_KEYS = frozenset({"id", "type", "function"})
+_CALL_FUNCTION_KEYS = frozenset({"name", "arguments"})
 _PART_KEYS = frozenset({"type", "text", "prompt_cache_breakpoint"})
 _UNSUPPORTED_PARTS = {
     "image_url": "Image content is not supported by this service.",
@@ -29,7 +38,7 @@ _UNSUPPORTED_PARTS = {
 }
 
 
-def chat_conversation(messages: Any) -> list[dict[str, str]]:
+def chat_conversation(messages: Any) -> list[dict[str, Any]]:
     """Raises only ``BodyError``; ``param`` is the path in the body (``messages[2].content[0].type``)."""
     if not isinstance(messages, list):
         raise wrong_type("messages", "an array", messages)
@@ -39,43 +48,132 @@ def chat_conversation(messages: Any) -> list[dict[str, str]]:
             "empty_array",
             "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.",
         )
-    return [_message(item, f"messages[{i}]") for i, item in enumerate(messages)]
+    call_ids: set[str] = set()  # the ids of the calls made so far: what a tool message may answer
+    conversation = []
+    for i, item in enumerate(messages):
+        message = _message(item, f"messages[{i}]", call_ids)
+        call_ids.update(call["id"] for call in message.get("tool_calls", ()))
+        conversation.append(message)
+    return conversation
 
 
-def _message(message: Any, param: str) -> dict[str, str]:
+def _message(message: Any, param: str, call_ids: set[str]) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise wrong_type(param, "an object", message)
     role = message.get("role")
     if role is None:
         raise missing(f"{param}.role")
-    if role in ("tool", "function"):
+    if role == "function":
         raise BodyError(
-            f"{param}.role", "unsupported_value", f"'{role}' messages are not supported: tools are not supported."
+            f"{param}.role",
+            "unsupported_value",
+            "'function' messages (the legacy function-calling format) are not supported; answer calls with "
+            "'tool' messages.",
         )
     if role not in _ROLES:
         raise BodyError(
             f"{param}.role",
             "invalid_value",
-            f"Invalid value: {short(role)}. Supported values are: 'system', 'developer', 'user' and 'assistant'.",
+            f"Invalid value: {short(role)}. Supported values are: 'system', 'developer', 'user', 'assistant' and "
+            "'tool'.",
         )
+    if role == "tool":
+        return _tool_message(message, param, call_ids)
     for key, value in message.items():
-        if key in _MESSAGE_KEYS:
+        if key in _MESSAGE_KEYS or (role == "assistant" and key == "tool_calls"):
             continue
         if role == "assistant" and key in _ASSISTANT_NOT_HONOURED:
             if value is None:
                 continue
             raise BodyError(f"{param}.{key}", "unsupported_parameter", f"'{key}' is not supported in messages.")
         raise BodyError(f"{param}.{key}", "unknown_parameter", f"Unrecognized argument in a message: {short(key)}.")
-    rendered: dict[str, str] = {
+    calls = _tool_calls(message.get("tool_calls"), f"{param}.tool_calls") if role == "assistant" else None
+    content = message.get("content")
+    rendered: dict[str, Any] = {
         "role": _TEMPLATE_ROLE.get(str(role), str(role)),
-        "content": _content(message.get("content"), f"{param}.content"),
+        "content": "" if content is None and calls else _content(content, f"{param}.content"),
     }
     name = message.get("name")
     if name is not None:
         if not isinstance(name, str):
             raise wrong_type(f"{param}.name", "a string", name)
         rendered["name"] = name
+    if calls:
+        rendered["tool_calls"] = calls
     return rendered
+
+
+def _tool_message(message: dict[str, Any], param: str, call_ids: set[str]) -> dict[str, Any]:
+    unknown = sorted(set(message) - _TOOL_MESSAGE_KEYS)
+    if unknown:
+        raise BodyError(
+            f"{param}.{unknown[0]}", "unknown_parameter", f"Unrecognized argument in a message: {short(unknown[0])}."
+        )
+    call_id = message.get("tool_call_id")
+    if call_id is None:
+        raise missing(f"{param}.tool_call_id")
+    if not isinstance(call_id, str):
+        raise wrong_type(f"{param}.tool_call_id", "a string", call_id)
+    if call_id not in call_ids:
+        raise BodyError(
+            f"{param}.tool_call_id",
+            "invalid_value",
+            f"Invalid '{param}.tool_call_id': {short(call_id)} answers no tool call of an earlier assistant message "
+            "(a 'tool' message must follow the assistant message whose 'tool_calls' has that id).",
+        )
+    return {"role": "tool", "content": _content(message.get("content"), f"{param}.content"), "tool_call_id": call_id}
+
+
+def _tool_calls(value: Any, param: str) -> list[dict[str, Any]] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise wrong_type(param, "an array", value)
+    if not value:
+        raise BodyError(param, "empty_array", f"Invalid '{param}': empty array. Expected at least one tool call.")
+    return [_tool_call(call, f"{param}[{j}]") for j, call in enumerate(value)]
+
+
+def _tool_call(call: Any, param: str) -> dict[str, Any]:
+    if not isinstance(call, dict):
+        raise wrong_type(param, "an object", call)
+    unknown = sorted(set(call) - _CALL_KEYS)
+    if unknown:
+        raise BodyError(f"{param}.{unknown[0]}", "unknown_parameter", f"Unrecognized argument: {short(unknown[0])}.")
+    kind = call.get("type")
+    if kind is None:
+        raise missing(f"{param}.type")
+    if kind != "function":
+        raise BodyError(
+            f"{param}.type", "invalid_value", f"Invalid value: {short(kind)}. Supported values are: 'function'."
+        )
+    call_id = _required_string(call, "id", param)
+    function = call.get("function")
+    if function is None:
+        raise missing(f"{param}.function")
+    if not isinstance(function, dict):
+        raise wrong_type(f"{param}.function", "an object", function)
+    unknown = sorted(set(function) - _CALL_FUNCTION_KEYS)
+    if unknown:
+        raise BodyError(
+            f"{param}.function.{unknown[0]}", "unknown_parameter", f"Unrecognized argument: {short(unknown[0])}."
+        )
+    name = _required_string(function, "name", f"{param}.function")
+    arguments = _required_string(function, "arguments", f"{param}.function")
+    try:
+        parsed: Any = json.loads(arguments)
+    except ValueError:
+        parsed = arguments  # the model's text as it was: the template shows it as given
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": parsed}}
+
+
+def _required_string(container: dict[str, Any], key: str, param: str) -> str:
+    value = container.get(key)
+    if value is None:
+        raise missing(f"{param}.{key}")
+    if not isinstance(value, str):
+        raise wrong_type(f"{param}.{key}", "a string", value)
+    return value
 
 
 def _content(content: Any, param: str) -> str:

@@ -8,6 +8,9 @@ id, the time and the fingerprint.
 - Ids are ``chatcmpl-``/``cmpl-`` + the output line's request id (batches.records.request_id(batch, line)):
   a line regenerated after a crash or retry gets the same id, so a consumer deduplicating on it sees one
   completion, and the id ties the body to its output line.
+- A chat choice whose text holds tool calls (tool_format.tool_answer) is written as OpenAI writes one: the calls
+  in ``message.tool_calls`` (ids from the completion's id, tools.call_id), the text around them as ``content``
+  (null when none) and ``finish_reason`` "tool_calls".
 - A logprob the engine reports as -inf (a token that could not be sampled) is written as -9999.0, OpenAI's
   floor for it: JSON has no infinity.
 """
@@ -19,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from controlplane.kinds.generation.bodies import GenerationRequest
+from controlplane.kinds.generation.tool_format import tool_answer
+from controlplane.kinds.generation.tools import call_id
 
 __all__ = [
     "EngineChoice",
@@ -99,18 +104,30 @@ def render_chat_completion(
     created: int,
     system_fingerprint: str | None = None,
 ) -> dict[str, Any]:
-    choices: list[dict[str, Any]] = [
-        {
-            "index": index,
-            "message": {"role": "assistant", "content": choice.text, "refusal": None, "annotations": []},
-            "logprobs": _chat_logprobs(request, choice),
-            "finish_reason": choice.finish_reason,
-        }
-        for index, choice in enumerate(result.choices)
-    ]
+    choices = [_chat_choice(request, choice, index, completion_id) for index, choice in enumerate(result.choices)]
     body = _envelope("chat.completion", request, result, completion_id, created, system_fingerprint, choices)
     body["service_tier"] = "default"
     return body
+
+
+def _chat_choice(request: GenerationRequest, choice: EngineChoice, index: int, completion_id: str) -> dict[str, Any]:
+    content, calls = tool_answer(choice.text, request.tools, request.tool_choice, parallel=request.parallel_tool_calls)
+    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None, "annotations": []}
+    if calls:
+        message["tool_calls"] = [
+            {
+                "id": call_id(completion_id, index, position),
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for position, call in enumerate(calls)
+        ]
+    return {
+        "index": index,
+        "message": message,
+        "logprobs": _chat_logprobs(request, choice),
+        "finish_reason": "tool_calls" if calls else choice.finish_reason,
+    }
 
 
 def render_text_completion(

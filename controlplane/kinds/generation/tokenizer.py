@@ -34,20 +34,28 @@ _GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")
 class FileTokenizer:
     """The ChatTokenizer protocol (kinds/generation/bodies.py) over a tokenizer.json and a chat template."""
 
-    def __init__(self, tokenizer: Any, chat_template: Any, special_tokens: dict[str, str]) -> None:
+    def __init__(self, tokenizer: Any, chat_template: Any, special_tokens: dict[str, str], source: str = "") -> None:
         self._tokenizer = tokenizer
         self._template = chat_template  # compiled (_compile)
         self._special_tokens = special_tokens
+        self.chat_template = source  # the template's text, as transformers' tokenizers expose it
 
     @property
     def bos_token(self) -> str | None:
         return self._special_tokens.get("bos_token")
 
     def apply_chat_template(
-        self, conversation: list[dict[str, str]], /, *, add_generation_prompt: bool, tokenize: bool
+        self,
+        conversation: list[dict[str, Any]],
+        /,
+        *,
+        add_generation_prompt: bool,
+        tokenize: bool,
+        tools: list[dict[str, Any]] | None = None,
     ) -> Any:
         text = self._template.render(
             messages=[dict(message) for message in conversation],
+            tools=tools,
             add_generation_prompt=add_generation_prompt,
             **self._special_tokens,
         )
@@ -82,7 +90,7 @@ def file_tokenizer(path: Path) -> FileTokenizer | None:
         return None
     tokenizer.no_truncation()  # transformers turns both off unless a call asks for them
     tokenizer.no_padding()
-    return FileTokenizer(tokenizer, compiled, special_tokens)
+    return FileTokenizer(tokenizer, compiled, special_tokens, template)
 
 
 def _raise_exception(message: str) -> None:
