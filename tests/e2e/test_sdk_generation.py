@@ -66,7 +66,8 @@ def test_completions_batch(e2e):
 
 def test_the_generation_model_is_listed(e2e):
     tinylm = e2e.sdk().models.retrieve("tinylm")
-    assert tinylm.endpoints == ["/v1/chat/completions", "/v1/completions"] and tinylm.context_length == 256
+    assert tinylm.endpoints == ["/v1/chat/completions", "/v1/completions", "/v1/responses"]
+    assert tinylm.context_length == 256
 
 
 def _schema_format(schema: dict) -> dict:
