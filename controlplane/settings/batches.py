@@ -23,6 +23,15 @@ GENERATION_MAX_LINE_OUTPUT_UNITS = env_int(
     minimum=1,
     help="Most output one generation line may ask for (n x max_tokens x logprob entries per token); above: a 400 line.",
 )
+# Answers arrive whole (unstreamed) and wait in the shard run's inbox: 256 MiB bounds a worker thread's share at
+# ~25 lines of the largest output GENERATION_MAX_LINE_OUTPUT_UNITS allows, far above ordinary lines' needs.
+GENERATION_INFLIGHT_OUTPUT_BYTES = env_int(
+    "GENERATION_INFLIGHT_OUTPUT_BYTES",
+    256 * 1024 * 1024,
+    minimum=1,
+    help="Most output (estimated at max_tokens) a shard run's generation lines in flight may write; past it, "
+    "lines wait until others finish (at least one is always in flight).",
+)
 # Idempotency-Key on POST /v1/files and /v1/batches (core/http/idempotency.py); a key lives 24 h, as at OpenAI and Stripe.
 IDEMPOTENCY_KEY_TTL_SECONDS = env_int(
     "IDEMPOTENCY_KEY_TTL_SECONDS", 24 * 3600, minimum=1, help="How long an Idempotency-Key's answer is replayed."

@@ -51,11 +51,7 @@ def migrated_template(admin_url: str = ADMIN_DB_URL) -> str:
         conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
         try:
             if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
-                stale = conn.execute(
-                    "SELECT datname FROM pg_database WHERE starts_with(datname, %s)", (TEMPLATE_PREFIX,)
-                ).fetchall()
-                for (old,) in stale:  # other migrations' templates, and a build that died
-                    conn.execute(f'DROP DATABASE IF EXISTS "{old}" WITH (FORCE)')
+                _drop_stale_templates(conn)
                 partial = f"{name}_partial"
                 conn.execute(f'CREATE DATABASE "{partial}"')
                 _migrate(database_url(admin_url, partial))
@@ -63,6 +59,25 @@ def migrated_template(admin_url: str = ADMIN_DB_URL) -> str:
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
     return name
+
+
+# Other checkouts' templates kept (a second worktree, a branch, a CI job beside a developer's run on one server):
+# dropping every other template made two checkouts of different code drop each other's in turn, under the
+# stacks copying from it. The newest are kept; older ones go when nothing is connected to them.
+KEEP_TEMPLATES = 4
+
+
+def _drop_stale_templates(conn: psycopg.Connection) -> None:
+    """Under the build lock: a build that died (``_partial``) and all but the newest KEEP_TEMPLATES templates."""
+    rows = conn.execute(
+        "SELECT datname FROM pg_database WHERE starts_with(datname, %s) ORDER BY oid DESC", (TEMPLATE_PREFIX,)
+    ).fetchall()
+    complete = [name for (name,) in rows if not name.endswith("_partial")]
+    for name in [name for (name,) in rows if name.endswith("_partial")]:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    for name in complete[KEEP_TEMPLATES - 1 :]:  # room for the one about to be built
+        with contextlib.suppress(psycopg.errors.ObjectInUse):  # being copied now: a later build drops it
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
 
 
 def _migrate(url: str) -> None:

@@ -47,3 +47,35 @@ def test_a_changed_migration_or_seed_changes_the_templates_name(tmp_path, monkey
     added = databases.migrations_digest()
     (tmp_path / "controlplane" / "seed.py").write_text("SEED = []\n")  # what a data migration imports
     assert len({before, changed, added, databases.migrations_digest()}) == 4
+
+
+def test_a_new_template_drops_only_old_ones_nobody_is_copying(monkeypatch):
+    # Two checkouts of different code on one server each build their own template: neither may drop the other's
+    # newest, nor one a run is connected to (copying from it); a build that died is always dropped.
+    prefix = "cp_droptest_"
+    monkeypatch.setattr(databases, "TEMPLATE_PREFIX", prefix)
+    names = [f"{prefix}{i}" for i in range(5)]
+    with psycopg.connect(databases.ADMIN_DB_URL, autocommit=True) as admin:
+        for name in [*names, f"{prefix}5_partial"]:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+            admin.execute(f'CREATE DATABASE "{name}"')
+        try:
+            with psycopg.connect(databases.database_url(databases.ADMIN_DB_URL, names[0])):
+                databases._drop_stale_templates(admin)
+                left = {
+                    row[0]
+                    for row in admin.execute(
+                        "SELECT datname FROM pg_database WHERE starts_with(datname, %s)", (prefix,)
+                    )
+                }
+                # The newest KEEP_TEMPLATES - 1 (room for the one being built) and the one in use.
+                assert left == {names[0], *names[-(databases.KEEP_TEMPLATES - 1) :]}
+            databases._drop_stale_templates(admin)
+            left = {
+                row[0]
+                for row in admin.execute("SELECT datname FROM pg_database WHERE starts_with(datname, %s)", (prefix,))
+            }
+            assert left == set(names[-(databases.KEEP_TEMPLATES - 1) :])
+        finally:
+            for name in [*names, f"{prefix}5_partial"]:
+                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

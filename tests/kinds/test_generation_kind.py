@@ -17,6 +17,7 @@ from controlplane.fleet.catalogue.seed import SEED
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import BodyIssue, LineFailure, LineOutcome, LineOutput, ParsedLine
 from controlplane.kinds.generation import kind as generation
+from controlplane.kinds.generation.units import line_output_bytes
 from controlplane.kinds.registry import kind_for
 from controlplane.triton.errors import TransientTritonError
 from tests.contracts.openai_schema import validate
@@ -222,6 +223,30 @@ def test_lines_in_flight_are_bounded_and_refilled_as_lines_finish():
     kind_for(CHAT).run(lines, model=model, backend=engine, control=control, inflight=1)
     assert sorted(control.finished) == list(range(1, 11)) and engine.max_outstanding == 4  # 2 x max_num_seqs
     assert len(engine.streams) == 1 and len(engine.submitted) == 10
+
+
+def test_lines_in_flight_are_bounded_by_the_output_they_may_write(settings):
+    # Four may be out by max_num_seqs; the output window holds two of these lines, or one line larger than it.
+    model = tinylm(max_num_seqs=2)
+    lines = parsed_lines(
+        CHAT,
+        [chat(f"HOLD count from 1 to {b}", logprobs=True, top_logprobs=5, max_tokens=16) for b in range(2, 8)],
+        model,
+    )
+    line_bytes = line_output_bytes(lines[1].request.request, expected_completion_tokens=None)
+    for window, most_out in ((int(2.5 * line_bytes), 2), (line_bytes // 2, 1)):
+        settings.GENERATION_INFLIGHT_OUTPUT_BYTES = window
+        engine = FakeEngine()
+
+        def engine_step(control: Control, engine: FakeEngine = engine) -> bool:
+            for stream in engine.streams:
+                stream.release()
+            return False
+
+        control = Control(stop_when=engine_step)
+        kind_for(CHAT).run(lines, model=model, backend=engine, control=control, inflight=1)
+        assert sorted(control.finished) == list(range(1, 7))
+        assert engine.max_outstanding == most_out, (window, line_bytes)
 
 
 def test_a_long_line_holds_back_no_other():

@@ -3,7 +3,11 @@ lines in flight, each line reported the moment its final response arrives.
 
 - In flight: 2 × the model's ``max_num_seqs`` (vLLM's run_batch keeps as many): the engine always has the
   next line queued when one finishes, and the KV budget, not this loop, decides how many decode at once.
-  More are submitted as lines finish, so a long generation never holds back the lines behind it.
+  More are submitted as lines finish, so a long generation never holds back the lines behind it. The lines out
+  are also bounded by the output they may write (units.line_output_bytes at max_tokens, ≤
+  GENERATION_INFLIGHT_OUTPUT_BYTES, always at least one line): answers arrive whole and wait in this loop's
+  inbox until read, so lines of n 8 and top_logprobs 20 (~10 MB each) are held back from the engine rather
+  than piling up in the worker's memory.
 - Stop (cancel, expiry): nothing new is sent and the stream is closed with cancel, which Triton turns into
   ``is_cancelled()`` for every request still on it (the engine stops them within a step); the lines not
   finished are left out, and finalization reports them as stopped. Finished lines are kept, answers already
@@ -30,6 +34,7 @@ from django.conf import settings
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import Backend, LineFailure, LineOutput, ParsedLine, RunControl
 from controlplane.kinds.generation.engine import EngineAnswerError, engine_request, engine_result
+from controlplane.kinds.generation.units import line_output_bytes
 from controlplane.triton.errors import PermanentTritonError, TransientTritonError
 from controlplane.triton.streaming import GenerationResponse
 
@@ -95,11 +100,14 @@ class _StreamRun:
         self.render, self.request_of = render, request_of
         self.inbox: queue.Queue[GenerationResponse] = queue.Queue()
         self.running: dict[str, int] = {}  # Triton request id → line number
+        self.output_bytes: dict[str, int] = {}  # the most each line out may write (its share of the window)
+        self.window_bytes = 0
         # A line's last response with a body: a final response may come empty (Triton's empty final flag).
         self.last: dict[str, GenerationResponse] = {}
 
     def run(self, waiting: deque[int]) -> bool:
         limit = inflight_limit(self.model)
+        window_limit = settings.GENERATION_INFLIGHT_OUTPUT_BYTES
         silence_s = settings.TRITON_TIMEOUT_SECONDS
         stream = self.backend.generation_stream(self.model.triton_name, on_response=self.inbox.put)
         stopped, clean = False, False
@@ -111,11 +119,18 @@ class _StreamRun:
                     self._drain()  # answers already here are finished lines: kept, not regenerated
                     break
                 while waiting and len(self.running) < limit:
-                    number = waiting.popleft()
+                    number = waiting[0]
+                    request = self.request_of(self.lines[number])
+                    size = line_output_bytes(request, expected_completion_tokens=None)
+                    if self.running and self.window_bytes + size > window_limit:
+                        break  # sent as lines out finish: their answers are read before more can arrive
+                    waiting.popleft()
                     # The line number is unique in the shard, so it names the request on this stream.
                     request_id = str(number)
                     self.running[request_id] = number
-                    stream.submit(engine_request(request_id, self.request_of(self.lines[number]), model=self.model))
+                    self.output_bytes[request_id] = size
+                    self.window_bytes += size
+                    stream.submit(engine_request(request_id, request, model=self.model))
                 try:
                     response = self.inbox.get(timeout=POLL_SECONDS)
                 except queue.Empty:
@@ -149,6 +164,7 @@ class _StreamRun:
         if not response.final:
             return
         del self.running[response.request_id]
+        self.window_bytes -= self.output_bytes.pop(response.request_id)
         answer = self.last.pop(response.request_id, response)
         error = response.error
         if isinstance(error, TransientTritonError):
