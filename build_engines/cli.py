@@ -1,4 +1,4 @@
-"""`python -m build_engines {export,verify,build,emit,all} SPEC` and `validate-configs`.
+"""`python -m build_engines {export,verify,build,emit,all} SPEC`, `tune SPEC_OR_MODEL` and `validate-configs`.
 
 Exit codes: 0 ok, 1 other failure (e.g. an artefact a step needs is missing), 2 bad spec or bad config, 3 verify
 failed, 4 cannot run on this machine. Errors print as one `error:` block on stderr, never a traceback,
@@ -62,9 +62,40 @@ def _parser() -> argparse.ArgumentParser:
             sub.add_argument(
                 "--require-trt", action="store_true", help="fail (exit 4) when the TensorRT build cannot run here"
             )
+    _add_tune(commands)
     validate = commands.add_parser("validate-configs", help="parse every config.pbtxt with Triton's schema")
     validate.add_argument("--models-dir", type=Path, help="Triton model repository (default triton_models/)")
     return parser
+
+
+def _add_tune(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from build_engines.tune import DEFAULT_BUDGET_S, DEFAULT_CONCURRENCY
+
+    text = "search served shapes (batch, queue delay, instances, threads) for the most rows/s on this machine"
+    tune = commands.add_parser(
+        "tune",
+        help=text,
+        description=text + ". The load is the control plane's: --concurrency calls in flight (default "
+        f"{DEFAULT_CONCURRENCY}, SCHEDULER_CALLS_PER_INSTANCE's default: one placed instance's cap) of --call-rows "
+        "rows (default the candidate's max_batch_size, as a shard packs its calls); set both to the deployment's "
+        "values where they differ.",
+    )
+    tune.add_argument(
+        "target", help="spec file or name (its emitted folder), model name in --models-dir, or a model folder"
+    )
+    tune.add_argument("--models-dir", type=Path, help="Triton model repository (default triton_models/)")
+    tune.add_argument("--out", type=Path, help="where tune.json goes (default build_engines/out/<model>/)")
+    tune.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="stop trying candidates after this")
+    tune.add_argument("--max-p95-ms", type=float, help="latency bound on a call's p95 (default 2x the baseline's)")
+    tune.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="calls in flight")
+    tune.add_argument("--call-rows", type=int, help="rows a call (default: the candidate's max_batch_size)")
+    tune.add_argument("--warmup-s", type=float, default=1.0, help="load offered before measuring each candidate")
+    tune.add_argument("--measure-s", type=float, default=3.0, help="measured window per candidate")
+    tune.add_argument("--min-gain", type=float, default=0.03, help="least relative gain that replaces the baseline")
+    tune.add_argument("--max-batch-size", type=int, help="largest max_batch_size tried (default 4x the current)")
+    tune.add_argument("--max-instances", type=int, help="most instances tried (default the cores)")
+    tune.add_argument("--cores", type=int, help="cores to plan for: instances x threads <= cores (default this host's)")
+    tune.add_argument("--write", action="store_true", help="rewrite the model's config.pbtxt with the choice")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,6 +120,9 @@ def _run(args: argparse.Namespace, command: str) -> int:
             print(f"error: {error}", file=sys.stderr)
         print(f"{models_dir}: {'OK' if not errors else f'{len(errors)} problem(s)'}")
         return 2 if errors else 0
+
+    if args.command == "tune":
+        return _tune(args, command)
 
     spec = load_any_spec(args.spec)
     out_dir = (args.out or PACKAGE_DIR / "out" / spec.name).resolve()
@@ -180,3 +214,33 @@ def _parse_shapes(spec: ModelSpec, values: list[str]) -> list[dict[str, int]]:
             sizes[axis.strip()] = int(size)
         shapes.append(sizes)
     return shapes
+
+
+def _tune(args: argparse.Namespace, command: str) -> int:
+    from build_engines.emit import DEFAULT_MODELS_DIR
+    from build_engines.tune import TuneOptions, resolve_target, tune
+    from build_engines.tune_measure import Load
+
+    positive = {"--budget-s": args.budget_s, "--concurrency": args.concurrency, "--measure-s": args.measure_s}
+    positive |= {"--call-rows": args.call_rows, "--max-batch-size": args.max_batch_size}
+    positive |= {"--max-instances": args.max_instances, "--cores": args.cores, "--max-p95-ms": args.max_p95_ms}
+    bad = [(flag, f"must be > 0, got {value}") for flag, value in positive.items() if value is not None and value <= 0]
+    bad += [("--warmup-s", "must be >= 0")] if args.warmup_s < 0 else []
+    if bad:
+        raise SpecError("tune", bad)
+    target = resolve_target(args.target, args.models_dir or DEFAULT_MODELS_DIR)
+    load = Load(args.concurrency, args.call_rows, args.warmup_s, args.measure_s)
+    options = TuneOptions(
+        load=load,
+        budget_s=args.budget_s,
+        max_p95_ms=args.max_p95_ms,
+        min_gain=args.min_gain,
+        cores=args.cores,
+        max_batch_size=args.max_batch_size,
+        max_instances=args.max_instances,
+        write=args.write,
+        out_dir=args.out,
+        command=command,
+    )
+    tune(target, options)
+    return 0

@@ -1,0 +1,255 @@
+"""`python -m build_engines tune SPEC_OR_MODEL`: serve a model at its best shape on this machine.
+
+Like Triton's Model Analyzer, but at the load the control plane offers and with a bounded search: the
+model's folder is copied to a scratch repository, one tritonserver loads candidate configs there one after
+another (build_engines/tune_measure.py), and a coordinate descent from the hand-written config picks the
+candidate with the most rows/s whose p95 call latency meets the bound (build_engines/tune_search.py). The
+current config is the baseline and stays unless a candidate beats it by more than the measurement noise.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from build_engines.errors import BuildEnginesError, MissingArtefact, SpecError
+from build_engines.tune_config import parse, rewrite, shape_of
+from build_engines.tune_measure import Load, TuneServer, Workload, copy_model, descendants
+from build_engines.tune_search import Limits, SearchResult, Trial, search
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+# The control plane's defaults (controlplane/settings/scheduling.py), repeated because this package runs
+# without Django; tests/build_engines/test_tune_search.py holds them equal. A placed instance takes
+# SCHEDULER_CALLS_PER_INSTANCE Triton calls in flight, and a shard packs its calls up to max_batch_size rows.
+DEFAULT_CONCURRENCY = 6
+DEFAULT_BUDGET_S = 120.0
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str  # the Triton model name (the folder's)
+    model_dir: Path
+    texts: list[str] | None  # the spec's corpus, when the model has one
+    inputs_from: str  # where the rows come from, in words
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    load: Load
+    budget_s: float = DEFAULT_BUDGET_S
+    max_p95_ms: float | None = None
+    min_gain: float = 0.03
+    cores: int | None = None
+    max_batch_size: int | None = None
+    max_instances: int | None = None
+    write: bool = False
+    out_dir: Path | None = None
+    command: str = ""
+
+
+@dataclass
+class TuneOutcome:
+    name: str
+    result: SearchResult
+    memory: dict[str, int]
+    record_path: Path
+    config_path: Path
+    written: bool
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _spec_corpus(names: list[str]) -> list[str] | None:
+    from build_engines.spec import ModelSpec, load_any_spec
+
+    for name in names:
+        try:
+            spec = load_any_spec(name)
+        except (BuildEnginesError, OSError):
+            continue
+        if isinstance(spec, ModelSpec) and spec.text is not None and spec.text.corpus.is_file():
+            lines = [line for line in spec.text.corpus.read_text("utf-8").splitlines() if line.strip()]
+            return lines or None
+    return None
+
+
+def resolve_target(target: str, models_dir: Path) -> Target:
+    """A model folder, a model name in ``models_dir``, or a spec (its emitted folder for this machine)."""
+    from build_engines.spec import ModelSpec, load_any_spec
+
+    path = Path(target)
+    if (path / "config.pbtxt").is_file():
+        model_dir = path.resolve()
+    elif (models_dir / target / "config.pbtxt").is_file():
+        model_dir = (models_dir / target).resolve()
+    else:
+        try:
+            spec = load_any_spec(target)
+        except SpecError as exc:
+            if exc.fields != ["<file>"]:
+                raise
+            where = f"no model folder at {target}, no model {target!r} in {models_dir}, and no spec of that name"
+            raise SpecError(target, [("target", where)]) from exc
+        if not isinstance(spec, ModelSpec):
+            raise SpecError(spec.path, [("generation", "a generation model batches inside its engine; tune "
+                                         "serves Triton's batching models (max_batch_size > 0)")])  # fmt: skip
+        from deploy.local.triton_server import has_nvidia_gpu
+
+        folder = f"{spec.name}_trt" if has_nvidia_gpu() else f"{spec.name}_ort"
+        model_dir = (models_dir / folder).resolve()
+        if not (model_dir / "config.pbtxt").is_file():
+            raise MissingArtefact(f"{model_dir} has no config.pbtxt: run `python -m build_engines emit {target}`")
+    name = model_dir.name
+    texts = _spec_corpus([name, name.rsplit("_", 1)[0]])
+    return Target(name, model_dir, texts, f"spec corpus ({len(texts)} texts)" if texts else "synthetic rows")
+
+
+def tune(target: Target, options: TuneOptions, *, echo: Callable[[str], None] = print) -> TuneOutcome:
+    config_path = target.model_dir / "config.pbtxt"
+    base_text = config_path.read_text()
+    config = parse(base_text, config_path)
+    if config.max_batch_size <= 0 or config.model_transaction_policy.decoupled:
+        raise SpecError(config_path, [("max_batch_size", "tune serves models Triton batches (max_batch_size > "
+                                       "0, not decoupled); a generation engine batches sequences itself")])  # fmt: skip
+    baseline = shape_of(config)
+    cores = options.cores or _cores()
+    limits = Limits(
+        cores=cores,
+        max_batch_size=options.max_batch_size or 4 * baseline.max_batch_size,
+        max_instances=options.max_instances or cores,
+        max_p95_ms=options.max_p95_ms,
+        min_gain=options.min_gain,
+    )
+    call_rows = "max_batch_size" if options.load.call_rows is None else str(options.load.call_rows)
+    echo(
+        f"tuning {target.name} ({config_path}) on {cores} cores: {options.load.concurrency} calls in flight of "
+        f"{call_rows} rows, {target.inputs_from}; budget {options.budget_s:g} s"
+    )
+    workload = Workload(config, target.texts, options.load.dynamic_dim)
+
+    def report(trial: Trial, planned: int) -> None:
+        m = trial.measurement
+        figures = f"{m.rows_per_s:.1f} rows/s p95 {m.p95_ms:.0f} ms" if m.ok else f"failed: {m.error}"
+        note = f" ({trial.note})" if trial.note else ""
+        echo(f"[{trial.index}/{planned}] {trial.shape.describe()}: {figures}{note}")
+
+    with tempfile.TemporaryDirectory(prefix=f"tune-{target.name}-") as scratch:
+        repository = Path(scratch) / "models"
+        repository.mkdir()
+        copy_model(target.model_dir, repository)
+        with TuneServer(repository, target.name, base_text, Path(scratch) / "tritonserver.log") as server:
+            result = search(
+                baseline,
+                lambda shape: server.measure(shape, workload, options.load),
+                limits,
+                budget_s=options.budget_s,
+                clock=time.monotonic,
+                report=report,
+            )
+            memory = _chosen_memory(server, result, workload, options.load)
+    echo(render_table(result))
+    written = False
+    if options.write and result.chosen.shape != baseline:
+        new_text = rewrite(base_text, result.chosen.shape)
+        temporary = config_path.with_name(".config.pbtxt.tune")
+        temporary.write_text(new_text)
+        os.replace(temporary, config_path)
+        written = True
+        echo(f"wrote {config_path}")
+    elif options.write:
+        echo(f"{config_path} unchanged: the current config is the best measured")
+    out_dir = options.out_dir or PACKAGE_DIR / "out" / target.name
+    record = tune_record(target, options, result, memory, written)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record_path = out_dir / "tune.json"
+    record_path.write_text(json.dumps(record, indent=2) + "\n")
+    echo(f"record {record_path}")
+    echo(tune_line(target.name, result))
+    return TuneOutcome(target.name, result, memory, record_path, config_path, written, record)
+
+
+def _chosen_memory(server: TuneServer, result: SearchResult, workload: Workload, load: Load) -> dict[str, int]:
+    """Memory of the chosen config alone: unload, wait for the old stubs to go, load it, run a short load."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(server.url)
+    try:
+        client.unload_model(server.name)
+    finally:
+        client.close()
+    deadline = time.monotonic() + 15.0
+    while any(True for _ in descendants(server.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    shape = result.chosen.shape
+    server.measure(shape, workload, Load(load.concurrency, load.call_rows, 0.0, min(1.0, load.measure_s)))
+    return server.memory(shape.instances)
+
+
+def render_table(result: SearchResult) -> str:
+    lines = [f"{'#':>3}  {'shape':<58} {'rows/s':>9} {'p95 ms':>8}  note"]
+    for trial in result.trials:
+        m = trial.measurement
+        figures = f"{m.rows_per_s:>9.1f} {m.p95_ms:>8.0f}" if m.ok else f"{'-':>9} {'-':>8}"
+        note = trial.note or ("" if m.ok else m.error) or ("over the p95 bound" if m.p95_ms > result.bound_ms else "")
+        lines.append(f"{trial.index:>3}  {trial.shape.describe():<58} {figures}  {note}")
+    chosen = result.chosen
+    verdict = (
+        "the current config (nothing beat it)" if chosen.shape == result.baseline.shape else chosen.shape.describe()
+    )
+    lines.append(
+        f"noise {result.noise:.1%}, p95 bound {result.bound_ms:.0f} ms; chosen: {verdict} "
+        f"at {chosen.measurement.rows_per_s:.1f} rows/s ({result.gain:+.1%})"
+    )
+    lines.extend(result.notes)
+    return "\n".join(lines)
+
+
+def tune_line(name: str, result: SearchResult) -> str:
+    return (
+        f"TUNE model={name} baseline_rows_per_s={result.baseline.measurement.rows_per_s:.1f} "
+        f"best_rows_per_s={result.chosen.measurement.rows_per_s:.1f} gain={result.gain:.3f} "
+        f'chosen="{result.chosen.shape.describe()}"'
+    )
+
+
+def _trial(trial: Trial) -> dict[str, Any]:
+    return {"index": trial.index, "shape": asdict(trial.shape), "note": trial.note, **asdict(trial.measurement)}
+
+
+def tune_record(
+    target: Target, options: TuneOptions, result: SearchResult, memory: dict[str, int], written: bool
+) -> dict[str, Any]:
+    from deploy.local.triton_server import has_nvidia_gpu
+
+    return {
+        "model": target.name,
+        "model_dir": str(target.model_dir),
+        "inputs": target.inputs_from,
+        "machine": {"cores": result.cores, "cpu_count": os.cpu_count(), "nvidia_gpu": has_nvidia_gpu()},
+        "load": asdict(options.load),
+        "budget_s": options.budget_s,
+        "noise": result.noise,
+        "p95_bound_ms": result.bound_ms,
+        "baseline": _trial(result.baseline),
+        "trials": [_trial(t) for t in result.trials],
+        "chosen": _trial(result.chosen),
+        "gain": result.gain,
+        "stopped_by_budget": result.stopped_by_budget,
+        "memory": memory,
+        "written": written,
+        "command": options.command,
+        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
