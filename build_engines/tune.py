@@ -59,6 +59,7 @@ class TuneOutcome:
     name: str
     result: SearchResult
     memory: dict[str, int]
+    load_seconds: float  # the chosen config's load from cold
     record_path: Path
     config_path: Path
     written: bool
@@ -159,7 +160,7 @@ def tune(target: Target, options: TuneOptions, *, echo: Callable[[str], None] = 
                 clock=time.monotonic,
                 report=report,
             )
-            memory = _chosen_memory(server, result, workload, options.load)
+            memory, load_s = _chosen_memory(server, result, workload, options.load)
     echo(render_table(result))
     written = False
     if options.write and result.chosen.shape != baseline:
@@ -172,17 +173,20 @@ def tune(target: Target, options: TuneOptions, *, echo: Callable[[str], None] = 
     elif options.write:
         echo(f"{config_path} unchanged: the current config is the best measured")
     out_dir = options.out_dir or PACKAGE_DIR / "out" / target.name
-    record = tune_record(target, options, result, memory, written)
+    record = tune_record(target, options, result, memory, written) | {"chosen_load_s": load_s}
     out_dir.mkdir(parents=True, exist_ok=True)
     record_path = out_dir / "tune.json"
     record_path.write_text(json.dumps(record, indent=2) + "\n")
     echo(f"record {record_path}")
     echo(tune_line(target.name, result))
-    return TuneOutcome(target.name, result, memory, record_path, config_path, written, record)
+    return TuneOutcome(target.name, result, memory, load_s, record_path, config_path, written, record)
 
 
-def _chosen_memory(server: TuneServer, result: SearchResult, workload: Workload, load: Load) -> dict[str, int]:
-    """Memory of the chosen config alone: unload, wait for the old stubs to go, load it, run a short load."""
+def _chosen_memory(
+    server: TuneServer, result: SearchResult, workload: Workload, load: Load
+) -> tuple[dict[str, int], float]:
+    """Memory of the chosen config alone, and its load time from cold: unload, wait for the old stubs to go,
+    load it, run a short load (activations count)."""
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(server.url)
@@ -194,8 +198,8 @@ def _chosen_memory(server: TuneServer, result: SearchResult, workload: Workload,
     while any(True for _ in descendants(server.pid)) and time.monotonic() < deadline:
         time.sleep(0.1)
     shape = result.chosen.shape
-    server.measure(shape, workload, Load(load.concurrency, load.call_rows, 0.0, min(1.0, load.measure_s)))
-    return server.memory(shape.instances)
+    fresh = server.measure(shape, workload, Load(load.concurrency, load.call_rows, 0.0, min(1.0, load.measure_s)))
+    return server.memory(shape.instances), fresh.load_s
 
 
 def render_table(result: SearchResult) -> str:

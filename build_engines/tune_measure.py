@@ -226,6 +226,8 @@ class TuneServer:
             "children_rss_bytes": stubs,
             "children": len(children),
             "per_instance_bytes": per_instance,
+            # On a CPU server one placed instance runs the config's whole instance group (fleet/placement/).
+            "config_bytes": per_instance * max(1, instances),
         }
 
 
