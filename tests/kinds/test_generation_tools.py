@@ -205,7 +205,10 @@ def test_a_named_function_is_decoded_as_its_call_object():
     schema = tool_call_schema(_tools(WEATHER, TIME), ToolChoice("function", "get_weather"))
     assert schema == {
         "type": "object",
-        "properties": {"name": {"const": "get_weather"}, "arguments": WEATHER_PARAMETERS},
+        "properties": {
+            "name": {"const": "get_weather"},
+            "arguments": {**WEATHER_PARAMETERS, "additionalProperties": False},  # closed in the grammar
+        },
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }
@@ -249,6 +252,32 @@ def test_local_references_in_parameters_point_into_the_call_schema():
     unrebased = {"type": "object", "properties": {"name": {"const": "at"}, "arguments": defs}}
     grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(unrebased))
     assert "does not exist" in str(llguidance.LLMatcher.validate_grammar(grammar))
+
+
+def test_objects_that_list_their_properties_are_closed_in_the_grammar_unless_they_say_otherwise():
+    parameters = {
+        "type": "object",
+        "properties": {
+            "properties": {"type": "object", "properties": {"a": {"type": "string"}}},  # a property of that name
+            "tags": {"type": "object", "additionalProperties": {"type": "string"}},
+            "open": {"type": "object", "properties": {"a": {}}, "additionalProperties": True},
+            "both": {"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]},
+            "items": {"type": "array", "items": {"properties": {"x": {"const": {"properties": {}}}}}},
+        },
+    }
+    [tool] = _tools({"type": "function", "function": {"name": "f", "parameters": parameters}})
+    arguments = tool_call_schema((tool,), ToolChoice("required"))["properties"]["arguments"]
+    inner = arguments["properties"]
+    assert arguments["additionalProperties"] is False
+    assert (
+        inner["properties"]["additionalProperties"] is False
+        and "additionalProperties" not in inner["properties"]["properties"]
+    )
+    assert inner["tags"]["additionalProperties"] == {"type": "string"} and inner["open"]["additionalProperties"] is True
+    assert all("additionalProperties" not in branch for branch in inner["both"]["allOf"])  # each lists only some
+    assert inner["items"]["items"]["additionalProperties"] is False
+    assert inner["items"]["items"]["properties"]["x"] == {"const": {"properties": {}}}  # data, not a schema
+    assert json.loads(tool.parameters) == parameters  # the arguments are checked against the schema as written
 
 
 def test_the_engine_gets_the_call_grammar_as_guided_decoding_in_place_of_response_format():

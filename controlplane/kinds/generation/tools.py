@@ -11,10 +11,10 @@ is decoded under; what the engine's text becomes (``ToolCall``s or content) and 
   named function need ``tools``, and a named function must be one of them.
 - "required" and a named function are **decoded under a grammar**: the call's JSON,
   ``{"name": <one of the allowed names>, "arguments": <that function's parameters>}`` (``anyOf`` over the
-  functions), sent as the engine's guided-decoding schema (engine.py), so the arguments always validate. One call
-  per choice, whatever ``parallel_tool_calls`` says: an array of calls lets a small model repeat calls until
-  max_tokens. "auto" decodes freely and a parser per format (hermes.py) finds the calls in the text; with
-  ``parallel_tool_calls`` false only the first is kept.
+  functions; objects that list their properties closed to others), sent as the engine's guided-decoding schema
+  (engine.py), so the arguments always validate. One call per choice, whatever ``parallel_tool_calls`` says: an
+  array of calls lets a small model repeat calls until max_tokens. "auto" decodes freely and a parser per format
+  (tool_format.py) finds the calls in the text; with ``parallel_tool_calls`` false only the first is kept.
 - Call ids are ``call_`` + 24 hex characters of a digest of the completion's id (itself the output line's request
   id) and the call's position: a line regenerated after a retry writes the same ids.
 """
@@ -301,33 +301,54 @@ def _call_object(tool: FunctionTool, at: str) -> dict[str, Any]:
         "type": "object",
         "properties": {
             "name": {"const": tool.name},
-            "arguments": _rebased(tool.parameters_schema(), f"{at}/properties/arguments"),
+            "arguments": _for_grammar(tool.parameters_schema(), f"{at}/properties/arguments"),
         },
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }
 
 
-# Keywords whose values are data, not schemas: a "$ref" key inside them is not a reference.
-_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+# Where a schema holds schemas (Draft 2020-12 and the older `definitions`/`additionalItems`); any other keyword's
+# value is data (`const`, `enum`, `default`, ...), never walked.
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+_SCHEMA_LISTS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
+_SCHEMA_VALUES = frozenset(
+    {"items", "additionalItems", "additionalProperties", "unevaluatedItems", "unevaluatedProperties", "not", "if",
+     "then", "else", "contains", "propertyNames"}
+)  # fmt: skip
+_OPEN_KEYWORDS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
 
 
-def _rebased(node: Any, prefix: str) -> Any:
-    """A parameters schema moved under ``prefix`` of the call schema: its local references (``#/$defs/x``, ``#``)
-    point into its new place (the decoding library resolves JSON pointers from the document's root)."""
-    if isinstance(node, list):
-        return [_rebased(item, prefix) for item in node]
-    if not isinstance(node, dict):
-        return node
-    rebased: dict[str, Any] = {}
-    for key, value in node.items():
+def _for_grammar(schema: Any, prefix: str, *, close: bool = True) -> Any:
+    """A parameters schema as the call's grammar takes it, under ``prefix`` of the call schema:
+
+    - local references (``#/$defs/x``, ``#``) point into its new place (the decoding library resolves JSON pointers
+      from the document's root);
+    - an object that lists its properties and says nothing of others is closed (``additionalProperties: false``),
+      as xgrammar's strict mode (vLLM's default guided-decoding backend) and OpenAI's strict function calling read
+      it: a small model otherwise invents keys until max_tokens (tinylm, measured). Not inside ``allOf``, whose
+      branches each list some of the properties. The arguments are still checked against the schema as written."""
+    if not isinstance(schema, dict):
+        return schema  # true / false
+    converted: dict[str, Any] = {}
+    for key, value in schema.items():
         if key == "$ref" and isinstance(value, str) and value.startswith("#"):
-            rebased[key] = "#" + prefix + value[1:]
-        elif key in _DATA_KEYWORDS:
-            rebased[key] = value
+            converted[key] = "#" + prefix + value[1:]
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+            converted[key] = {name: _for_grammar(item, prefix) for name, item in value.items()}
+        elif key in _SCHEMA_LISTS and isinstance(value, list):
+            converted[key] = [_for_grammar(item, prefix, close=key != "allOf") for item in value]
+        elif key in _SCHEMA_VALUES:
+            converted[key] = (
+                [_for_grammar(item, prefix) for item in value]
+                if isinstance(value, list)
+                else _for_grammar(value, prefix)
+            )
         else:
-            rebased[key] = _rebased(value, prefix)
-    return rebased
+            converted[key] = value
+    if close and "properties" in schema and not any(key in schema for key in _OPEN_KEYWORDS):
+        converted["additionalProperties"] = False
+    return converted
 
 
 def forced_call(text: str, tools: tuple[FunctionTool, ...]) -> ToolCall | None:
