@@ -25,6 +25,8 @@ from build_engines.errors import BuildEnginesError, CannotRunHere
 from build_engines.tune_config import rewrite
 from build_engines.tune_search import Measurement, Shape
 
+# Completions a measurement waits for at least: fewer make a noisy figure of a slow model's few big calls.
+MIN_CALLS = 12
 SYNTHETIC_WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "engineers"]
 
 
@@ -84,16 +86,16 @@ def _datatype(data_type: int) -> str:
 
 
 def offer_load(url: str, name: str, workload: Workload, load: Load, rows: int) -> Measurement:
-    """`load.concurrency` client threads, each with one call in flight, for warmup + measure seconds."""
+    """`load.concurrency` client threads, each with one call in flight: `warmup_s`, then at least `measure_s`
+    and `MIN_CALLS` completions (at most 5 x `measure_s`). Rows/s is measured between the window's first and
+    last completion, so a window of a few long calls is not rounded to whole calls at its edges."""
     import tritonclient.grpc as grpcclient
 
-    latencies: list[float] = []
-    done_rows = [0]
+    done: list[tuple[float, float]] = []  # (finished, latency) of the calls that finished after the warm-up
     errors: list[str] = []
     lock = threading.Lock()
     stop = threading.Event()
-    begin = time.monotonic()
-    window = (begin + load.warmup_s, begin + load.warmup_s + load.measure_s)
+    opened = time.monotonic() + load.warmup_s
 
     def client_loop(worker: int) -> None:
         client = grpcclient.InferenceServerClient(url)
@@ -113,10 +115,9 @@ def offer_load(url: str, name: str, workload: Workload, load: Load, rows: int) -
                 client.infer(name, calls[i % len(calls)], outputs=outputs, client_timeout=120.0)
                 finished = time.monotonic()
                 i += 1
-                if window[0] <= finished <= window[1]:  # completions in the window: its throughput
+                if finished >= opened and not stop.is_set():
                     with lock:
-                        latencies.append(finished - started)
-                        done_rows[0] += rows
+                        done.append((finished, finished - started))
         except Exception as exc:  # noqa: BLE001 - any failed call fails the candidate, with its message
             with lock:
                 errors.append(str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__)
@@ -127,16 +128,27 @@ def offer_load(url: str, name: str, workload: Workload, load: Load, rows: int) -
     threads = [threading.Thread(target=client_loop, args=(w,), daemon=True) for w in range(load.concurrency)]
     for thread in threads:
         thread.start()
-    while not stop.is_set() and time.monotonic() < window[1]:
-        stop.wait(0.05)
-    stop.set()
+    least, most = opened + load.measure_s, opened + 5 * load.measure_s
+    while not stop.is_set():
+        now = time.monotonic()
+        with lock:
+            enough = len(done) >= MIN_CALLS
+        if now >= most or (now >= least and enough):
+            break
+        stop.wait(0.02)
+    with lock:
+        stop.set()
+        window = sorted(done)
     for thread in threads:
         thread.join(timeout=130.0)
     if errors:
         return Measurement(0.0, 0.0, error=errors[0])
-    if not latencies:
-        return Measurement(0.0, 0.0, error=f"no call finished inside the {load.measure_s:g} s window")
-    return Measurement(rows_per_s=done_rows[0] / load.measure_s, p95_ms=float(np.percentile(latencies, 95)) * 1e3)
+    if not window:
+        return Measurement(0.0, 0.0, error=f"no call finished within {5 * load.measure_s:g} s")
+    p95_ms = float(np.percentile([latency for _, latency in window], 95)) * 1e3
+    if len(window) < 2 or window[-1][0] <= window[0][0]:
+        return Measurement(rows_per_s=rows * len(window) / (window[-1][0] - opened + 1e-9), p95_ms=p95_ms)
+    return Measurement(rows_per_s=rows * (len(window) - 1) / (window[-1][0] - window[0][0]), p95_ms=p95_ms)
 
 
 def _np_datatype(array: np.ndarray) -> str:
