@@ -95,6 +95,33 @@ def missing(param: str) -> BodyError:
     return BodyError(param, "missing_required_parameter", f"Missing required parameter: '{param}'.")
 
 
+def required_string(container: Mapping[str, Any], key: str, param: str) -> str:
+    """``container[key]``, a string; ``param`` is the container's path (the error names ``param.key``)."""
+    value = container.get(key)
+    if value is None:
+        raise missing(f"{param}.{key}")
+    if not isinstance(value, str):
+        raise wrong_type(f"{param}.{key}", "a string", value)
+    return value
+
+
+def check_array_length(param: str, items: list[Any], *, high: int | None = None) -> None:
+    """At least one item, and at most ``high``: OpenAI's errors for an array out of its bounds."""
+    if not items:
+        raise BodyError(
+            param,
+            "empty_array",
+            f"Invalid '{param}': empty array. Expected an array with minimum length 1, but got an empty array instead.",
+        )
+    if high is not None and len(items) > high:
+        raise BodyError(
+            param,
+            "array_above_max_length",
+            f"Invalid '{param}': array too long. Expected an array with maximum length {high}, "
+            f"but got an array with length {len(items)} instead.",
+        )
+
+
 def read_integer(body: Mapping[str, Any], name: str, *, low: int, high: int | None = None) -> int | None:
     """An optional integer (null = absent) in [low, high]. JSON numbers like 2.0 are refused as OpenAI does;
     bools are refused too (Python's True is an int)."""
@@ -177,19 +204,7 @@ def read_stop(body: Mapping[str, Any]) -> tuple[str, ...]:
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list):
         raise wrong_type("stop", "a string or an array of strings", value)
-    if not items:
-        raise BodyError(
-            "stop",
-            "empty_array",
-            "Invalid 'stop': empty array. Expected an array with minimum length 1, but got an empty array instead.",
-        )
-    if len(items) > MAX_STOP_SEQUENCES:
-        raise BodyError(
-            "stop",
-            "array_above_max_length",
-            f"Invalid 'stop': array too long. Expected an array with maximum length {MAX_STOP_SEQUENCES}, "
-            f"but got an array with length {len(items)} instead.",
-        )
+    check_array_length("stop", items, high=MAX_STOP_SEQUENCES)
     for i, item in enumerate(items):
         param = "stop" if isinstance(value, str) else f"stop[{i}]"
         if not isinstance(item, str):

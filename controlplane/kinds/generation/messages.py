@@ -17,7 +17,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from controlplane.kinds.generation.fields import BodyError, missing, short, wrong_type
+from controlplane.kinds.generation.fields import (
+    BodyError,
+    check_array_length,
+    missing,
+    required_string,
+    short,
+    wrong_type,
+)
 
 __all__ = ["chat_conversation"]
 
@@ -42,12 +49,7 @@ def chat_conversation(messages: Any) -> list[dict[str, Any]]:
     """Raises only ``BodyError``; ``param`` is the path in the body (``messages[2].content[0].type``)."""
     if not isinstance(messages, list):
         raise wrong_type("messages", "an array", messages)
-    if not messages:
-        raise BodyError(
-            "messages",
-            "empty_array",
-            "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.",
-        )
+    check_array_length("messages", messages)
     call_ids: set[str] = set()  # the ids of the calls made so far: what a tool message may answer
     conversation = []
     for i, item in enumerate(messages):
@@ -129,8 +131,7 @@ def _tool_calls(value: Any, param: str) -> list[dict[str, Any]] | None:
         return None
     if not isinstance(value, list):
         raise wrong_type(param, "an array", value)
-    if not value:
-        raise BodyError(param, "empty_array", f"Invalid '{param}': empty array. Expected at least one tool call.")
+    check_array_length(param, value)
     return [_tool_call(call, f"{param}[{j}]") for j, call in enumerate(value)]
 
 
@@ -147,7 +148,7 @@ def _tool_call(call: Any, param: str) -> dict[str, Any]:
         raise BodyError(
             f"{param}.type", "invalid_value", f"Invalid value: {short(kind)}. Supported values are: 'function'."
         )
-    call_id = _required_string(call, "id", param)
+    call_id = required_string(call, "id", param)
     function = call.get("function")
     if function is None:
         raise missing(f"{param}.function")
@@ -158,22 +159,13 @@ def _tool_call(call: Any, param: str) -> dict[str, Any]:
         raise BodyError(
             f"{param}.function.{unknown[0]}", "unknown_parameter", f"Unrecognized argument: {short(unknown[0])}."
         )
-    name = _required_string(function, "name", f"{param}.function")
-    arguments = _required_string(function, "arguments", f"{param}.function")
+    name = required_string(function, "name", f"{param}.function")
+    arguments = required_string(function, "arguments", f"{param}.function")
     try:
         parsed: Any = json.loads(arguments)
     except ValueError:
         parsed = arguments  # the model's text as it was: the template shows it as given
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": parsed}}
-
-
-def _required_string(container: dict[str, Any], key: str, param: str) -> str:
-    value = container.get(key)
-    if value is None:
-        raise missing(f"{param}.{key}")
-    if not isinstance(value, str):
-        raise wrong_type(f"{param}.{key}", "a string", value)
-    return value
 
 
 def _content(content: Any, param: str) -> str:

@@ -31,7 +31,14 @@ from typing import Any, Literal
 from jsonschema import Draft202012Validator, SchemaError
 
 from controlplane.core.jsontext import MAX_JSON_DEPTH
-from controlplane.kinds.generation.fields import BodyError, missing, short, wrong_type
+from controlplane.kinds.generation.fields import (
+    BodyError,
+    check_array_length,
+    missing,
+    required_string,
+    short,
+    wrong_type,
+)
 from controlplane.kinds.generation.schema import schema_compile_problem
 
 __all__ = [
@@ -108,19 +115,7 @@ def read_tools(body: Mapping[str, Any]) -> tuple[FunctionTool, ...]:
         return ()
     if not isinstance(value, list):
         raise wrong_type("tools", "an array", value)
-    if not value:
-        raise BodyError(
-            "tools",
-            "empty_array",
-            "Invalid 'tools': empty array. Expected an array with minimum length 1, but got an empty array instead.",
-        )
-    if len(value) > MAX_TOOLS:
-        raise BodyError(
-            "tools",
-            "array_above_max_length",
-            f"Invalid 'tools': array too long. Expected an array with maximum length {MAX_TOOLS}, "
-            f"but got an array with length {len(value)} instead.",
-        )
+    check_array_length("tools", value, high=MAX_TOOLS)
     tools: list[FunctionTool] = []
     seen: dict[str, int] = {}
     for i, item in enumerate(value):
@@ -157,10 +152,8 @@ def _tool(item: Any, param: str) -> FunctionTool:
     if not isinstance(function, dict):
         raise wrong_type(where, "an object", function)
     _no_unknown_keys(function, _FUNCTION_KEYS, where)
-    name = function.get("name")
-    if name is None:
-        raise missing(f"{where}.name")
-    if not isinstance(name, str) or not FUNCTION_NAME.fullmatch(name):
+    name = required_string(function, "name", where)
+    if not FUNCTION_NAME.fullmatch(name):
         raise BodyError(
             f"{where}.name",
             "invalid_value",
@@ -265,12 +258,7 @@ def _named_choice(value: dict[str, Any]) -> ToolChoice:
     if not isinstance(function, dict):
         raise wrong_type("tool_choice.function", "an object", function)
     _no_unknown_keys(function, frozenset({"name"}), "tool_choice.function")
-    name = function.get("name")
-    if name is None:
-        raise missing("tool_choice.function.name")
-    if not isinstance(name, str):
-        raise wrong_type("tool_choice.function.name", "a string", name)
-    return ToolChoice("function", name)
+    return ToolChoice("function", required_string(function, "name", "tool_choice.function"))
 
 
 def read_parallel_tool_calls(body: Mapping[str, Any]) -> bool:
