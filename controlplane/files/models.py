@@ -24,6 +24,10 @@ class File(models.Model):
     # Non-blank lines, counted while the upload streamed: the enqueued-lines quota is checked at
     # batch create from it, before validation reads the file. Null for files stored before counting.
     line_count = models.PositiveBigIntegerField(null=True, blank=True)
+    # A result file's seek points, [[lines before, byte offset], ...] about every LINE_INDEX_STEP_BYTES, written
+    # by finalization: the results endpoint's cursor (a line number) seeks to the last point at or before it
+    # instead of reading the file from its first byte. Null: none (uploads, files stored before the index).
+    line_offsets = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     # OpenAI's expires_after / a batch's output_expires_after (anchor: created_at). Past it the file is
     # gone for the tenant and beat deletes it (files/retention.files_expire); null keeps it until deleted.

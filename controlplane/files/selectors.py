@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import bisect
+from dataclasses import dataclass
+
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
@@ -38,6 +41,32 @@ def file_batch_input_get(*, tenant: Tenant, file_id: str) -> File:
             param="input_file_id",
         )
     return file
+
+
+@dataclass(frozen=True)
+class LineSeek:
+    """Where the ``line``-th line of a stored file is read from: ``start_byte`` after the file's seek point at or
+    before it (File.line_offsets), then ``skip_lines`` lines more."""
+
+    storage_name: str
+    start_byte: int
+    skip_lines: int
+
+
+def file_line_seek(*, tenant_id: int, file_id: str, line: int) -> LineSeek | None:
+    """How to reach line ``line`` (0-based) of the tenant's file, or None when its row is gone (as
+    ``file_storage_name``)."""
+    row = File.objects.filter(tenant_id=tenant_id, id=file_id).values_list("storage_name", "line_offsets").first()
+    if row is None:
+        return None
+    storage_name, offsets = row
+    lines_before, start_byte = 0, 0
+    if offsets:
+        # The last point at or before ``line``: points are in file order, both columns increasing.
+        at = bisect.bisect_right([point[0] for point in offsets], line) - 1
+        if at >= 0:
+            lines_before, start_byte = offsets[at]
+    return LineSeek(storage_name=storage_name, start_byte=start_byte, skip_lines=line - lines_before)
 
 
 def file_storage_name(*, tenant_id: int, file_id: str) -> str | None:

@@ -83,8 +83,19 @@ def result_blob_name(*, tenant_id: int, stem: str) -> str:
     return f"results/{tenant_id}/{stem}_{secrets.token_hex(4)}.jsonl"
 
 
+# A result file's seek points (File.line_offsets) come about this far apart: a cursor past the first reads at most
+# this much before its line, and a 20 GiB file (BATCH_MAX_OUTPUT_BYTES) has ~2,560 points, ~50 KB on its row.
+LINE_INDEX_STEP_BYTES = 8 * 1024 * 1024
+
+
 def file_result_create(
-    *, tenant_id: int, filename: str, storage_name: str, size: int, expires_after: int | None
+    *,
+    tenant_id: int,
+    filename: str,
+    storage_name: str,
+    size: int,
+    expires_after: int | None,
+    line_offsets: list[list[int]] | None = None,
 ) -> File:
     """The row of a result file (a batch's output or error file) whose blob is already stored under
     ``storage_name``. Call inside the transaction that publishes it: rolled back, no row names the blob and
@@ -96,6 +107,7 @@ def file_result_create(
         purpose=File.Purpose.BATCH_OUTPUT,
         bytes=size,
         storage_name=storage_name,
+        line_offsets=line_offsets or None,
     )
     file_expiry_set(file=file, seconds=expires_after)
     return file

@@ -27,7 +27,7 @@ from controlplane.batches.transitions import FINALIZABLE, batch_finalizing, batc
 from controlplane.core.messaging import dispatch
 from controlplane.core.observability import tracing
 from controlplane.core.workers.deadlines import job_time_up
-from controlplane.files.services import file_result_create, result_blob_name
+from controlplane.files.services import LINE_INDEX_STEP_BYTES, file_result_create, result_blob_name
 from controlplane.files.storage import blob_delete, blob_open, blob_read_range, blob_save_spooled, blob_spool
 
 logger = logging.getLogger(__name__)
@@ -217,6 +217,9 @@ def _batch_finalize(batch: Batch, *, stop_at: float) -> tuple[int, int]:
     completed = failed = 0
     lost_parts: list[int] = []
     names = {kind: result_blob_name(tenant_id=batch.tenant_id, stem=f"{batch.id}_{kind}") for kind in KINDS}
+    offsets: dict[str, list[list[int]]] = {"out": [], "err": []}
+    written = {"out": 0, "err": 0}  # bytes of each spool
+    marked = {"out": 0, "err": 0}  # where each one's last seek point is
     with blob_spool(names["output"]) as out, blob_spool(names["error"]) as err:
         for shard in Shard.objects.filter(batch_id=batch_id).order_by("index"):
             # Streamed line by line from storage into the result spools: memory stays flat in the size of
@@ -225,6 +228,10 @@ def _batch_finalize(batch: Batch, *, stop_at: float) -> tuple[int, int]:
                 # A clock read per line, a few tens of nanoseconds beside the line's copy.
                 if time.monotonic() >= stop_at:
                     raise FinalizeDeadlinePassed()
+                if written[kind] - marked[kind] >= LINE_INDEX_STEP_BYTES:  # a seek point at this line's start
+                    offsets[kind].append([completed if kind == "out" else failed, written[kind]])
+                    marked[kind] = written[kind]
+                written[kind] += len(payload)
                 if kind == "out":
                     out.write(payload)
                     completed += 1
@@ -232,8 +239,8 @@ def _batch_finalize(batch: Batch, *, stop_at: float) -> tuple[int, int]:
                     err.write(payload)
                     failed += 1
         stored = [
-            _store_result(batch, out, "output", completed, names["output"]),
-            _store_result(batch, err, "error", failed, names["error"]),
+            _store_result(batch, out, "output", completed, names["output"], offsets["out"]),
+            _store_result(batch, err, "error", failed, names["error"], offsets["err"]),
         ]
     with transaction.atomic():
         # The rows go with the batch's end, in its transaction: a finalizer that lost publishes none.
@@ -246,6 +253,7 @@ def _batch_finalize(batch: Batch, *, stop_at: float) -> tuple[int, int]:
                 storage_name=result.storage_name,
                 size=result.size,
                 expires_after=batch.output_expires_after,
+                line_offsets=result.line_offsets,
             ).id
             for result in stored
         ]
@@ -282,12 +290,15 @@ class _StoredResult:
     filename: str
     storage_name: str
     size: int
+    line_offsets: list[list[int]]
 
 
-def _store_result(batch: Batch, content: IO[bytes], kind: str, lines: int, name: str) -> _StoredResult | None:
+def _store_result(
+    batch: Batch, content: IO[bytes], kind: str, lines: int, name: str, line_offsets: list[list[int]]
+) -> _StoredResult | None:
     """Save one result blob (written to its spool) under ``name``; None when it would hold no line."""
     if lines == 0:
         return None
     size = content.tell()
     blob_save_spooled(name, content)
-    return _StoredResult(filename=f"{batch.id}_{kind}.jsonl", storage_name=name, size=size)
+    return _StoredResult(filename=f"{batch.id}_{kind}.jsonl", storage_name=name, size=size, line_offsets=line_offsets)

@@ -4,7 +4,9 @@ A stream is always a prefix of the result file finalization will write, byte for
 shards, in index order, that can no longer change — ``succeeded``, ``stopped`` and ``skipped`` shards, read
 with finalization's own ``shard_entries``, or for a succeeded shard its part's payloads of the stream's kind
 in bulk (the same bytes: that is all ``shard_entries`` yields for it) — up to the first shard that is still
-open (pending, running, or ``dead``, which an operator may requeue). Once the batch has ended, the stream is the result file itself.
+open (pending, running, or ``dead``, which an operator may requeue). Once the batch has ended, the stream is the result file itself,
+read from the file's seek point at or before the cursor (File.line_offsets, written by finalization), not from its
+first byte.
 The cursor is therefore a plain position, the number of lines of the stream a client already holds: it
 means the same while the batch runs and after, survives a dropped connection (the client counts the lines
 it kept), and two readers see the same lines in the same order. The price of a prefix: a shard that stays
@@ -28,8 +30,8 @@ from controlplane.batches.render import public_status
 from controlplane.batches.results.finalize import shard_entries
 from controlplane.batches.run.parts import part_payloads
 from controlplane.core.http.errors import Conflict, ValidationFailed
-from controlplane.files.selectors import file_storage_name
-from controlplane.files.storage import READ_CHUNK_BYTES, blob_open
+from controlplane.files.selectors import file_line_seek
+from controlplane.files.storage import READ_CHUNK_BYTES, blob_open, blob_read_range
 
 # The streams, by URL name, and the part entries each carries (parts.py).
 STREAM_ENTRY_KINDS = {"output": "out", "errors": "err"}
@@ -81,19 +83,21 @@ def _ended_slice(batch: Batch, stream: str, after: int) -> ResultsSlice:
     done = public_status(batch)
     if not file_id or after == total:
         return ResultsSlice(chunks=(), next_cursor=total, complete=True, status=done)
-    storage_name = file_storage_name(tenant_id=batch.tenant_id, file_id=file_id)
-    if storage_name is None:
+    seek = file_line_seek(tenant_id=batch.tenant_id, file_id=file_id, line=after)
+    if seek is None:
         raise Conflict(
             f"The batch's {stream} file {file_id} was deleted or has expired: its lines can no longer be streamed.",
             param="batch_id",
             code="results_file_deleted",
         )
-    return ResultsSlice(chunks=_file_chunks(storage_name, after), next_cursor=total, complete=True, status=done)
+    chunks = _file_chunks(seek.storage_name, seek.skip_lines, start=seek.start_byte)
+    return ResultsSlice(chunks=chunks, next_cursor=total, complete=True, status=done)
 
 
-def _file_chunks(storage_name: str, skip_lines: int) -> Iterator[bytes]:
-    """The blob's bytes after its first ``skip_lines`` lines, in storage-sized chunks (newlines counted in C)."""
-    with blob_open(storage_name) as blob:
+def _file_chunks(storage_name: str, skip_lines: int, *, start: int = 0) -> Iterator[bytes]:
+    """The blob's bytes from ``start`` (a line's first byte) after ``skip_lines`` more lines, in storage-sized
+    chunks (newlines counted in C)."""
+    with blob_read_range(storage_name, start) as blob:
         while chunk := blob.read(READ_CHUNK_BYTES):
             if skip_lines:
                 newlines = chunk.count(b"\n")

@@ -199,3 +199,26 @@ def test_a_cursor_into_a_closed_shard_whose_part_is_read_in_pieces(api, tenant, 
     assert batch.status == BatchStatus.COMPLETED
     assert _file_bytes(batch.output_file_id).startswith(whole)
     assert _page(api, batch.id, "output")[0] == _file_bytes(batch.output_file_id)
+
+
+def test_an_ended_batchs_cursor_seeks_to_the_files_nearest_point(api, batch, monkeypatch):
+    # Seek points every ~200 bytes (a few lines apart): every cursor gives exactly the file's lines after it, read
+    # from the last point at or before it, never again from the file's first byte.
+    monkeypatch.setattr("controlplane.batches.results.finalize.LINE_INDEX_STEP_BYTES", 200)
+    assert run_batch(batch, FakeBackend()) == ["succeeded"] * 5
+    batch.refresh_from_db()
+    assert batch.status == BatchStatus.COMPLETED
+    output = File.objects.get(id=batch.output_file_id)
+    content = _file_bytes(output.id)
+    starts = [0] + [i + 1 for i, byte in enumerate(content) if byte == ord("\n")][:-1]  # each line's first byte
+    assert output.line_offsets and all(starts[line] == offset for line, offset in output.line_offsets)
+    assert [line for line, _ in output.line_offsets] == sorted({line for line, _ in output.line_offsets})
+    reads = []
+    real_range = live.blob_read_range
+    monkeypatch.setattr(live, "blob_read_range", lambda name, start=0: reads.append(start) or real_range(name, start))
+    lines = content.splitlines(keepends=True)
+    for after in range(len(lines) + 1):
+        body, cursor, complete = _page(api, batch.id, "output", after)
+        assert (body, cursor, complete) == (b"".join(lines[after:]), len(lines), True)
+    # The last cursor with lines to read starts at the last seek point, not at byte 0.
+    assert reads[-1] == output.line_offsets[-1][1] > 0
