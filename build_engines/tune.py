@@ -38,6 +38,7 @@ class Target:
     model_dir: Path
     texts: list[str] | None  # the spec's corpus, when the model has one
     inputs_from: str  # where the rows come from, in words
+    batch_limit: int | None = None  # the most rows a call the model can take (a TensorRT plan's profile)
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,9 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def _spec_corpus(names: list[str]) -> list[str] | None:
+def _from_spec(names: list[str], folder: str) -> tuple[list[str] | None, int | None]:
+    """The corpus of the first of ``names`` that is a tensor spec, and, for its TensorRT folder, the profile's
+    largest batch (a plan serves no more rows a call: larger candidates would only fail to load)."""
     from build_engines.spec import ModelSpec, load_any_spec
 
     for name in names:
@@ -81,10 +84,15 @@ def _spec_corpus(names: list[str]) -> list[str] | None:
             spec = load_any_spec(name)
         except (BuildEnginesError, OSError):
             continue
-        if isinstance(spec, ModelSpec) and spec.text is not None and spec.text.corpus.is_file():
-            lines = [line for line in spec.text.corpus.read_text("utf-8").splitlines() if line.strip()]
-            return lines or None
-    return None
+        if not isinstance(spec, ModelSpec):
+            continue
+        texts = None
+        if spec.text is not None and spec.text.corpus.is_file():
+            texts = [line for line in spec.text.corpus.read_text("utf-8").splitlines() if line.strip()] or None
+        batch_axis = spec.inputs[0].shape[0] if spec.inputs else None
+        limit = spec.profile.get("max", {}).get(batch_axis) if isinstance(batch_axis, str) else None
+        return texts, limit if folder.endswith("_trt") else None
+    return None, None
 
 
 def resolve_target(target: str, models_dir: Path) -> Target:
@@ -114,8 +122,9 @@ def resolve_target(target: str, models_dir: Path) -> Target:
         if not (model_dir / "config.pbtxt").is_file():
             raise MissingArtefact(f"{model_dir} has no config.pbtxt: run `python -m build_engines emit {target}`")
     name = model_dir.name
-    texts = _spec_corpus([name, name.rsplit("_", 1)[0]])
-    return Target(name, model_dir, texts, f"spec corpus ({len(texts)} texts)" if texts else "synthetic rows")
+    texts, batch_limit = _from_spec([name, name.rsplit("_", 1)[0]], name)
+    inputs_from = f"spec corpus ({len(texts)} texts)" if texts else "synthetic rows"
+    return Target(name, model_dir, texts, inputs_from, batch_limit)
 
 
 def tune(target: Target, options: TuneOptions, *, echo: Callable[[str], None] = print) -> TuneOutcome:
@@ -129,7 +138,7 @@ def tune(target: Target, options: TuneOptions, *, echo: Callable[[str], None] = 
     cores = options.cores or _cores()
     limits = Limits(
         cores=cores,
-        max_batch_size=options.max_batch_size or 4 * baseline.max_batch_size,
+        max_batch_size=options.max_batch_size or min(4 * baseline.max_batch_size, target.batch_limit or 1 << 30),
         max_instances=options.max_instances or cores,
         max_p95_ms=options.max_p95_ms,
         min_gain=options.min_gain,

@@ -115,3 +115,14 @@ def test_the_load_defaults_are_the_control_planes():
 
     assert settings.SCHEDULER_CALLS_PER_INSTANCE  # the settings are loaded, so the registry is filled
     assert VARIABLES["SCHEDULER_CALLS_PER_INSTANCE"].default == DEFAULT_CONCURRENCY
+
+
+def test_targets_take_their_specs_corpus_and_a_plans_batch_limit():
+    from build_engines.tune import resolve_target
+
+    minilm = resolve_target("minilm", MODELS)
+    assert minilm.model_dir == MODELS / "minilm" and minilm.texts and minilm.batch_limit is None
+    # A TensorRT plan serves at most its profile's batch: larger candidates are not tried.
+    assert resolve_target("minilm_trt", MODELS).batch_limit == 64
+    identity = resolve_target(str(MODELS / "identity"), MODELS / "elsewhere")
+    assert (identity.name, identity.texts, identity.inputs_from) == ("identity", None, "synthetic rows")
