@@ -197,10 +197,13 @@ def _chosen_memory(
     """Memory of the chosen config alone, and its load time from cold: unload, wait for the old stubs to go,
     load it, run a short load (activations count)."""
     import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
 
     client = grpcclient.InferenceServerClient(server.url)
     try:
         client.unload_model(server.name)
+    except InferenceServerException as exc:
+        raise BuildEnginesError(f"tritonserver did not unload {server.name}: {exc}") from exc
     finally:
         client.close()
     deadline = time.monotonic() + 15.0

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
+from build_engines.errors import BuildEnginesError
+
 DELAYS_US = (0, 100, 500, 1000, 2000, 5000, 10000)
 
 
@@ -82,8 +84,8 @@ class SearchResult:
         return self.chosen.measurement.rows_per_s / base - 1.0 if base > 0 else 0.0
 
 
-class SearchError(Exception):
-    """The baseline itself could not be measured: there is nothing to compare a candidate with."""
+class SearchError(BuildEnginesError):
+    """The baseline itself could not be measured: there is nothing to compare a candidate with (exit 1)."""
 
 
 def _powers_of_two(top: int) -> list[int]:

@@ -111,3 +111,19 @@ def test_tune_finds_the_known_best_shape_and_writes_it(tmp_path: Path):
     assert all(t["shape"]["instances"] <= 2 for t in record["trials"])
     # Two python-backend instances: two stub processes hold the chosen config's memory.
     assert record["memory"]["children"] == 2 and record["memory"]["per_instance_bytes"] > 10 * 1024**2
+
+
+def test_a_model_that_does_not_load_is_one_error_line(tmp_path: Path):
+    model = tmp_path / "models" / "slow_batcher"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text(CONFIG)
+    (model / "1" / "model.py").write_text(
+        MODEL.replace("parameters = ", "raise RuntimeError('no weights here')\n        parameters = ")
+    )
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+        code = main(["tune", str(model), "--out", str(tmp_path / "out"), "--warmup-s", "0", "--measure-s", "0.2"])
+    assert code == 1
+    assert stderr.getvalue().startswith("error: the current config does not serve: load failed: "), stderr.getvalue()
+    assert "Traceback" not in stderr.getvalue()
+    assert (model / "config.pbtxt").read_text() == CONFIG
