@@ -5,6 +5,7 @@ and the stale-finalizer rescue starts it again."""
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -85,22 +86,32 @@ def test_a_job_past_its_deadline_stops_between_items_and_the_next_run_continues(
     assert tasks.batches_expire_task() == 3  # the next run does them all
 
 
-def test_a_finalizer_past_its_deadline_publishes_nothing_and_its_restart_finishes(tenant, sent, settings, monkeypatch):
+def test_a_finalizer_that_lost_its_batch_publishes_nothing_and_its_restart_finishes(
+    tenant, sent, settings, monkeypatch
+):
     settings.SHARD_MAX_LINES = 2
-    settings.FINALIZE_STALE_SECONDS = 60  # a finalizer stops 6 s before the rescuer's 60
+    settings.FINALIZE_STALE_SECONDS = 60  # a finalizer renews its hold by 54 s, before the rescuer's 60
     batch = _create(tenant, [embedding_line(f"r{i}", "text") for i in range(4)])
     services.batch_validate(batch_id=batch.id)
     first, last = Shard.objects.filter(batch=batch).order_by("index")
     assert run_shard(first, FakeBackend()) == "succeeded"
-    # The last commit's finalizer starts 57 s after the batch became finalizing: past its deadline at once.
-    real_finalizing = finalize.batch_finalizing
+    # The last commit's finalizer starts 57 s after the batch became finalizing, and the rescuer has restarted
+    # the batch meanwhile (a new finalizing_at): its renewal, due at once, finds the batch no longer its own.
+    real_finalizing, real_entries = finalize.batch_finalizing, finalize.shard_entries
     monkeypatch.setattr(
         finalize,
         "batch_finalizing",
         lambda *, batch_id, now: real_finalizing(batch_id=batch_id, now=now - timedelta(seconds=57)),
     )
+
+    def entries_after_a_restart(batch, shard, lost):
+        Batch.objects.filter(id=batch.id).update(finalizing_at=timezone.now())
+        return real_entries(batch, shard, lost)
+
+    monkeypatch.setattr(finalize, "shard_entries", entries_after_a_restart)
     assert run_shard(last, FakeBackend()) == "succeeded"
     monkeypatch.setattr(finalize, "batch_finalizing", real_finalizing)
+    monkeypatch.setattr(finalize, "shard_entries", real_entries)
     batch = Batch.objects.get(id=batch.id)
     assert batch.status == BatchStatus.FINALIZING and batch.output_file_id is None
     assert Shard.objects.filter(batch=batch, status=ShardStatus.SUCCEEDED).count() == 2
@@ -112,3 +123,28 @@ def test_a_finalizer_past_its_deadline_publishes_nothing_and_its_restart_finishe
     tasks.batch_finalize_task(batch.id, True)
     batch = Batch.objects.get(id=batch.id)
     assert batch.status == BatchStatus.COMPLETED and batch.completed_lines == 4
+
+
+def test_a_finalizer_that_outlasts_the_stale_limit_renews_its_hold_and_finishes(tenant, sent, settings, monkeypatch):
+    # Results that take longer to write than FINALIZE_STALE_SECONDS: one finalizer moves finalizing_at forward as
+    # it goes and finishes, instead of stopping at its deadline to be restarted from the first part, forever.
+    settings.SHARD_MAX_LINES = 4
+    settings.FINALIZE_STALE_SECONDS = 2  # renewed every 0.5 s; without renewal it would stop at 1.8 s
+    batch = _create(tenant, [embedding_line(f"r{i}", "text") for i in range(8)])
+    services.batch_validate(batch_id=batch.id)
+    first, last = Shard.objects.filter(batch=batch).order_by("index")
+    assert run_shard(first, FakeBackend()) == "succeeded"
+    real_entries = finalize.shard_entries
+    renewals: list[object] = []
+
+    def slow_entries(batch, shard, lost):
+        for entry in real_entries(batch, shard, lost):
+            time.sleep(0.4)  # 8 lines: 3.2 s of merging
+            renewals.append(Batch.objects.filter(id=batch.id).values_list("finalizing_at", flat=True).get())
+            yield entry
+
+    monkeypatch.setattr(finalize, "shard_entries", slow_entries)
+    assert run_shard(last, FakeBackend()) == "succeeded"
+    batch = Batch.objects.get(id=batch.id)
+    assert (batch.status, batch.completed_lines) == (BatchStatus.COMPLETED, 8)
+    assert len(set(renewals)) >= 4, renewals  # its hold moved forward as it merged

@@ -105,17 +105,46 @@ def batches_finalize_stuck() -> list[str]:
 
 
 class FinalizeDeadlinePassed(Exception):
-    """The finalizer ran out of time; the batch stays finalizing and the stale-finalizer rescue restarts it."""
+    """The finalizer lost its hold on the batch (the rescuer presumed it dead and restarted it); the batch stays
+    finalizing for the restart."""
 
 
 def finalize_stop_at(batch: Batch) -> float:
-    """When (time.monotonic) a finalizer of ``batch`` stops: a little before the rescuer presumes it dead
-    (FINALIZE_STALE_SECONDS after ``finalizing_at``), so a restart never runs beside it; as validation's deadline,
-    a tenth of it, at most 30 s, earlier."""
+    """When (time.monotonic) a finalizer of ``batch`` must have renewed its hold (``_FinalizeLease``): a little
+    before the rescuer presumes it dead (FINALIZE_STALE_SECONDS after ``finalizing_at``), so a restart never runs
+    beside it; as validation's deadline, a tenth of it, at most 30 s, earlier."""
     stale = timedelta(seconds=settings.FINALIZE_STALE_SECONDS)
     since = batch.finalizing_at or timezone.now()
     stop = since + stale - min(stale * 0.1, timedelta(seconds=30))
     return time.monotonic() + (stop - timezone.now()).total_seconds()
+
+
+class _FinalizeLease:
+    """A finalizer's hold on its batch: ``finalizing_at`` as it took it, moved forward every quarter of
+    FINALIZE_STALE_SECONDS while the merge goes on, so a batch whose results take longer than that to write is
+    finished by one finalizer instead of restarted from its first part at every deadline, forever. The move is
+    conditional on the value it took: once the rescuer has restarted the batch (a new ``finalizing_at``) the move
+    finds no row and this finalizer stops, publishing nothing (Postgres orders the two UPDATEs on the row)."""
+
+    def __init__(self, batch: Batch) -> None:
+        self.batch_id, self.taken_at = batch.id, batch.finalizing_at
+        self.stop_at = finalize_stop_at(batch)
+        self.renew_at = min(self.stop_at, time.monotonic() + settings.FINALIZE_STALE_SECONDS / 4)
+
+    def check(self) -> None:
+        """Per line: a clock read, and a renewal when one is due; raises FinalizeDeadlinePassed when the hold
+        is lost."""
+        now = time.monotonic()
+        if now < self.renew_at:
+            return
+        renewed = timezone.now()
+        held = Batch.objects.filter(id=self.batch_id, status=BatchStatus.FINALIZING, finalizing_at=self.taken_at)
+        if not held.update(finalizing_at=renewed):
+            raise FinalizeDeadlinePassed()
+        stale = settings.FINALIZE_STALE_SECONDS
+        self.taken_at = renewed
+        self.stop_at = now + stale - min(stale * 0.1, 30)
+        self.renew_at = min(self.stop_at, now + stale / 4)
 
 
 def _open_part(part_name: str) -> IO[bytes] | None:
@@ -202,17 +231,17 @@ def batch_finalize(*, batch_id: str) -> None:
         "batch.finalize", traceparent=batch.trace_parent, attributes={"batch.id": batch_id}
     ) as span:
         try:
-            completed, failed = _batch_finalize(batch, stop_at=finalize_stop_at(batch))
+            completed, failed = _batch_finalize(batch, lease=_FinalizeLease(batch))
         except FinalizeDeadlinePassed:
             # Nothing was published (the spools are discarded); the rescuer's restart begins again from the parts.
-            logger.warning("batch=%s finalize stopped at its deadline", batch_id)
-            tracing.span_fail(span, "finalize stopped at its deadline")
+            logger.warning("batch=%s finalize lost its hold on the batch (restarted)", batch_id)
+            tracing.span_fail(span, "finalize lost its hold on the batch")
             return
         if span is not None:
             span.set_attributes({"batch.completed": completed, "batch.failed": failed})
 
 
-def _batch_finalize(batch: Batch, *, stop_at: float) -> tuple[int, int]:
+def _batch_finalize(batch: Batch, *, lease: _FinalizeLease) -> tuple[int, int]:
     batch_id = batch.id
     completed = failed = 0
     lost_parts: list[int] = []
@@ -225,9 +254,7 @@ def _batch_finalize(batch: Batch, *, stop_at: float) -> tuple[int, int]:
             # Streamed line by line from storage into the result spools: memory stays flat in the size of
             # parts and results; storing a spool is a link on local storage, a chunked upload on S3.
             for _, kind, payload in shard_entries(batch, shard, lost_parts):
-                # A clock read per line, a few tens of nanoseconds beside the line's copy.
-                if time.monotonic() >= stop_at:
-                    raise FinalizeDeadlinePassed()
+                lease.check()  # a clock read per line, a few tens of nanoseconds beside the line's copy
                 if written[kind] - marked[kind] >= LINE_INDEX_STEP_BYTES:  # a seek point at this line's start
                     offsets[kind].append([completed if kind == "out" else failed, written[kind]])
                     marked[kind] = written[kind]
