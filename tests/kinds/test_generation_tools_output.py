@@ -140,11 +140,21 @@ def test_the_hermes_parser_finds_the_calls_and_keeps_the_text_around_them(text, 
         '<tool_call>{"name":"get_weather","arguments":{"city":"Paris"},"id":"x"}</tool_call>',
         '<tool_call>{"name":"get_weather","arguments":"{\\"city\\":\\"Paris\\"}"}</tool_call>',  # text, not object
         '<tool_call>{"name":"get_time","arguments":{}}</tool_call><tool_call>[1]</tool_call>',  # one bad: no calls
+        '<tool_call>{"name":"get_time","arguments":{"a":' + "[" * 100_000 + "]" * 100_000 + "}}",  # past json's depth
     ],
 )
 def test_text_that_is_not_only_valid_calls_is_the_content(text):
     assert hermes_calls(text, TOOLS) is None
     assert tool_answer(text, TOOLS, ToolChoice("auto"), parallel=True) == (text, ())
+
+
+def test_a_schema_whose_reference_loops_gives_no_call_rather_than_an_error():
+    looping = {"type": "object", "properties": {"a": {"$ref": "#/$defs/x"}}, "$defs": {"x": {"$ref": "#/$defs/x"}}}
+    tools = parse(body(tools=[{"type": "function", "function": {"name": "f", "parameters": looping}}])).tools
+    text = '<tool_call>{"name":"f","arguments":{"a":1}}</tool_call>'
+    assert tool_answer(text, tools, ToolChoice("auto"), parallel=True) == (text, ())
+    forced = '{"name":"f","arguments":{"a":1}}'
+    assert tool_answer(forced, tools, ToolChoice("required"), parallel=True) == (forced, ())
 
 
 def test_what_each_choice_makes_of_the_text():

@@ -118,7 +118,7 @@ def hermes_calls(text: str, tools: tuple[FunctionTool, ...]) -> tuple[str | None
     for match in _BLOCK.finditer(text):
         try:
             value = json.loads(match.group(1) if match.group(1) is not None else match.group(2))
-        except ValueError:
+        except (ValueError, RecursionError):  # the model's text: anything, nested past the parser's depth too
             return None
         call = checked_call(value, tools)
         if call is None:

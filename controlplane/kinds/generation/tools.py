@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from jsonschema import Draft202012Validator, SchemaError
+from referencing.exceptions import Unresolvable
 
 from controlplane.core.jsontext import MAX_JSON_DEPTH
 from controlplane.kinds.generation.fields import (
@@ -344,7 +345,7 @@ def forced_call(text: str, tools: tuple[FunctionTool, ...]) -> ToolCall | None:
     max_tokens)."""
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # the model's text: anything, nested past the parser's depth too
         return None
     return checked_call(value, tools)
 
@@ -358,7 +359,10 @@ def checked_call(value: Any, tools: tuple[FunctionTool, ...]) -> ToolCall | None
     tool = next((tool for tool in tools if tool.name == name), None)
     if tool is None or not isinstance(arguments, dict):
         return None
-    if not Draft202012Validator(tool.parameters_schema()).is_valid(arguments):
+    try:
+        if not Draft202012Validator(tool.parameters_schema()).is_valid(arguments):
+            return None
+    except (RecursionError, Unresolvable):  # a schema whose $ref loops, or arguments nested past the stack
         return None
     return ToolCall(name=tool.name, arguments=json.dumps(arguments, ensure_ascii=False, separators=(",", ":")))
 
