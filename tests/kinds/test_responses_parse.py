@@ -118,11 +118,11 @@ def test_the_honoured_fields_reach_the_request_and_the_echo(tokenizer):
         top_logprobs=0,
     )
     assert (request.max_tokens, request.temperature, request.top_p) == (20, 0.5, 0.9)
-    assert request.metadata == (("team", "a"),) and request.user == "u-1"
+    assert request.metadata == (("team", "a"),) and request.user == "u-1" and request.parallel_tool_calls is False
+    assert request.tools == ()
     assert request.echo == ResponseEcho(
         max_output_tokens=20,
         tool_choice="none",
-        parallel_tool_calls=False,
         safety_identifier="s-1",
         prompt_cache_key="k",
     )
@@ -181,18 +181,12 @@ def test_a_field_not_honoured_is_refused_unless_unused(tokenizer, name, neutral)
         ({"reasoning": {"effort": "high"}}, "reasoning", "unsupported_value", "do not reason"),
         ({"prompt": {"id": "pmpt_1"}}, "prompt", "unsupported_parameter", "stored prompts"),
         ({"include": ["message.output_text.logprobs"]}, "include", "unsupported_value", "no additional"),
-        ({"tool_choice": "required"}, "tool_choice", "unsupported_value", "not supported"),
+        ({"tool_choice": "required"}, "tool_choice", "invalid_value", "only allowed when 'tools' are specified"),
         ({"truncation": "auto"}, "truncation", "unsupported_value", "not supported"),
         ({"top_logprobs": 3}, "top_logprobs", "unsupported_value", "not supported"),
         ({"n": 2}, "n", "unknown_parameter", "Unrecognized"),
         ({"messages": []}, "messages", "unknown_parameter", "Unrecognized"),
         ({"max_completion_tokens": 20}, "max_completion_tokens", "unknown_parameter", "Unrecognized"),
-        (
-            {"tools": [{"type": "function", "name": "f", "parameters": {}}]},
-            "tools",
-            "unsupported_value",
-            "not supported",
-        ),
         ({"tools": [{"type": "web_search"}]}, "tools[0].type", "unsupported_value", "built-in tools"),
         ({"tools": {"type": "web_search"}}, "tools", "invalid_type", "an array"),
         ({"instructions": ["x"]}, "instructions", "invalid_type", "a string"),
@@ -208,10 +202,11 @@ def test_a_field_not_honoured_is_refused_unless_unused(tokenizer, name, neutral)
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type", "unsupported_value", "no stored"),
         (
             {"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]},
-            "input[0].type",
-            "unsupported_value",
-            "tools",
+            "input[0].call_id",
+            "invalid_value",
+            "answers no function_call item",
         ),
+        ({"input": [{"type": "web_search_call", "id": "ws_1"}]}, "input[0].type", "unsupported_value", "built-in"),
         ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type", "unsupported_value", "do not reason"),
         ({"input": [{"type": "wizard"}]}, "input[0].type", "invalid_value", "'message'"),
         (

@@ -6,7 +6,8 @@
   call ids), prompt.py (the conversation and tools through the chat template), tool_format.py (tools in the model's
   text: the Hermes format into the prompt, the parser out of the answer), bodies.py (a body → GenerationRequest or
   BodyError),
-  responses.py (a Responses body translated into the chat request it means);
+  responses.py and responses_input.py (a Responses body, its input items and tools, translated into the chat
+  request they mean);
   tokenizer.py reads a model's tokenizer and chat template from its files.
 - Cost: units.py (a line's tokens for the quota, the KV reservation and fair share).
 - Running: columns.py (the parsed lines validation keeps per shard), engine.py (a line ↔ the engine's wire),

@@ -7,16 +7,13 @@ an error from the chat parser names the Responses field (``max_completion_tokens
 ``response_format.json_schema.schema`` → ``text.format.schema``, ``messages`` → ``input``).
 
 Decisions (OpenAI's behaviour unless said otherwise):
-- ``input`` is a string (one user message) or a list of message items: role user, assistant, system or
-  developer; content a string or ``input_text`` parts (``output_text`` too in an assistant message, as a
-  previous response's output item is sent back). ``instructions`` becomes a system message ahead of them.
+- ``input`` (message items, function calls and their outputs), ``tools`` and ``tool_choice`` are translated in
+  responses_input.py; ``instructions`` becomes a system message ahead of the input.
 - Only what a batch line can mean is taken. A line has no stored state, so ``previous_response_id``,
   ``conversation``, ``prompt`` (a stored prompt) and item references are refused; so is ``store: true`` (a
   batch line's response is in the output file and nowhere else: saying it was stored would be untrue), and
   ``background`` and ``stream`` (the whole response is written to the output file). Images, files, audio,
   reasoning settings and built-in tools are refused naming the field.
-- Function tools are not supported on this endpoint yet: a non-empty ``tools`` is a 400; ``tool_choice``
-  may be "none" or "auto" (with no tools, both mean a message).
 - ``max_output_tokens`` is at least 16 (OpenAI's minimum); absent, the line may use what the context leaves.
 - The fields echoed in the response that the request does not hold otherwise (instructions, the requested
   max_output_tokens, ...) ride along on the request (``ResponsesRequest.echo``).
@@ -33,13 +30,13 @@ from controlplane.kinds.generation.bodies import ChatTokenizer, GenerationReques
 from controlplane.kinds.generation.fields import (
     BodyError,
     check_unsupported,
-    missing,
     read_integer,
     read_string,
     require,
     short,
     wrong_type,
 )
+from controlplane.kinds.generation.responses_input import chat_tool_choice, chat_tools, input_messages
 
 __all__ = [
     "RESPONSES_HONOURED",
@@ -59,8 +56,7 @@ class ResponseEcho:
 
     instructions: str | None = None
     max_output_tokens: int | None = None  # as requested (None: what the context leaves)
-    tool_choice: str = "auto"
-    parallel_tool_calls: bool = True
+    tool_choice: str = "auto"  # as sent, when the line has no tools ("none" or "auto": both mean a message)
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     format_description: str | None = None  # text.format.description of a json_schema format
@@ -84,7 +80,6 @@ RESPONSES_NOT_HONOURED: dict[str, tuple[Any, ...]] = {
     "reasoning": ({},),
     "include": ([],),
     "max_tool_calls": (),
-    "tool_choice": ("none", "auto"),
     "top_logprobs": (0,),
     "truncation": ("disabled",),
     "service_tier": ("auto", "default"),
@@ -101,7 +96,7 @@ _REASONS = {
     "background": "a batch line already runs in the background; omit it.",
     "stream": "a batch writes the whole response to the output file; omit it.",
     "reasoning": "these models do not reason before answering.",
-    "include": "no additional output data is available (no tools, no logprobs in responses).",
+    "include": "no additional output data is available (no built-in tools, no logprobs in responses).",
 }
 RESPONSES_HONOURED = frozenset(
     {
@@ -118,21 +113,9 @@ RESPONSES_HONOURED = frozenset(
         "prompt_cache_key",
         "parallel_tool_calls",
         "tools",
+        "tool_choice",
     }
 )
-_MESSAGE_KEYS = frozenset({"type", "role", "content", "id", "status"})
-_ROLES = ("user", "assistant", "system", "developer")
-_STATUSES = ("in_progress", "completed", "incomplete")
-_PART_KEYS = {
-    "input_text": frozenset({"type", "text", "prompt_cache_breakpoint"}),
-    "output_text": frozenset({"type", "text", "annotations", "logprobs"}),
-}
-_UNSUPPORTED_PARTS = {
-    "input_image": "Image input is not supported by this service.",
-    "input_file": "File input is not supported by this service.",
-    "input_audio": "Audio input is not supported by this service.",
-    "refusal": "Refusal content is not supported by this service.",
-}
 _FORMAT_KEYS = frozenset({"type", "name", "schema", "strict", "description"})
 # The chat parser's names → the Responses body's (longest first: a prefix is replaced once).
 _PARAMS = (
@@ -157,19 +140,21 @@ def parse_responses_body(
         raise BodyError(None, "invalid_type", f"The request body must be a JSON object, got {short(body)}.")
     _refuse_with_reason(body)
     check_unsupported(body, RESPONSES_NOT_HONOURED, RESPONSES_HONOURED)
-    _check_tools(body.get("tools"))
     instructions = read_string(body, "instructions")
-    messages, sources = _input_messages(require(body, "input"))
+    messages, sources = input_messages(require(body, "input"))
     if instructions is not None:
         messages.insert(0, {"role": "system", "content": instructions})
         sources.insert(0, "instructions")
     max_output_tokens = read_integer(body, "max_output_tokens", low=MIN_OUTPUT_TOKENS)
     text_format, description = _text_format(body.get("text"))
+    tools = chat_tools(body.get("tools"))
     chat_body = {
         "model": body.get("model"),
         "messages": messages,
         "max_completion_tokens": max_output_tokens,
         "response_format": text_format,
+        "tools": tools,
+        "tool_choice": chat_tool_choice(body.get("tool_choice"), has_tools=tools is not None),
         **{name: body.get(name) for name in ("temperature", "top_p", "metadata", "user")},
         **{name: body.get(name) for name in ("safety_identifier", "prompt_cache_key", "parallel_tool_calls")},
     }
@@ -178,12 +163,13 @@ def parse_responses_body(
             chat_body, tokenizer=tokenizer, context_length=context_length, max_output_units=max_output_units
         )
     except BodyError as error:
-        raise BodyError(responses_param(error.param, sources), error.code, _words(error.message)) from None
+        param = responses_param(error.param, sources)
+        message = error.message.replace(error.param, param) if error.param and param else error.message
+        raise BodyError(param, error.code, _words(message)) from None
     echo = ResponseEcho(
         instructions=instructions,
         max_output_tokens=max_output_tokens,
-        tool_choice=body.get("tool_choice") or "auto",
-        parallel_tool_calls=body.get("parallel_tool_calls") is not False,
+        tool_choice="none" if body.get("tool_choice") == "none" else "auto",
         safety_identifier=body.get("safety_identifier"),
         prompt_cache_key=body.get("prompt_cache_key"),
         format_description=description,
@@ -204,6 +190,10 @@ def responses_param(param: str | None, sources: list[str] | None = None) -> str 
             if index.isdigit() and int(index) < len(sources):
                 return sources[int(index)] + tail
         return "input"
+    if param.startswith("tools[") and ".function" in param:  # tools[i].function.name → tools[i].name
+        return param.replace(".function", "", 1)
+    if param.startswith("tool_choice.function"):
+        return "tool_choice" + param[len("tool_choice.function") :]
     for chat, responses in _PARAMS:
         if param == chat or param.startswith(chat + "."):
             return responses + param[len(chat) :]
@@ -224,124 +214,6 @@ def _refuse_with_reason(body: Mapping[str, Any]) -> None:
             continue
         code = "unsupported_value" if neutral else "unsupported_parameter"
         raise BodyError(name, code, f"'{name}' is not supported here (got {short(value)}): {reason}")
-
-
-def _check_tools(tools: Any) -> None:
-    if tools is None:
-        return
-    if not isinstance(tools, list):
-        raise wrong_type("tools", "an array", tools)
-    for i, tool in enumerate(tools):
-        if not isinstance(tool, dict):
-            raise wrong_type(f"tools[{i}]", "an object", tool)
-        kind = tool.get("type")
-        if kind == "function":
-            raise BodyError(
-                "tools", "unsupported_value", "Function tools are not supported for /v1/responses batch lines yet."
-            )
-        raise BodyError(
-            f"tools[{i}].type",
-            "unsupported_value",
-            f"Tool type {short(kind)} is not supported by this service (it runs no built-in tools).",
-        )
-
-
-def _input_messages(value: Any) -> tuple[list[dict[str, str]], list[str]]:
-    """The chat messages ``input`` means, and for each the field it came from (``input``, ``input[3]``)."""
-    if isinstance(value, str):
-        return [{"role": "user", "content": value}], ["input"]
-    if not isinstance(value, list):
-        raise wrong_type("input", "a string or an array of input items", value)
-    if not value:
-        raise BodyError(
-            "input",
-            "empty_array",
-            "Invalid 'input': empty array. Expected an array with minimum length 1, but got an empty array instead.",
-        )
-    messages = [_message(item, f"input[{i}]") for i, item in enumerate(value)]
-    return messages, [f"input[{i}]" for i in range(len(value))]
-
-
-def _message(item: Any, param: str) -> dict[str, str]:
-    if not isinstance(item, dict):
-        raise wrong_type(param, "an object", item)
-    kind = item.get("type")
-    if kind is not None and kind != "message":
-        raise BodyError(f"{param}.type", *_item_type_refusal(kind))
-    for key in item:
-        if key not in _MESSAGE_KEYS:
-            raise BodyError(
-                f"{param}.{key}", "unknown_parameter", f"Unrecognized argument in an input item: {short(key)}."
-            )
-    role = item.get("role")
-    if role is None:
-        raise missing(f"{param}.role")
-    if role not in _ROLES:
-        raise BodyError(
-            f"{param}.role",
-            "invalid_value",
-            f"Invalid value: {short(role)}. Supported values are: 'user', 'assistant', 'system' and 'developer'.",
-        )
-    status = item.get("status")
-    if status is not None and status not in _STATUSES:
-        raise BodyError(
-            f"{param}.status",
-            "invalid_value",
-            f"Invalid value: {short(status)}. Supported values are: 'in_progress', 'completed' and 'incomplete'.",
-        )
-    item_id = item.get("id")
-    if item_id is not None and not isinstance(item_id, str):
-        raise wrong_type(f"{param}.id", "a string", item_id)
-    return {"role": role, "content": _content(item.get("content"), f"{param}.content", role)}
-
-
-def _item_type_refusal(kind: Any) -> tuple[str, str]:
-    if kind == "item_reference":
-        return "unsupported_value", "Item references are not supported: batch lines have no stored items."
-    if kind == "reasoning":
-        return "unsupported_value", "Reasoning items are not supported: these models do not reason."
-    if isinstance(kind, str) and (kind.endswith("_call") or kind.endswith("_call_output")):
-        return "unsupported_value", f"{short(kind)} items are not supported: tools are not supported here."
-    return "invalid_value", f"Invalid value: {short(kind)}. Supported input item types: 'message'."
-
-
-def _content(content: Any, param: str, role: str) -> str:
-    if content is None:
-        raise missing(param)
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise wrong_type(param, "a string or an array of content parts", content)
-    if not content:
-        raise BodyError(param, "empty_array", f"Invalid '{param}': empty array. Expected at least one content part.")
-    texts = []
-    for j, part in enumerate(content):
-        where = f"{param}[{j}]"
-        if not isinstance(part, dict):
-            raise wrong_type(where, "an object", part)
-        kind = part.get("type")
-        if isinstance(kind, str) and kind in _UNSUPPORTED_PARTS:  # a list as type is unhashable
-            raise BodyError(f"{where}.type", "unsupported_value", _UNSUPPORTED_PARTS[kind])
-        allowed = ("input_text", "output_text") if role == "assistant" else ("input_text",)
-        if not isinstance(kind, str) or kind not in allowed:
-            names = " and ".join(f"'{name}'" for name in allowed)
-            raise BodyError(
-                f"{where}.type",
-                "invalid_value",
-                f"Invalid value: {short(kind)}. Supported content types in a {role} message: {names}.",
-            )
-        unknown = sorted(set(part) - _PART_KEYS[kind])
-        if unknown:
-            raise BodyError(
-                f"{where}.{unknown[0]}", "unknown_parameter", f"Unrecognized argument: {short(unknown[0])}."
-            )
-        text = part.get("text")
-        if text is None:
-            raise missing(f"{where}.text")
-        if not isinstance(text, str):
-            raise wrong_type(f"{where}.text", "a string", text)
-        texts.append(text)
-    return "\n".join(texts)  # as messages.py joins a chat message's text parts
 
 
 def _text_format(text: Any) -> tuple[dict[str, Any] | None, str | None]:

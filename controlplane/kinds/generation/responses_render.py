@@ -2,7 +2,9 @@
 defines it. Pure, as render.py: the caller passes the id and the time.
 
 The chat completion is rendered first (render.render_chat_completion, with its checks of the engine's answer)
-and translated: its one choice becomes one assistant ``message`` output item, its usage the Response's.
+and translated: its one choice becomes an assistant ``message`` output item (its text) and a ``function_call``
+item per tool call (``call_id`` the chat call's id, the item's id ``fc_`` + the same digest), its usage the
+Response's. A choice that is only calls has no message item, as OpenAI answers.
 
 - ``status`` is "completed", or "incomplete" with ``incomplete_details.reason`` "max_output_tokens" when the
   line stopped at its token limit (the choice's finish_reason "length"); the output message is "incomplete"
@@ -23,6 +25,7 @@ from controlplane.kinds.generation.bodies import GenerationRequest
 from controlplane.kinds.generation.fields import ResponseFormat
 from controlplane.kinds.generation.render import EngineResult, render_chat_completion
 from controlplane.kinds.generation.responses import ResponseEcho, ResponsesRequest
+from controlplane.kinds.generation.tools import FunctionTool
 
 __all__ = ["render_response"]
 
@@ -39,13 +42,24 @@ def render_response(
     [choice] = chat["choices"]
     complete = choice["finish_reason"] != "length"
     status = "completed" if complete else "incomplete"
-    message = {
-        "id": f"msg_{request_id}",
-        "type": "message",
-        "status": status,
-        "role": "assistant",
-        "content": [{"type": "output_text", "text": choice["message"]["content"], "annotations": [], "logprobs": []}],
-    }
+    text, calls = choice["message"]["content"], choice["message"].get("tool_calls", ())
+    output: list[dict[str, Any]] = []
+    if text or not calls:  # a call alone is the whole answer; text (even empty) otherwise
+        content: list[dict[str, Any]] = [{"type": "output_text", "text": text or "", "annotations": [], "logprobs": []}]
+        output.append(
+            {"id": f"msg_{request_id}", "type": "message", "status": status, "role": "assistant", "content": content}
+        )
+    output.extend(
+        {
+            "id": f"fc_{call['id'].removeprefix('call_')}",
+            "type": "function_call",
+            "status": "completed",
+            "call_id": call["id"],
+            "name": call["function"]["name"],
+            "arguments": call["function"]["arguments"],
+        }
+        for call in calls
+    )
     usage = chat["usage"]
     body: dict[str, Any] = {
         "id": f"resp_{request_id}",
@@ -58,15 +72,15 @@ def render_response(
         "instructions": echo.instructions,
         "max_output_tokens": echo.max_output_tokens,
         "model": request.model,
-        "output": [message],
-        "parallel_tool_calls": echo.parallel_tool_calls,
+        "output": output,
+        "parallel_tool_calls": request.parallel_tool_calls,
         "previous_response_id": None,
         "reasoning": {"effort": None, "summary": None},
         "service_tier": "default",
         "temperature": request.temperature,
         "text": {"format": _format(request.response_format, echo.format_description)},
-        "tool_choice": echo.tool_choice,
-        "tools": [],
+        "tool_choice": _tool_choice(request) if request.tools else echo.tool_choice,
+        "tools": [_tool(tool) for tool in request.tools],
         "top_p": request.top_p,
         "truncation": "disabled",
         "usage": {
@@ -103,3 +117,19 @@ def _format(response_format: ResponseFormat, description: str | None) -> dict[st
     if description is not None:
         spec["description"] = description
     return spec
+
+
+def _tool(tool: FunctionTool) -> dict[str, Any]:
+    parameters = json.loads(tool.parameters) if tool.parameters is not None else None
+    return {
+        "type": "function",
+        "name": tool.name,
+        "description": tool.description,
+        "parameters": parameters,
+        "strict": tool.strict,
+    }
+
+
+def _tool_choice(request: GenerationRequest) -> str | dict[str, Any]:
+    choice = request.tool_choice
+    return {"type": "function", "name": choice.function} if choice.mode == "function" else choice.mode
