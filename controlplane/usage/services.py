@@ -13,6 +13,7 @@ from django.db import transaction
 from controlplane.usage.models import BatchOrigin, ComputeSource, UsageRecord
 from controlplane.usage.rules import PriceTerms, shard_cost
 from controlplane.usage.selectors import price_in_force
+from controlplane.usage.spendcap import spend_cap_mark
 
 
 def record_terms(record: UsageRecord) -> PriceTerms:
@@ -112,6 +113,8 @@ def usage_record_shard(*, usage: ShardUsage) -> UsageRecord:
         record.currency = price.currency
     record.cost = record_cost(record)
     record.save()
+    if record.cost:
+        spend_cap_mark(tenant_id=u.tenant_id, now=u.finished_at)
     return record
 
 

@@ -1,6 +1,8 @@
-"""The per-tenant monthly spend cap: checked when a batch is created (batches/intake/admission.py), and on beat
-while batches run (``spend_caps_refresh``: the mark the scheduler's claim reads; batches.services ends the capped
-tenants' running batches)."""
+"""The per-tenant monthly spend cap: checked when a batch is created (batches/intake/admission.py), at each shard's
+commit for a tenant with a cap (``spend_cap_mark``: the charge that reaches the cap marks the tenant in the same
+transaction, so no shard is claimed for it after that one), and on beat while batches run (``spend_caps_refresh``:
+the mark the scheduler's claim reads, set and cleared; batches.services ends the capped tenants' running
+batches)."""
 
 from __future__ import annotations
 
@@ -56,6 +58,20 @@ def spend_cap_enforce(*, tenant: Tenant, now: datetime) -> None:
     spent = tenant_month_to_date_cost(tenant_id=tenant.id, now=now)
     if spent >= cap:
         raise SpendCapExceeded(cap=cap, spent=spent, retry_after=(_next_month(now) - now).total_seconds())
+
+
+def spend_cap_mark(*, tenant_id: int, now: datetime) -> bool:
+    """After a charge to ``tenant_id``: mark the tenant capped when it has a cap, is not marked yet and its
+    month-to-date cost reached the cap; whether it was marked. A tenant without a cap costs one primary-key read.
+    Without it, shards went on being claimed for a tenant over its cap until beat's next refresh."""
+    cap = (
+        Tenant.objects.filter(id=tenant_id, monthly_spend_cap__isnull=False, spend_capped_at__isnull=True)
+        .values_list("monthly_spend_cap", flat=True)
+        .first()
+    )
+    if cap is None or tenant_month_to_date_cost(tenant_id=tenant_id, now=now) < cap:
+        return False
+    return bool(Tenant.objects.filter(id=tenant_id, spend_capped_at__isnull=True).update(spend_capped_at=now))
 
 
 @dataclass(frozen=True)

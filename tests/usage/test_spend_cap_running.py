@@ -55,6 +55,25 @@ def _cap_at_spent(tenant: Tenant) -> Decimal:
     return cap
 
 
+def test_the_shard_whose_charge_reaches_the_cap_marks_the_tenant_at_its_commit(tenant, other_tenant):
+    # No beat run between: the commit that reaches the cap marks the tenant, so the next claim skips its shards.
+    price_set(MODEL, tokens="100000")
+    capped = _started(tenant, embedding_lines(12))  # three shards of four lines
+    assert run_next(MODEL, FakeBackend()).outcome == "succeeded"
+    per_shard = UsageRecord.objects.get(tenant=tenant).cost
+    Tenant.objects.filter(id=tenant.id).update(monthly_spend_cap=per_shard * 2 - Decimal("0.000001"))
+    assert Tenant.objects.get(id=tenant.id).spend_capped_at is None  # one shard's charge is under the cap
+    assert Shard.objects.get(id=run_next(MODEL, FakeBackend()).shard_id).batch_id == capped.id
+    assert Tenant.objects.get(id=tenant.id).spend_capped_at is not None  # marked at that commit
+    other = _started(other_tenant, embedding_lines(4, prefix="o"))
+    ran = []
+    while (cycle := run_next(MODEL, FakeBackend())) is not None:
+        ran.append(Shard.objects.get(id=cycle.shard_id).batch_id)
+    assert ran == [other.id]
+    assert Shard.objects.filter(batch=capped, status=ShardStatus.PENDING).count() == 1
+    assert Tenant.objects.get(id=other_tenant.id).spend_capped_at is None  # no cap: never marked
+
+
 def test_a_tenant_at_its_cap_mid_batch_is_not_claimed_and_its_batch_ends_with_spend_cap_errors(tenant, other_tenant):
     price_set(MODEL, tokens="100000")
     capped = _started(tenant, embedding_lines(12))  # three shards of four lines
