@@ -5,8 +5,8 @@ tests drive it over a synthetic cost model whose best shape is known, and `tune`
 tritonserver. Coordinate descent from the hand-written config: one axis at a time, step to the neighbouring
 value while that beats the incumbent, then the next axis; passes repeat until one finds nothing or the budget
 is spent. A shape replaces the incumbent only when it meets the latency bound and beats it by more than the
-measurement noise (the spread of the baseline measured twice, at least `min_gain`), so a model is never
-served worse than it was.
+measurement noise (the spread of the baseline measured twice, at least `min_gain`) in two runs, so a model is
+never served worse than it was.
 """
 
 from __future__ import annotations
@@ -227,6 +227,14 @@ def search(
         elapsed = clock() - started
         return elapsed + elapsed / len(trials) > budget_s
 
+    def confirm(winner: Trial) -> Trial | None:
+        """The winner measured again: it replaces the incumbent only if this run beats it too (then it stands
+        at the mean of both), so a run that met a quiet moment of the host does not decide alone."""
+        again = run(winner.shape, "repeated")
+        if not beats(again.measurement, incumbent.measurement):
+            return None
+        return Trial(winner.index, winner.shape, _mean(winner.measurement, again.measurement), winner.note)
+
     improved = True
     while improved and not stopped:
         improved = False
@@ -246,7 +254,11 @@ def search(
                         winner = trial
                 if winner is None:
                     break
-                incumbent, improved = winner, True
+                confirmed = None if over_budget() else confirm(winner)
+                if confirmed is None:  # a lucky run, or no time left to tell: the incumbent stays
+                    stopped = stopped or over_budget()
+                    break
+                incumbent, improved = confirmed, True
     notes = []
     if stopped:
         untried = sum(1 for _ in candidates())

@@ -57,12 +57,37 @@ def test_the_search_finds_the_known_best_within_its_budget():
 
 
 def test_a_budget_stops_the_search_and_keeps_the_best_found_so_far():
-    result, measured = run(peaked, budget_s=45.0)
-    # Two baseline runs, then candidates while one more (at the pace so far) fits the 45 s.
-    assert len(measured) == 4
+    result, measured = run(peaked, budget_s=55.0)
+    # Two baseline runs, batch 4 and 16, 16 again to confirm it; then one more would not fit the 55 s.
+    assert measured == [
+        BASELINE,
+        BASELINE,
+        Shape(4, 2000, (), 1, 1),
+        Shape(16, 2000, (), 1, 1),
+        Shape(16, 2000, (), 1, 1),
+    ]
     assert result.stopped_by_budget
     assert "untried" in result.notes[0]
-    assert result.chosen.measurement.rows_per_s == max(t.measurement.rows_per_s for t in result.trials)
+    assert result.chosen.shape == Shape(16, 2000, (), 1, 1)
+
+
+def test_a_winner_without_time_to_confirm_it_does_not_replace_the_baseline():
+    result, measured = run(peaked, budget_s=45.0)
+    assert len(measured) == 4 and measured[3].max_batch_size == 16  # it won its one run
+    assert result.chosen.shape == BASELINE
+
+
+def test_a_lucky_run_is_not_confirmed():
+    runs: dict[Shape, int] = {}
+
+    def lucky_once(shape: Shape) -> Measurement:
+        runs[shape] = runs.get(shape, 0) + 1
+        lucky = shape.max_batch_size == 16 and runs[shape] == 1  # 16 rows is fast only the first time
+        return Measurement(rows_per_s=200.0 if lucky else 100.0 - (shape != BASELINE), p95_ms=10.0)
+
+    result, measured = run(lucky_once)
+    assert measured.count(Shape(16, 2000, (), 1, 1)) == 2
+    assert result.chosen.shape == BASELINE
 
 
 def test_nothing_within_the_noise_replaces_the_baseline():
