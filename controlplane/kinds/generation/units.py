@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from controlplane.kinds.generation.bodies import GenerationRequest
 from controlplane.kinds.generation.render import EngineResult
@@ -35,8 +35,10 @@ class GenerationLine:
 
     request: GenerationRequest
     units: int
-    # The expected bytes of its output beyond the line's envelope (line_output_bytes), for the storage reservation.
-    output_bytes: int = 0
+    # The expected bytes of its output beyond the line's envelope (line_output_bytes), for validation's storage
+    # reservation only: shard columns do not keep it (a run has no use for it), so it is not part of the line's
+    # identity either.
+    output_bytes: int = field(default=0, compare=False)
 
 
 # Output bytes beyond the envelope every kind counts (kinds/base.OUTPUT_LINE_BYTES), as render.py writes them
