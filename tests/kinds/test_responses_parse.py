@@ -128,6 +128,15 @@ def test_the_honoured_fields_reach_the_request_and_the_echo(tokenizer):
     )
 
 
+def test_include_asks_for_logprobs_and_top_logprobs_sets_the_alternatives(tokenizer):
+    request = responses(tokenizer, include=["message.output_text.logprobs"], top_logprobs=3)
+    assert (request.logprobs, request.top_logprobs, request.echo.top_logprobs) == (True, 3, 3)
+    # Without include, OpenAI returns none: top_logprobs is echoed and changes nothing else.
+    request = responses(tokenizer, top_logprobs=3)
+    assert (request.logprobs, request.top_logprobs, request.echo.top_logprobs) == (False, 0, 3)
+    assert responses(tokenizer, include=[]).logprobs is False
+
+
 def test_without_max_output_tokens_the_line_may_use_what_the_context_leaves(tokenizer):
     request = responses(tokenizer)
     assert request.max_tokens == CONTEXT - request.prompt_tokens and request.echo.max_output_tokens is None
@@ -180,10 +189,11 @@ def test_a_field_not_honoured_is_refused_unless_unused(tokenizer, name, neutral)
         ({"stream": True}, "stream", "unsupported_value", "whole response"),
         ({"reasoning": {"effort": "high"}}, "reasoning", "unsupported_value", "do not reason"),
         ({"prompt": {"id": "pmpt_1"}}, "prompt", "unsupported_parameter", "stored prompts"),
-        ({"include": ["message.output_text.logprobs"]}, "include", "unsupported_value", "no additional"),
+        ({"include": ["reasoning.encrypted_content"]}, "include[0]", "unsupported_value", "only output data"),
+        ({"include": "message.output_text.logprobs"}, "include", "invalid_type", "an array"),
         ({"tool_choice": "required"}, "tool_choice", "invalid_value", "only allowed when 'tools' are specified"),
         ({"truncation": "auto"}, "truncation", "unsupported_value", "not supported"),
-        ({"top_logprobs": 3}, "top_logprobs", "unsupported_value", "not supported"),
+        ({"top_logprobs": 21}, "top_logprobs", "integer_above_max_value", "<= 20"),
         ({"n": 2}, "n", "unknown_parameter", "Unrecognized"),
         ({"messages": []}, "messages", "unknown_parameter", "Unrecognized"),
         ({"max_completion_tokens": 20}, "max_completion_tokens", "unknown_parameter", "Unrecognized"),
@@ -305,7 +315,7 @@ def test_a_line_over_the_output_budget_names_max_output_tokens(tokenizer):
             {**VALID, "max_output_tokens": 100}, tokenizer=tokenizer, context_length=CONTEXT, max_output_units=50
         )
     assert (caught.value.param, caught.value.code) == ("max_output_tokens", "output_too_large")
-    assert "Lower max_output_tokens" in caught.value.message and "top_logprobs" not in caught.value.message
+    assert "Lower max_output_tokens or top_logprobs" in caught.value.message
 
 
 def test_a_template_refusing_the_conversation_names_input(strict_tokenizer):

@@ -67,6 +67,19 @@ def test_a_response_cut_at_its_limit_is_incomplete(tokenizer):
     assert parsed.output[0].status == "incomplete" and body["completed_at"] is None
 
 
+def test_logprobs_are_on_the_output_text_when_included(tokenizer):
+    from tests.kinds.test_generation_render import _logprobs
+
+    request = responses(tokenizer, include=["message.output_text.logprobs"], top_logprobs=1, max_output_tokens=16)
+    choice = EngineChoice(text="3 4", finish_reason="stop", completion_tokens=2, logprobs=_logprobs(["3", " 4"]))
+    body = _render(request, EngineResult(choices=(choice,), prompt_tokens=request.prompt_tokens))
+    validate(body, SCHEMA_NAME)
+    [part] = Response.model_validate(body).output[0].content
+    assert [entry.token for entry in part.logprobs] == ["3", " 4"] and body["top_logprobs"] == 1
+    assert [len(entry.top_logprobs) for entry in part.logprobs] == [1, 1]  # cut to what was asked
+    assert part.logprobs[0].bytes == [ord("3")]
+
+
 def test_a_json_schema_format_is_echoed_as_sent(tokenizer):
     text = {"format": {"type": "json_schema", "name": "counting", "schema": SCHEMA, "strict": True, "description": "n"}}
     request = responses(tokenizer, input="count as json", text=text)

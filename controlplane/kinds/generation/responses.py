@@ -15,6 +15,8 @@ Decisions (OpenAI's behaviour unless said otherwise):
   ``background`` and ``stream`` (the whole response is written to the output file). Images, files, audio,
   reasoning settings and built-in tools are refused naming the field.
 - ``max_output_tokens`` is at least 16 (OpenAI's minimum); absent, the line may use what the context leaves.
+- Logprobs come back when ``include`` holds ``message.output_text.logprobs`` (the only value with anything to
+  include here), with ``top_logprobs`` alternatives per token, on each ``output_text`` part, as OpenAI does.
 - The fields echoed in the response that the request does not hold otherwise (instructions, the requested
   max_output_tokens, ...) ride along on the request (``ResponsesRequest.echo``).
 """
@@ -60,6 +62,7 @@ class ResponseEcho:
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     format_description: str | None = None  # text.format.description of a json_schema format
+    top_logprobs: int = 0  # as requested (returned only with `include` of message.output_text.logprobs)
 
 
 @dataclass(frozen=True)
@@ -78,9 +81,7 @@ RESPONSES_NOT_HONOURED: dict[str, tuple[Any, ...]] = {
     "stream": (False,),
     "stream_options": (),
     "reasoning": ({},),
-    "include": ([],),
     "max_tool_calls": (),
-    "top_logprobs": (0,),
     "truncation": ("disabled",),
     "service_tier": ("auto", "default"),
     "prompt_cache_retention": ("in_memory", "24h"),
@@ -96,7 +97,6 @@ _REASONS = {
     "background": "a batch line already runs in the background; omit it.",
     "stream": "a batch writes the whole response to the output file; omit it.",
     "reasoning": "these models do not reason before answering.",
-    "include": "no additional output data is available (no built-in tools, no logprobs in responses).",
 }
 RESPONSES_HONOURED = frozenset(
     {
@@ -114,8 +114,12 @@ RESPONSES_HONOURED = frozenset(
         "parallel_tool_calls",
         "tools",
         "tool_choice",
+        "include",
+        "top_logprobs",
     }
 )
+LOGPROBS = "message.output_text.logprobs"  # the one `include` value with something to include here
+MAX_TOP_LOGPROBS = 20
 _FORMAT_KEYS = frozenset({"type", "name", "schema", "strict", "description"})
 # The chat parser's names → the Responses body's (longest first: a prefix is replaced once).
 _PARAMS = (
@@ -126,7 +130,7 @@ _PARAMS = (
 )
 _MESSAGE_WORDS = (
     *_PARAMS,
-    ("Lower max_output_tokens, n or top_logprobs", "Lower max_output_tokens"),
+    ("Lower max_output_tokens, n or top_logprobs", "Lower max_output_tokens or top_logprobs"),
     ("'messages'", "'input'"),
     ("the messages", "the input"),
 )
@@ -148,6 +152,8 @@ def parse_responses_body(
     max_output_tokens = read_integer(body, "max_output_tokens", low=MIN_OUTPUT_TOKENS)
     text_format, description = _text_format(body.get("text"))
     tools = chat_tools(body.get("tools"))
+    logprobs = _include_logprobs(body.get("include"))
+    top_logprobs = read_integer(body, "top_logprobs", low=0, high=MAX_TOP_LOGPROBS)
     chat_body = {
         "model": body.get("model"),
         "messages": messages,
@@ -155,6 +161,9 @@ def parse_responses_body(
         "response_format": text_format,
         "tools": tools,
         "tool_choice": chat_tool_choice(body.get("tool_choice"), has_tools=tools is not None),
+        # OpenAI returns logprobs only when `include` asks; top_logprobs alone changes nothing.
+        "logprobs": logprobs or None,
+        "top_logprobs": top_logprobs if logprobs and top_logprobs else None,
         **{name: body.get(name) for name in ("temperature", "top_p", "metadata", "user")},
         **{name: body.get(name) for name in ("safety_identifier", "prompt_cache_key", "parallel_tool_calls")},
     }
@@ -173,6 +182,7 @@ def parse_responses_body(
         safety_identifier=body.get("safety_identifier"),
         prompt_cache_key=body.get("prompt_cache_key"),
         format_description=description,
+        top_logprobs=top_logprobs or 0,
     )
     fields = {field.name: getattr(request, field.name) for field in dataclasses.fields(GenerationRequest)}
     return ResponsesRequest(**fields, echo=echo)
@@ -214,6 +224,23 @@ def _refuse_with_reason(body: Mapping[str, Any]) -> None:
             continue
         code = "unsupported_value" if neutral else "unsupported_parameter"
         raise BodyError(name, code, f"'{name}' is not supported here (got {short(value)}): {reason}")
+
+
+def _include_logprobs(include: Any) -> bool:
+    """Whether ``include`` asks for the output text's logprobs; any other value is refused naming it."""
+    if include is None:
+        return False
+    if not isinstance(include, list):
+        raise wrong_type("include", "an array", include)
+    for i, value in enumerate(include):
+        if value != LOGPROBS:
+            raise BodyError(
+                f"include[{i}]",
+                "unsupported_value",
+                f"include {short(value)} is not supported here: the only output data to include is "
+                f"'{LOGPROBS}' (no built-in tools, images or reasoning).",
+            )
+    return bool(include)
 
 
 def _text_format(text: Any) -> tuple[dict[str, Any] | None, str | None]:

@@ -45,7 +45,8 @@ def render_response(
     text, calls = choice["message"]["content"], choice["message"].get("tool_calls", ())
     output: list[dict[str, Any]] = []
     if text or not calls:  # a call alone is the whole answer; text (even empty) otherwise
-        content: list[dict[str, Any]] = [{"type": "output_text", "text": text or "", "annotations": [], "logprobs": []}]
+        logprobs = choice["logprobs"]["content"] if choice["logprobs"] is not None else []
+        content = [{"type": "output_text", "text": text or "", "annotations": [], "logprobs": logprobs}]
         output.append(
             {"id": f"msg_{request_id}", "type": "message", "status": status, "role": "assistant", "content": content}
         )
@@ -97,7 +98,7 @@ def render_response(
         "prompt_cache_key": echo.prompt_cache_key,
         "background": False,
         "max_tool_calls": None,
-        "top_logprobs": 0,
+        "top_logprobs": echo.top_logprobs,
         "metadata": dict(request.metadata or ()),
     }
     if request.user is not None:  # a string in the spec, never null
