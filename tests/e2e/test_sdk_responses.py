@@ -1,21 +1,25 @@
 """``/v1/responses`` batches through the official openai SDK, unchanged, against the running stack with tinylm:
 the output lines parse as the SDK's own Response, a line cut at max_output_tokens is "incomplete", a body the
-service refuses is a 400 line naming its field, and the tokens reach the batch's usage and the tenant's
+service refuses is a 400 line naming its field, a forced function call is a function_call item, and the tokens reach the batch's usage and the tenant's
 completions usage report."""
 
 from __future__ import annotations
 
+import json
 import time
 
+import jsonschema
 import pytest
 from openai import OpenAI
 from openai.types.responses import Response
 
 from tests.e2e.test_sdk_generation import count
+from tests.e2e.test_tool_calls import COUNT_TO
 from tests.support.stack import assert_exactly_once, submit
 
 pytestmark = pytest.mark.e2e
 URL = "/v1/responses"
+COUNT = {"type": "function", "name": "count", "parameters": COUNT_TO, "strict": True}
 
 
 def _line(custom_id: str, body: dict) -> dict:
@@ -45,6 +49,16 @@ def test_responses_batch(e2e):
         ),
         _line("cut", {"input": "count from 1 to 40", "max_output_tokens": 16}),
         _line("stored", {"input": "count from 1 to 4", "store": True}),
+        # A forced call, decoded under the call's grammar (tinylm's 256-token context holds one small function).
+        _line(
+            "call",
+            {
+                "input": "count from 2 to 5",
+                "tools": [COUNT],
+                "tool_choice": {"type": "function", "name": "count"},
+                "max_output_tokens": 32,
+            },
+        ),
     ]
     batch = submit(client, lines, endpoint=URL)
     batch = e2e.wait_status(client, batch.id, {"completed", "failed"})
@@ -61,6 +75,9 @@ def test_responses_batch(e2e):
     cut = responses["cut"]
     assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
     assert cut.usage.output_tokens == 16
+    [call] = responses["call"].output
+    assert call.type == "function_call" and call.name == "count" and call.call_id.startswith("call_")
+    jsonschema.validate(json.loads(call.arguments), COUNT["parameters"])
     # Usage: the batch's and the tenant's completions report hold the lines' tokens.
     input_tokens = sum(r.usage.input_tokens for r in responses.values())
     output_tokens = sum(r.usage.output_tokens for r in responses.values())
@@ -70,4 +87,4 @@ def test_responses_batch(e2e):
     results = [r for bucket in page["data"] for r in bucket["results"]]
     assert sum(r["input_tokens"] for r in results) == input_tokens
     assert sum(r["output_tokens"] for r in results) == output_tokens
-    assert sum(r["num_model_requests"] for r in results) == 3
+    assert sum(r["num_model_requests"] for r in results) == 4
