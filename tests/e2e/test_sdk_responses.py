@@ -1,7 +1,7 @@
 """``/v1/responses`` batches through the official openai SDK, unchanged, against the running stack with tinylm:
 the output lines parse as the SDK's own Response, a line cut at max_output_tokens is "incomplete", a body the
-service refuses is a 400 line naming its field, a forced function call is a function_call item, and the tokens reach the batch's usage and the tenant's
-completions usage report."""
+service refuses is a 400 line naming its field, a forced function call is a function_call item, and the tokens
+reach the batch's usage and the tenant's completions usage report."""
 
 from __future__ import annotations
 
