@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.http import StreamingHttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -17,6 +17,7 @@ from controlplane.core.http.idempotency import idempotency_key, idempotent, json
 from controlplane.core.http.input import input_validate
 from controlplane.core.http.negotiation import AnyAccept
 from controlplane.core.http.pagination import CursorQuerySerializer, cursor_page
+from controlplane.files.storage import blob_accel_target
 from controlplane.tenants.auth import request_tenant
 from controlplane.usage.selectors import batch_costs
 
@@ -98,7 +99,15 @@ class _BatchResultsView(APIView):
         query = input_validate(schema.BatchResultsQuerySerializer, request.query_params)
         batch = selectors.batch_get(tenant=request_tenant(request), batch_id=batch_id)
         results = batch_results_slice(batch=batch, stream=self.stream, after=query.get("after", 0))
-        response = StreamingHttpResponse(results.chunks, content_type="application/jsonl")
+        target = None if results.whole_file is None else blob_accel_target(results.whole_file)
+        response: HttpResponse | StreamingHttpResponse
+        if target is not None:
+            # All of an ended batch's file: sent by the reverse proxy, as a file download is (files/views.py);
+            # deploy/k8s/base/nginx.conf sets the cursor's headers again from these.
+            response = HttpResponse(content_type="application/jsonl")
+            response["X-Accel-Redirect"] = target
+        else:
+            response = StreamingHttpResponse(results.chunks, content_type="application/jsonl")
         response["X-Next-Cursor"] = str(results.next_cursor)
         response["X-Results-Complete"] = "true" if results.complete else "false"
         response["X-Batch-Status"] = results.status

@@ -16,8 +16,10 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import quote
 
 from botocore.exceptions import BotoCoreError, ClientError
+from django.conf import settings
 from django.core.files import File as DjangoFile
 from django.core.files.storage import FileSystemStorage, Storage, storages
 from django.utils.http import content_disposition_header
@@ -163,6 +165,17 @@ def blob_presigned_url(name: str, *, filename: str, content_type: str, seconds: 
     # Signing is local (no request to S3): the storage's own client, credentials and endpoint.
     url = storage.connection.meta.client.generate_presigned_url("get_object", Params=params, ExpiresIn=seconds)
     return str(url)
+
+
+def blob_accel_target(name: str) -> str | None:
+    """Where the shipped nginx sends the blob from (its internal location, FILE_DOWNLOAD_ACCEL_PREFIX mapped onto
+    the storage root) for an ``X-Accel-Redirect``; None when that is not configured or storage is not local files.
+    Streamed from a web thread instead, a slow client's 1 GiB download holds a gunicorn thread for its whole
+    length."""
+    prefix = settings.FILE_DOWNLOAD_ACCEL_PREFIX
+    if not prefix or not isinstance(blob_storage(), FileSystemStorage):
+        return None
+    return prefix.rstrip("/") + "/" + quote(name, safe="/")
 
 
 def _s3_range(storage: S3Storage, name: str, start: int, end: int | None) -> _RangeSource:

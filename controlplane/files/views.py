@@ -1,10 +1,8 @@
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote
 
 from django.conf import settings
-from django.core.files.storage import FileSystemStorage
 from django.http import FileResponse, HttpResponse, HttpResponseRedirect
 from django.utils.http import content_disposition_header
 from rest_framework.parsers import MultiPartParser
@@ -21,7 +19,7 @@ from controlplane.core.http.parsers import LimitedJSONParser, declared_length
 from controlplane.files import schema, selectors, services
 from controlplane.files.quota import StorageRoom, storage_room
 from controlplane.files.render import file_render
-from controlplane.files.storage import READ_CHUNK_BYTES, blob_open, blob_presigned_url, blob_storage
+from controlplane.files.storage import READ_CHUNK_BYTES, blob_accel_target, blob_open, blob_presigned_url
 from controlplane.files.uploads import ContentHashUploadHandler, SizeLimitUploadHandler
 from controlplane.tenants.auth import request_tenant
 
@@ -135,14 +133,13 @@ class FileContentView(APIView):
             redirect = HttpResponseRedirect(url)
             redirect["Cache-Control"] = "no-store"  # the URL is a short-lived credential for this one file
             return redirect
-        prefix = settings.FILE_DOWNLOAD_ACCEL_PREFIX
-        if prefix and isinstance(blob_storage(), FileSystemStorage):
-            # Behind the shipped nginx (deploy/nginx): it sends the blob from its internal location, which maps
-            # the prefix onto the storage root, and this thread is free once the headers are out. Streamed
-            # here instead, a slow client's 1 GiB download would hold a gunicorn thread for its whole length.
+        target = blob_accel_target(file.storage_name)
+        if target is not None:
+            # Behind the shipped nginx (deploy/nginx): it sends the blob from its internal location, and this
+            # thread is free once the headers are out.
             handed = HttpResponse(content_type="application/jsonl")
             handed["Content-Disposition"] = content_disposition_header(False, file.filename) or "inline"
-            handed["X-Accel-Redirect"] = prefix.rstrip("/") + "/" + quote(file.storage_name, safe="/")
+            handed["X-Accel-Redirect"] = target
             return handed
         # Streamed from storage chunk by chunk (S3: one GET whose body is read as it is sent on): a 1 GiB
         # result never sits in the web process's memory. The reader is not seekable, so FileResponse

@@ -104,3 +104,52 @@ def test_the_running_proxy_answers_as_the_deployments_do(tmp_path):
     assert "client intended to send too large body" in log.read_text()
     with pytest.raises(OSError):  # stopped with the context: nothing listens there any more
         socket.create_connection(("127.0.0.1", proxy_port), timeout=2)
+
+
+def test_a_handed_over_result_keeps_its_cursor_headers_and_a_file_download_gets_none(tmp_path):
+    # nginx keeps only a few upstream headers across X-Accel-Redirect: the internal location sets the results
+    # endpoint's again from the upstream's (controlplane/batches/views.py), and adds nothing where they are absent.
+    import shutil
+    import tempfile
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    storage = Path(tempfile.mkdtemp(prefix="storage-"))  # nginx's workers (nobody) must read it
+    storage.chmod(0o755)
+    (storage / "results").mkdir(mode=0o755)
+    (storage / "results" / "out.jsonl").write_bytes(b'{"a": 1}\n{"b": 2}\n')
+    (storage / "results" / "out.jsonl").chmod(0o644)
+
+    class Upstream(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/jsonl")
+            self.send_header("Content-Length", "0")
+            self.send_header("X-Accel-Redirect", "/_protected_blobs/results/out.jsonl")
+            if self.path.startswith("/v1/batches/"):
+                self.send_header("X-Next-Cursor", "2")
+                self.send_header("X-Results-Complete", "true")
+                self.send_header("X-Batch-Status", "completed")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with LocalProxy(upstream=f"127.0.0.1:{server.server_address[1]}", storage_root=storage) as proxy:
+            with urllib.request.urlopen(f"{proxy.base_url}/v1/batches/batch_x/output", timeout=10) as response:
+                assert response.read() == b'{"a": 1}\n{"b": 2}\n'
+                assert (
+                    response.headers["X-Next-Cursor"],
+                    response.headers["X-Results-Complete"],
+                    response.headers["X-Batch-Status"],
+                ) == ("2", "true", "completed")
+            with urllib.request.urlopen(f"{proxy.base_url}/v1/files/file-x/content", timeout=10) as response:
+                assert response.read() == b'{"a": 1}\n{"b": 2}\n'
+                assert not {"X-Next-Cursor", "X-Results-Complete", "X-Batch-Status"} & set(response.headers)
+    finally:
+        server.shutdown()
+        server.server_close()
+        shutil.rmtree(storage, ignore_errors=True)

@@ -53,6 +53,9 @@ class ResultsSlice:
     next_cursor: int
     complete: bool  # the batch has ended and nothing follows next_cursor
     status: str  # the batch's public status when the slice was taken
+    # The result file's blob when the slice is all of it (an ended batch, cursor 0): the view may hand it to the
+    # reverse proxy instead of sending it from a web thread.
+    whole_file: str | None = None
 
 
 def batch_results_slice(*, batch: Batch, stream: str, after: int) -> ResultsSlice:
@@ -91,7 +94,8 @@ def _ended_slice(batch: Batch, stream: str, after: int) -> ResultsSlice:
             code="results_file_deleted",
         )
     chunks = _file_chunks(seek.storage_name, seek.skip_lines, start=seek.start_byte)
-    return ResultsSlice(chunks=chunks, next_cursor=total, complete=True, status=done)
+    whole = seek.storage_name if after == 0 else None
+    return ResultsSlice(chunks=chunks, next_cursor=total, complete=True, status=done, whole_file=whole)
 
 
 def _file_chunks(storage_name: str, skip_lines: int, *, start: int = 0) -> Iterator[bytes]:

@@ -210,7 +210,7 @@ def test_an_ended_batchs_cursor_seeks_to_the_files_nearest_point(api, batch, mon
     assert batch.status == BatchStatus.COMPLETED
     output = File.objects.get(id=batch.output_file_id)
     content = _file_bytes(output.id)
-    starts = [0] + [i + 1 for i, byte in enumerate(content) if byte == ord("\n")][:-1]  # each line's first byte
+    starts = [0, *[i + 1 for i, byte in enumerate(content) if byte == ord("\n")][:-1]]  # each line's first byte
     assert output.line_offsets and all(starts[line] == offset for line, offset in output.line_offsets)
     assert [line for line, _ in output.line_offsets] == sorted({line for line, _ in output.line_offsets})
     reads = []
@@ -222,3 +222,24 @@ def test_an_ended_batchs_cursor_seeks_to_the_files_nearest_point(api, batch, mon
         assert (body, cursor, complete) == (b"".join(lines[after:]), len(lines), True)
     # The last cursor with lines to read starts at the last seek point, not at byte 0.
     assert reads[-1] == output.line_offsets[-1][1] > 0
+
+
+def test_an_ended_batchs_whole_file_is_handed_to_the_proxy_with_its_cursor(api, batch, settings):
+    # As a file download: nginx sends it (deploy/k8s/base/nginx.conf sets the cursor's headers again from these);
+    # a cursor into the file is still sent from here, from its seek point.
+    settings.FILE_DOWNLOAD_ACCEL_PREFIX = "/_protected_blobs/"
+    assert run_batch(batch, FakeBackend()) == ["succeeded"] * 5
+    batch.refresh_from_db()
+    response = _get(api, batch.id, "output")
+    assert response.status_code == 200 and not response.streaming and response.content == b""
+    output = File.objects.get(id=batch.output_file_id)
+    assert response["X-Accel-Redirect"] == "/_protected_blobs/" + output.storage_name
+    assert (response["X-Next-Cursor"], response["X-Results-Complete"], response["X-Batch-Status"]) == (
+        "8",
+        "true",
+        "completed",
+    )
+    body, cursor, complete = _page(api, batch.id, "output", 3)
+    assert (cursor, complete) == (8, True) and body == b"".join(_file_bytes(output.id).splitlines(True)[3:])
+    settings.FILE_DOWNLOAD_ACCEL_PREFIX = ""
+    assert _page(api, batch.id, "output")[0] == _file_bytes(output.id)  # without the setting: streamed here
