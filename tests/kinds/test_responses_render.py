@@ -135,8 +135,21 @@ def test_the_kind_names_the_schema_the_decoding_library_cannot_compile():
     assert (caught.value.param, caught.value.code) == ("body.text.format.schema", "invalid_json_schema")
 
 
-def test_the_kind_keeps_no_columns_and_renders_a_response():
+def test_shard_columns_keep_the_echo():
+    from controlplane.kinds.base import ParsedLine
+    from controlplane.kinds.generation.columns import generation_columns_decode, generation_columns_encode
+
     kind, model = kind_for("/v1/responses"), _generation_model(8)
-    assert kind.columns_collector(model, batch_id="batch_1", attempt=1, save=lambda name, data: None) is None
-    line = kind.parse_body({"model": "tinylm", "input": "count from 3 to 5", "max_output_tokens": 16}, model=model)
-    assert kind.work_units(line) >= 1 and line.request.echo.max_output_tokens == 16
+    assert kind.columns_collector(model, batch_id="batch_1", attempt=1, save=lambda name, data: None) is not None
+    body = {"model": "tinylm", "input": "count from 3 to 5", "instructions": "be brief", "max_output_tokens": 16}
+    line = kind.parse_body(body, model=model)
+    assert kind.work_units(line) >= 1 and line.request.echo.instructions == "be brief"
+    chat = kind_for("/v1/chat/completions").parse_body(
+        {"model": "tinylm", "messages": [{"role": "user", "content": "x"}]}, model=model
+    )
+    encoded = generation_columns_encode(
+        "tinylm", [(1, ParsedLine("a", "tinylm", line)), (2, ParsedLine("b", "tinylm", chat))]
+    )
+    _, lines = generation_columns_decode(encoded)
+    assert lines[1].request.request == line.request  # a ResponsesRequest again, its echo kept
+    assert type(lines[2].request.request) is type(chat.request) and lines[2].request.request == chat.request

@@ -15,8 +15,8 @@ The blob shares the tensor columns' name and lifecycle (``parts/<batch>/<index>.
 with the shard's parts and when validation fails).
 
 Format: ``MAGIC``, then one JSON document: ``{"model": name, "lines": [[number, custom_id, request, units,
-issue], ...]}`` with ``request`` GenerationRequest's fields by name (null for a refused line) and ``issue``
-the refused line's [code, message, param] (else null).
+issue], ...]}`` with ``request`` GenerationRequest's fields by name (null for a refused line; a ``/v1/responses``
+line's ResponsesRequest adds its ``echo``) and ``issue`` the refused line's [code, message, param] (else null).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import BodyIssue, ParsedLine
 from controlplane.kinds.generation.bodies import GenerationRequest
 from controlplane.kinds.generation.fields import ResponseFormat
+from controlplane.kinds.generation.responses import ResponseEcho, ResponsesRequest
 from controlplane.kinds.generation.tools import FunctionTool, ToolChoice
 from controlplane.kinds.generation.units import GenerationLine
 from controlplane.kinds.tensors.columns import ColumnsUnusable, columns_name
@@ -51,25 +52,30 @@ def _request_row(request: GenerationRequest) -> dict[str, Any]:
     row["response_format"] = dataclasses.asdict(request.response_format)
     row["tools"] = [dataclasses.asdict(tool) for tool in request.tools]
     row["tool_choice"] = dataclasses.asdict(request.tool_choice)
+    if isinstance(request, ResponsesRequest):
+        row["echo"] = dataclasses.asdict(request.echo)
     return row
 
 
 def _request_from_row(row: dict[str, Any]) -> GenerationRequest:
     """The request as it was parsed: the tuples JSON made lists of are tuples again."""
-    if set(row) != set(_FIELDS):
+    echo = row.get("echo")
+    fields = {name: value for name, value in row.items() if name != "echo"}
+    if set(fields) != set(_FIELDS):
         raise ColumnsUnusable("a line's request has other fields than GenerationRequest's")
     metadata = row["metadata"]
-    return GenerationRequest(
-        **{
-            **row,
-            "prompt_token_ids": tuple(row["prompt_token_ids"]),
-            "stop": tuple(row["stop"]),
-            "metadata": None if metadata is None else tuple((str(k), str(v)) for k, v in metadata),
-            "response_format": ResponseFormat(**row["response_format"]),
-            "tools": tuple(FunctionTool(**tool) for tool in row["tools"]),
-            "tool_choice": ToolChoice(**row["tool_choice"]),
-        }
-    )
+    values: dict[str, Any] = {
+        **fields,
+        "prompt_token_ids": tuple(row["prompt_token_ids"]),
+        "stop": tuple(row["stop"]),
+        "metadata": None if metadata is None else tuple((str(k), str(v)) for k, v in metadata),
+        "response_format": ResponseFormat(**row["response_format"]),
+        "tools": tuple(FunctionTool(**tool) for tool in row["tools"]),
+        "tool_choice": ToolChoice(**row["tool_choice"]),
+    }
+    if echo is None:
+        return GenerationRequest(**values)
+    return ResponsesRequest(**values, echo=ResponseEcho(**echo))
 
 
 def generation_columns_encode(model_name: str, lines: list[tuple[int, ParsedLine]]) -> bytes:

@@ -294,9 +294,8 @@ class CompletionsKind(_GenerationKind):
 
 
 class ResponsesKind(_GenerationKind):
-    """OpenAI's Responses API (responses.py parses, responses_render.py renders). Its lines keep no shard
-    columns: the columns hold GenerationRequest's fields, not the echo a Response repeats (its instructions,
-    the max_output_tokens asked for), so a shard parses its lines again from the input file."""
+    """OpenAI's Responses API (responses.py and responses_input.py parse, responses_render.py renders). Its lines'
+    shard columns keep the echo a response repeats (ResponsesRequest.echo) beside the request."""
 
     url: ClassVar[str] = "/v1/responses"
     parse = staticmethod(parse_responses_body)
@@ -315,8 +314,3 @@ class ResponsesKind(_GenerationKind):
 
     def render_body(self, request: GenerationRequest, result: EngineResult, *, request_id: str) -> dict[str, Any]:
         return render_response(request, result, request_id=request_id, created=int(time.time()))
-
-    def columns_collector(
-        self, model: CatalogueModel, *, batch_id: str, attempt: int, save: Callable[[str, IO[bytes]], Any]
-    ) -> ColumnCollector | None:
-        return None
