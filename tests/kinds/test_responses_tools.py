@@ -220,3 +220,16 @@ def test_a_named_choice_is_echoed_in_the_responses_form():
     rendered = render_response(request, result, request_id="rid2", created=1_800_000_000)
     validate(rendered, "Response")
     assert rendered["tool_choice"] == {"type": "function", "name": "get_weather"}
+
+
+def test_the_shipped_example_file_parses_line_by_line():
+    from pathlib import Path
+
+    import orjson
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "responses.jsonl"
+    for line in path.read_text().splitlines():
+        record = orjson.loads(line)
+        assert record["url"] == RESPONSES and record["body"]["model"] == MODEL
+        valid_request(record["body"])
+        assert kind_for(RESPONSES).parse_body(record["body"], model=smollm2()).units >= 1
