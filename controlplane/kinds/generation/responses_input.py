@@ -19,7 +19,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from controlplane.kinds.generation.fields import BodyError, missing, short, wrong_type
+from controlplane.kinds.generation.fields import (
+    BodyError,
+    check_array_length,
+    missing,
+    required_string,
+    short,
+    wrong_type,
+)
 
 __all__ = ["chat_tool_choice", "chat_tools", "input_messages"]
 
@@ -46,12 +53,7 @@ def input_messages(value: Any) -> tuple[list[dict[str, Any]], list[str]]:
         return [{"role": "user", "content": value}], ["input"]
     if not isinstance(value, list):
         raise wrong_type("input", "a string or an array of input items", value)
-    if not value:
-        raise BodyError(
-            "input",
-            "empty_array",
-            "Invalid 'input': empty array. Expected an array with minimum length 1, but got an empty array instead.",
-        )
+    check_array_length("input", value)
     messages: list[dict[str, Any]] = []
     sources: list[str] = []
     calls: set[str] = set()  # the call ids so far: what a function_call_output may answer
@@ -135,14 +137,14 @@ def _content(content: Any, param: str, role: str) -> Any:
 def _function_call(item: dict[str, Any], param: str) -> dict[str, Any]:
     _known_keys(item, _CALL_KEYS, param)
     _status_and_id(item, param)
-    call_id, name, arguments = (_string(item, key, param) for key in ("call_id", "name", "arguments"))
+    call_id, name, arguments = (required_string(item, key, param) for key in ("call_id", "name", "arguments"))
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 def _function_call_output(item: dict[str, Any], param: str, calls: set[str]) -> dict[str, Any]:
     _known_keys(item, _CALL_OUTPUT_KEYS, param)
     _status_and_id(item, param)
-    call_id = _string(item, "call_id", param)
+    call_id = required_string(item, "call_id", param)
     if call_id not in calls:
         raise BodyError(
             f"{param}.call_id",
@@ -172,15 +174,6 @@ def _status_and_id(item: dict[str, Any], param: str) -> None:
     item_id = item.get("id")
     if item_id is not None and not isinstance(item_id, str):
         raise wrong_type(f"{param}.id", "a string", item_id)
-
-
-def _string(item: dict[str, Any], key: str, param: str) -> str:
-    value = item.get(key)
-    if value is None:
-        raise missing(f"{param}.{key}")
-    if not isinstance(value, str):
-        raise wrong_type(f"{param}.{key}", "a string", value)
-    return value
 
 
 def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
