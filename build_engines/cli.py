@@ -1,4 +1,5 @@
-"""`python -m build_engines {export,verify,build,emit,all} SPEC`, `tune SPEC_OR_MODEL` and `validate-configs`.
+"""`python -m build_engines {export,verify,build,emit,all} SPEC`, `tune SPEC_OR_MODEL`, `validate-configs` and
+`adapter {check,add} BASE_MODEL_DIR PEFT_DIR --name NAME` (LoRA adapters: build_engines/adapters.py).
 
 Exit codes: 0 ok, 1 other failure (e.g. an artefact a step needs is missing), 2 bad spec or bad config, 3 verify
 failed, 4 cannot run on this machine. Errors print as one `error:` block on stderr, never a traceback,
@@ -63,6 +64,7 @@ def _parser() -> argparse.ArgumentParser:
                 "--require-trt", action="store_true", help="fail (exit 4) when the TensorRT build cannot run here"
             )
     _add_tune(commands)
+    _add_adapter(commands)
     validate = commands.add_parser("validate-configs", help="parse every config.pbtxt with Triton's schema")
     validate.add_argument("--models-dir", type=Path, help="Triton model repository (default triton_models/)")
     return parser
@@ -98,6 +100,37 @@ def _add_tune(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     tune.add_argument("--write", action="store_true", help="rewrite the model's config.pbtxt with the choice")
 
 
+def _add_adapter(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    adapter = commands.add_parser("adapter", help="check a PEFT LoRA adapter against its base, copy it in")
+    actions = adapter.add_subparsers(dest="action", required=True)
+    for action, text in (
+        ("check", "check a PEFT LoRA directory against the base model directory"),
+        ("add", "check, then copy it to the base's adapters/ folder (the engine's ADAPTERS_DIR)"),
+    ):
+        sub = actions.add_parser(action, help=text, description=text)
+        sub.add_argument(
+            "base_dir", type=Path, help="the base's Hugging Face directory (e.g. triton_models/tinylm/1/hf)"
+        )
+        sub.add_argument("peft_dir", type=Path, help="the adapter: adapter_config.json + adapter_model.safetensors")
+        sub.add_argument("--name", required=True, help="the adapter's name; tenants write `<base model>:<name>`")
+        if action == "add":
+            sub.add_argument("--adapters-dir", type=Path, help="where it goes (default: adapters/ beside base_dir)")
+
+
+def _adapter(args: argparse.Namespace) -> int:
+    from build_engines.adapters import adapter_add, adapter_check
+
+    if args.action == "check":
+        info = adapter_check(args.base_dir, args.peft_dir, name=args.name)
+    else:
+        info = adapter_add(args.base_dir, args.peft_dir, name=args.name, adapters_dir=args.adapters_dir)
+    print(
+        f"{'added' if args.action == 'add' else 'checked'} {info.name}: r={info.rank} alpha={info.alpha:g} "
+        f"{info.modules} LoRA layers ({', '.join(info.target_modules)}) at {info.path}"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     command = "python -m build_engines " + shlex.join(sys.argv[1:] if argv is None else argv)
@@ -123,6 +156,8 @@ def _run(args: argparse.Namespace, command: str) -> int:
 
     if args.command == "tune":
         return _tune(args, command)
+    if args.command == "adapter":
+        return _adapter(args)
 
     spec = load_any_spec(args.spec)
     out_dir = (args.out or PACKAGE_DIR / "out" / spec.name).resolve()

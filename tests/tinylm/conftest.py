@@ -26,3 +26,23 @@ def engine(hf_dir: Path):
     from cb_engine import Engine
 
     return Engine(str(hf_dir), kv_budget_tokens=4096, max_seqs=32, threads=1)
+
+
+ADAPTERS_DIR = MODEL_VERSION_DIR / "adapters"
+
+
+@pytest.fixture(scope="session")
+def adapters_dir(hf_dir: Path) -> Path:
+    if not (ADAPTERS_DIR / ".built").exists():
+        pytest.fail(f"{ADAPTERS_DIR} is missing: `make install` trains them (build_engines/sources/tinylm_adapters.py)")
+    return ADAPTERS_DIR
+
+
+@pytest.fixture(scope="session")
+def lora_engine(hf_dir: Path, adapters_dir: Path):
+    """tinylm with its two adapters loaded at start ("double" and "reverse")."""
+    from cb_engine import Engine
+
+    return Engine(
+        str(hf_dir), kv_budget_tokens=4096, max_seqs=32, threads=1, adapters_dir=str(adapters_dir), adapters=None
+    )

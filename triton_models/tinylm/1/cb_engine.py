@@ -28,10 +28,11 @@ from collections.abc import Callable, Sequence
 import torch
 from cb_forward import KVPool
 from cb_grammar import GrammarCompiler
+from cb_lora import LoraRegistry
 from cb_passes import prefill_rounds, similar_lengths
 from cb_prefix import PrefixCache
-from cb_request import Choice, Request
-from cb_sampling import SamplingParams, TokenPick, choice_generator, pick_tokens
+from cb_request import Choice, Request, append_token
+from cb_sampling import SamplingParams, choice_generator, pick_tokens
 from cb_threads import name_os_thread
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,9 @@ class Engine:
         max_model_len: int | None = None,
         cancel_poll_s: float = 0.05,
         cancel_poll_batch: int = 8,
+        adapters_dir: str | None = None,
+        adapters: Sequence[str] | None = (),
+        max_loras: int = 0,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -77,6 +81,11 @@ class Engine:
         self.max_prefill_tokens_per_step = max_prefill_tokens_per_step
         self.pool = KVPool(self.model, self._cache_kwarg, kv_budget_tokens)
         self.prefix_cache = PrefixCache(self.pool, block_size) if prefix_caching else None
+        # LoRA adapters (cb_lora.py): `adapters` loaded now (None: every one in adapters_dir), any other one of
+        # adapters_dir when a request first names it, or by `load_adapter`.
+        self.lora = LoraRegistry(self.model, adapters_dir, max_loras)
+        for name in self.lora.available() if adapters is None else adapters:
+            self.lora.load(name)
         self._grammars: GrammarCompiler | None = None  # built at the first structured request
         self.reserved_tokens = 0  # by running sequences; the prefix cache holds the rest of pool.used_tokens
         self.peak_reserved_tokens = 0  # pool slots in use, highest seen: tests hold it to the budget
@@ -108,6 +117,7 @@ class Engine:
         on_update: Callable[[Request], None],
         is_cancelled: Callable[[], bool] | None = None,
         stream: bool = False,
+        adapter: str | None = None,
     ) -> Request:
         """Queue a request; ValueError when it can never run (empty, over the context, over the budget).
 
@@ -126,6 +136,8 @@ class Engine:
         if need > self.kv_budget_tokens or params.n > self.max_seqs:
             raise ValueError(f"n x (prompt + max_tokens) = {need} tokens can never fit the KV budget")
         request = Request(request_id, ids, params, on_update, is_cancelled, stream, reserved_tokens=need)
+        if adapter:  # its sequences run the base plus this LoRA adapter (ValueError: unknown adapter)
+            request.adapter = self.lora.get(adapter)
         request.choices = [Choice(index=i, generator=choice_generator(params.seed, i)) for i in range(params.n)]
         if params.structured_outputs is not None:
             if self._grammars is None:
@@ -136,6 +148,18 @@ class Engine:
             self._inbox.append(request)
         self._wake.set()
         return request
+
+    def load_adapter(self, name: str, path: str | None = None) -> list[str]:
+        """Load (or reload) a LoRA adapter while the engine runs: from `path`, else the adapters directory.
+        Running requests keep the weights they started with. Returns the adapters loaded."""
+        self.lora.load(name, path)
+        return self.lora.names()
+
+    def unload_adapter(self, name: str) -> list[str]:
+        """Stop serving an adapter to new requests (ValueError when it is not loaded); running ones finish."""
+        if not self.lora.unload(name):
+            raise ValueError(f"LoRA adapter {name!r} is not loaded (loaded: {', '.join(self.lora.names()) or 'none'})")
+        return self.lora.names()
 
     def cancel(self, request_id: str) -> None:
         """Stop a request at the next step boundary (its finish_reason becomes "abort"); a caller's own
@@ -264,14 +288,19 @@ class Engine:
         """One batched pass (or a few, by length) per distinct cached prefix (usually one or two)."""
         groups: dict[int, tuple[list[int], list[Request]]] = {}
         for request in admitted:
-            chain, blocks = self.prefix_cache.lookup(request.prompt_token_ids) if self.prefix_cache else (0, [])
+            chain, blocks = (
+                self.prefix_cache.lookup(request.prompt_token_ids, salt=request.cache_salt)
+                if self.prefix_cache
+                else (0, [])
+            )
             groups.setdefault(chain, (blocks, []))[1].append(request)
         size = self.prefix_cache.block_size if self.prefix_cache else 0
         for blocks, group in groups.values():
             past = torch.tensor([slot + i for slot in blocks for i in range(size)], dtype=torch.long)
             for requests in similar_lengths(group, len(past)):
                 tails = [r.prompt_token_ids[len(past) :] for r in requests]
-                logits = self.pool.prefill(past, tails, [r.choices[0].start for r in requests], self._pad_id)
+                with self.lora.rows([r.adapter for r in requests]):
+                    logits = self.pool.prefill(past, tails, [r.choices[0].start for r in requests], self._pad_id)
                 for row, request in enumerate(requests):
                     request.num_cached_tokens = len(past)
                     self._start(request, logits[row])
@@ -286,7 +315,7 @@ class Engine:
             if params.presence_penalty or params.frequency_penalty:
                 choice.counts = torch.zeros(logits.shape[-1])
         if self.prefix_cache is not None:
-            self.prefix_cache.insert(ids, first.start)
+            self.prefix_cache.insert(ids, first.start, salt=request.cache_salt)
             self._note_peak()
         self._running.append(request)
         rows = [(request, choice) for choice in request.choices]
@@ -294,9 +323,10 @@ class Engine:
 
     def _decode(self) -> None:
         rows = [(r, c) for r in self._running for c in r.choices if c.finish_reason is None]
-        logits = self.pool.decode(
-            [c.start for _, c in rows], [c.length for _, c in rows], [c.token_ids[-1] for _, c in rows]
-        )
+        with self.lora.rows([r.adapter for r, _ in rows]):
+            logits = self.pool.decode(
+                [c.start for _, c in rows], [c.length for _, c in rows], [c.token_ids[-1] for _, c in rows]
+            )
         for _, choice in rows:
             choice.length += 1
         self._accept(rows, logits)
@@ -312,41 +342,12 @@ class Engine:
         touched: dict[str, Request] = {}
         for (request, choice), pick in zip(rows, picks, strict=True):
             touched[request.request_id] = request
-            self._append(request, choice, pick)
+            append_token(request, choice, pick, self.tokenizer, self.eos_token_ids)
         for request in touched.values():
             if all(c.finish_reason is not None for c in request.choices):
                 self._finish(request, abort=False)
             else:
                 self._notify(request)
-
-    def _append(self, request: Request, choice: Choice, pick: TokenPick) -> None:
-        params = request.params
-        choice.token_ids.append(pick.token_id)
-        if choice.counts is not None:
-            choice.counts[pick.token_id] += 1
-        choice.cumulative_logprob += pick.logprob
-        if params.logprobs is not None:
-            choice.picks.append(pick)
-        took_eos = pick.token_id in self.eos_token_ids and not params.ignore_eos
-        if choice.grammar is not None and not took_eos:
-            choice.grammar.advance(pick.token_id)
-        # The document is closed: end here with "stop", as at EOS (the mask would allow only EOS next).
-        is_eos = took_eos or (choice.grammar is not None and choice.grammar.complete)
-        at_limit = len(choice.token_ids) >= params.max_tokens
-        if is_eos or at_limit or params.stop or request.stream:
-            # Decoding costs O(length): done only when someone reads the text before the end, or at the end.
-            choice.text = self.tokenizer.decode(
-                choice.token_ids[:-1] if took_eos else choice.token_ids, skip_special_tokens=True
-            )
-        cut = min((i for i in (choice.text.find(s) for s in params.stop) if i >= 0), default=-1)
-        if cut >= 0:
-            choice.text, choice.finish_reason = choice.text[:cut], "stop"
-        elif is_eos:
-            choice.finish_reason = "stop"
-        elif at_limit:
-            choice.finish_reason = "length"
-        hold = max((len(s) - 1 for s in params.stop), default=0)
-        choice.stable_chars = len(choice.text) if choice.finish_reason else max(0, len(choice.text) - hold)
 
     def _finish(self, request: Request, *, abort: bool) -> None:
         if request.finished:

@@ -15,7 +15,7 @@ def prefill_rounds(admitted: list[Any], prefix_cache: PrefixCache) -> tuple[list
     later: list[Any] = []
     coming: set[int] = set()  # blocks the first round will cache
     for request in admitted:
-        keys = block_keys(request.prompt_token_ids, prefix_cache.block_size)
+        keys = block_keys(request.prompt_token_ids, prefix_cache.block_size, request.cache_salt)
         new = [key for key in keys if not prefix_cache.holds(key)]
         (later if new and new[0] in coming else first).append(request)
         coming.update(new)

@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from typing import Any
 
 
-def block_keys(token_ids: Sequence[int], block_size: int) -> list[int]:
-    """One key per whole block of `token_ids`; key i depends on blocks 0..i."""
-    keys, previous = [], 0
+def block_keys(token_ids: Sequence[int], block_size: int, salt: str = "") -> list[int]:
+    """One key per whole block of `token_ids`; key i depends on blocks 0..i and on `salt` (the LoRA adapter the
+    KV was computed with: cb_lora.py), so a prefix never matches across adapters."""
+    keys, previous = [], hash(("lora", salt)) if salt else 0
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         previous = hash((previous, tuple(token_ids[start : start + block_size])))
         keys.append(previous)
@@ -35,13 +36,13 @@ class PrefixCache:
     def holds(self, key: int) -> bool:
         return key in self._blocks
 
-    def lookup(self, token_ids: Sequence[int]) -> tuple[int, list[int]]:
+    def lookup(self, token_ids: Sequence[int], salt: str = "") -> tuple[int, list[int]]:
         """The cached blocks of the longest cached prefix, leaving at least one prompt token to compute (the
         model needs it to produce the next token's logits), and the key of the last one (0 for none): prompts
         with the same key share the same cached prefix."""
         usable = (len(token_ids) - 1) // self.block_size
         found = []
-        for key in block_keys(token_ids, self.block_size)[:usable]:
+        for key in block_keys(token_ids, self.block_size, salt)[:usable]:
             block = self._blocks.get(key)
             if block is None:
                 break
@@ -53,10 +54,10 @@ class PrefixCache:
         self.hits_tokens += len(found) * self.block_size
         return (found[-1][0] if found else 0), [block for _, block in found]
 
-    def insert(self, token_ids: Sequence[int], source: int) -> None:
+    def insert(self, token_ids: Sequence[int], source: int, salt: str = "") -> None:
         """Keep the whole blocks of a prefilled prompt whose KV sits in the pool from slot `source`, as far as
         the pool has free room (a cache never evicts running work)."""
-        keys = block_keys(token_ids, self.block_size)
+        keys = block_keys(token_ids, self.block_size, salt)
         for index, key in enumerate(keys):  # parents first: a child is unreachable without them
             if key in self._blocks:
                 continue

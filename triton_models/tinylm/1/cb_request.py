@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from cb_grammar import GrammarMatcher
@@ -43,7 +44,44 @@ class Request:
     finished: bool = False
     error: str | None = None  # set with finished when the engine failed this request
     reserved_tokens: int = 0
+    adapter: Any = None  # the cb_lora.Adapter its sequences run, None for the base
+
+    @property
+    def cache_salt(self) -> str:
+        """What the prefix cache's keys are salted with: KV computed under one adapter is not another's."""
+        return self.adapter.key if self.adapter is not None else ""
 
     @property
     def cancelled(self) -> bool:
         return self.finished and any(c.finish_reason == "abort" for c in self.choices)
+
+
+def append_token(request: Request, choice: Choice, pick: TokenPick, tokenizer: Any, eos_token_ids: set[int]) -> None:
+    """Add a sampled token to a choice: its counts, logprobs, grammar, text (when read), and why it ends."""
+    params = request.params
+    choice.token_ids.append(pick.token_id)
+    if choice.counts is not None:
+        choice.counts[pick.token_id] += 1
+    choice.cumulative_logprob += pick.logprob
+    if params.logprobs is not None:
+        choice.picks.append(pick)
+    took_eos = pick.token_id in eos_token_ids and not params.ignore_eos
+    if choice.grammar is not None and not took_eos:
+        choice.grammar.advance(pick.token_id)
+    # The document is closed: end here with "stop", as at EOS (the mask would allow only EOS next).
+    is_eos = took_eos or (choice.grammar is not None and choice.grammar.complete)
+    at_limit = len(choice.token_ids) >= params.max_tokens
+    if is_eos or at_limit or params.stop or request.stream:
+        # Decoding costs O(length): done only when someone reads the text before the end, or at the end.
+        choice.text = tokenizer.decode(
+            choice.token_ids[:-1] if took_eos else choice.token_ids, skip_special_tokens=True
+        )
+    cut = min((i for i in (choice.text.find(s) for s in params.stop) if i >= 0), default=-1)
+    if cut >= 0:
+        choice.text, choice.finish_reason = choice.text[:cut], "stop"
+    elif is_eos:
+        choice.finish_reason = "stop"
+    elif at_limit:
+        choice.finish_reason = "length"
+    hold = max((len(s) - 1 for s in params.stop), default=0)
+    choice.stable_chars = len(choice.text) if choice.finish_reason else max(0, len(choice.text) - hold)

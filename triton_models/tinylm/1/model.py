@@ -5,6 +5,12 @@ same optional `return_*` flags and outputs), so the control plane drives this CP
 GPUs with one code path. Extras, optional and off by default: `return_num_cached_tokens` →
 `num_cached_tokens` (prompt tokens served from the prefix cache, for usage's cached_tokens).
 
+LoRA adapters (cb_lora.py): `lora_name` (vLLM's backend's input) names the adapter a request runs with; the
+engine loads the ones listed in the LORA_ADAPTERS parameter (empty: every one in ADAPTERS_DIR) at start, and
+any other adapter of ADAPTERS_DIR the first time a request names it. A control request, `lora_control` (JSON
+`{"action": "load" | "unload" | "list", "name": ..., "path": ...}`, no generation), loads or unloads one while
+the base runs on; its one response's `text_output` is `{"adapters": [loaded names]}`.
+
 `execute` only parses and queues: the engine's step loop runs in a background thread and answers each request
 through its response sender (streamed deltas when `stream` is true, else one response), the last one flagged
 final. A request the engine cannot take gets its own error response; its neighbours run on.
@@ -36,6 +42,14 @@ def _parameter(config, key, default):
 def _bool_input(request, name, default):
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return default if tensor is None else bool(tensor.as_numpy().reshape(-1)[0])
+
+
+def _string_input(request, name):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return None
+    value = tensor.as_numpy().reshape(-1)[0]
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
 def _error(message, code_name="INVALID_ARG"):
@@ -144,6 +158,10 @@ class TritonPythonModel:
         if args.get("model_instance_kind") == "GPU":
             device = f"cuda:{args.get('model_instance_device_id', 0)}"
         started = time.monotonic()
+        adapters_dir = _parameter(config, "ADAPTERS_DIR", "adapters")
+        if not Path(adapters_dir).is_absolute():
+            adapters_dir = str(Path(args["model_repository"]) / args["model_version"] / adapters_dir)
+        listed = _parameter(config, "LORA_ADAPTERS", "")
         self.engine = Engine(
             hf_dir,
             kv_budget_tokens=int(_parameter(config, "KV_BUDGET_TOKENS", "16384")),
@@ -153,13 +171,17 @@ class TritonPythonModel:
             device=device,
             threads=int(_parameter(config, "INTRA_OP_THREADS", "1")),
             max_model_len=int(_parameter(config, "MAX_MODEL_LEN", "0")) or None,
+            adapters_dir=adapters_dir,
+            adapters=[name.strip() for name in listed.split(",") if name.strip()] if listed else None,
+            max_loras=int(_parameter(config, "MAX_LORAS", "0")),
         )
         self.engine.start()
         self._counter = 0
         pb_utils.Logger.log_info(
             f"{args['model_name']} instance {args['model_instance_name']} loaded {hf_dir} on {device} in "
             f"{time.monotonic() - started:.2f}s: KV budget {self.engine.kv_budget_tokens} tokens, "
-            f"max {self.engine.max_seqs} sequences, context {self.engine.context_length}"
+            f"max {self.engine.max_seqs} sequences, context {self.engine.context_length}, "
+            f"LoRA adapters {self.engine.lora.names() or 'none'}"
         )
 
     def execute(self, requests):
@@ -175,6 +197,10 @@ class TritonPythonModel:
         return None  # decoupled: every answer goes through the response senders
 
     def _submit(self, request, sender):
+        control = _string_input(request, "lora_control")
+        if control is not None:
+            self._control(control, sender)
+            return
         text = pb_utils.get_input_tensor_by_name(request, "text_input")
         if text is None:
             raise ValueError("missing input text_input")
@@ -197,7 +223,27 @@ class TritonPythonModel:
             on_update=state.on_update,
             is_cancelled=sender.is_cancelled,
             stream=stream,
+            adapter=_string_input(request, "lora_name") or None,
         )
+
+    def _control(self, raw, sender):
+        """A LoRA control request: load, unload or list adapters; answered with the adapters now loaded."""
+        command = json.loads(raw)
+        action, name = command.get("action"), command.get("name")
+        if action == "load":
+            loaded = self.engine.load_adapter(str(name), command.get("path"))
+        elif action == "unload":
+            loaded = self.engine.unload_adapter(str(name))
+        elif action == "list":
+            loaded = self.engine.lora.names()
+        else:
+            raise ValueError(f"lora_control action must be load, unload or list, got {action!r}")
+        pb_utils.Logger.log_info(f"{self._name} LoRA {action} {name or ''}: loaded {loaded}")
+        body = json.dumps({"adapters": loaded}).encode("utf-8")
+        response = pb_utils.InferenceResponse(
+            output_tensors=[pb_utils.Tensor("text_output", np.asarray([body], dtype=np.object_))]
+        )
+        sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def finalize(self):
         self.engine.stop()
