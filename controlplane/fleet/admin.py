@@ -18,6 +18,8 @@ from controlplane.core.audit import AuditedAdmin, ReadOnlyAdmin
 from controlplane.core.messaging import dispatch
 from controlplane.fleet.membership.inventory import server_set_operator_state
 from controlplane.fleet.models import (
+    ADAPTER_SEPARATOR,
+    CatalogueAdapter,
     CatalogueModel,
     FleetSizePlan,
     Gpu,
@@ -47,6 +49,12 @@ class CatalogueModelForm(forms.ModelForm):
         if any(v < 0 for v in value) or len(set(value)) != len(value):
             raise ValidationError("GPU indices must be distinct and non-negative.")
         return sorted(value)
+
+    def clean_name(self) -> str:
+        name = self.cleaned_data.get("name") or ""
+        if ADAPTER_SEPARATOR in name:  # `base:adapter` names an adapter (CatalogueAdapter)
+            raise ValidationError(f"A model name cannot contain {ADAPTER_SEPARATOR!r}: it separates a LoRA adapter.")
+        return name
 
     def clean_inputs(self) -> Any:
         return self.cleaned_data.get("inputs") or []
@@ -333,6 +341,32 @@ class PlacementAdmin(ReadOnlyAdmin):
     def last_error_short(self, placement: Placement) -> str:
         error = placement.last_error
         return error if len(error) <= 120 else error[:119] + "…"
+
+
+class CatalogueAdapterForm(forms.ModelForm):
+    class Meta:
+        model = CatalogueAdapter
+        fields = "__all__"
+
+    def clean_base(self) -> CatalogueModel:
+        base: CatalogueModel = self.cleaned_data["base"]
+        # The kind selects an adapter with vLLM's lora_name input (kinds/generation/engine.py): a base whose
+        # engine does not take it would answer every adapter line with the base's own output, or an error.
+        if not any(isinstance(spec, dict) and spec.get("name") == "lora_name" for spec in base.inputs or ()):
+            raise ValidationError(f"{base.name} does not declare the lora_name input: its engine serves no adapters.")
+        return base
+
+
+@admin.register(CatalogueAdapter)
+class CatalogueAdapterAdmin(AuditedAdmin, admin.ModelAdmin):
+    """LoRA adapters served on a generation model (`base:name` in body.model). Disabling one makes its new lines
+    400s; the engine's files are added with `python -m build_engines adapter add` (build_engines/README.md)."""
+
+    form = CatalogueAdapterForm
+    list_display = ("__str__", "base", "name", "rank", "is_enabled", "path", "memory_bytes", "created_at")
+    list_filter = ("is_enabled", "base")
+    search_fields = ("name", "base__name")
+    list_select_related = ("base",)
 
 
 @admin.register(PlacementEvent)

@@ -84,6 +84,47 @@ class CatalogueModel(models.Model):
         return self.name
 
 
+ADAPTER_SEPARATOR = ":"
+
+
+def split_model_name(name: str) -> tuple[str, str]:
+    """A tenant's model name → (catalogue model, adapter): ``tinylm:double`` → ("tinylm", "double"), ``tinylm`` →
+    ("tinylm", ""). Catalogue names never hold the separator (CatalogueAdapter.full_name relies on it)."""
+    base, _, adapter = name.partition(ADAPTER_SEPARATOR)
+    return base, adapter
+
+
+class CatalogueAdapter(models.Model):
+    """A LoRA adapter served on a generation model's engine, named by tenants ``<base>:<name>``: its lines run in
+    the base's batches and engine, each sequence with its own adapter (docs/architecture/generation.md, "Adapters
+    (LoRA)"). ``path`` is the adapter's folder as the engine finds it (ADAPTERS_DIR/<name> of tinylm's engine,
+    multi_lora.json of vLLM's); rank and memory are what the placement planner will weigh per adapter."""
+
+    base = models.ForeignKey(CatalogueModel, on_delete=models.CASCADE, related_name="adapters")
+    name = models.SlugField(max_length=63, help_text="Tenants write <base model>:<name> in body.model.")
+    path = models.CharField(
+        max_length=500,
+        blank=True,
+        default="",
+        help_text="The adapter's PEFT folder, relative to the base's model folder",
+    )
+    rank = models.PositiveIntegerField(default=8, help_text="LoRA rank r (vLLM's max_lora_rank must cover it)")
+    is_enabled = models.BooleanField(default=True)
+    memory_bytes = models.PositiveBigIntegerField(default=0, help_text="Weights held per loaded copy (declared)")
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        constraints = (models.UniqueConstraint(fields=["base", "name"], name="uniq_adapter_per_base"),)
+        ordering: ClassVar[list[str]] = ["base_id", "name"]
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.base.name}{ADAPTER_SEPARATOR}{self.name}"
+
+    def __str__(self) -> str:
+        return self.full_name
+
+
 class ServerState(models.TextChoices):
     HEALTHY = "healthy"
     UNHEALTHY = "unhealthy"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controlplane.fleet.models import CatalogueModel, ModelKind, TritonServer
+from controlplane.fleet.models import CatalogueAdapter, CatalogueModel, ModelKind, TritonServer
 
 # Which batch endpoints serve each kind, the first the main one (batches.models.Endpoint; named here so fleet
 # need not import batches or kinds; tests/kinds/test_registry.py holds it equal to the registry).
@@ -39,6 +39,17 @@ def model_render(model: CatalogueModel) -> dict[str, Any]:
         body["inputs"] = model.inputs
         body["outputs"] = model.outputs
     return body
+
+
+def adapter_render(adapter: CatalogueAdapter) -> dict[str, Any]:
+    """A LoRA adapter as a Model of its own (``base:adapter``, the name its lines use), its base's facts, and
+    ``parent`` (vLLM's /v1/models names an adapter's base so too)."""
+    return {
+        **model_render(adapter.base),
+        "id": adapter.full_name,
+        "created": int(adapter.created_at.timestamp()),
+        "parent": adapter.base.name,
+    }
 
 
 def server_render(server: TritonServer, *, created: bool) -> dict[str, Any]:

@@ -40,6 +40,10 @@ class ModelSerializer(serializers.Serializer[Any]):
     context_length = serializers.IntegerField(
         allow_null=True, required=False, help_text="Extension, generation models: prompt + completion tokens."
     )
+    parent = serializers.CharField(  # type: ignore[assignment]  # a field: DRF's metaclass pops it
+        required=False,
+        help_text="Extension, LoRA adapters (`base:adapter` ids): the base model whose batches and engine they share.",
+    )
     inputs = TensorSpecSerializer(many=True, required=False, help_text="Extension, tensor models: what a line sends.")
     outputs = TensorSpecSerializer(many=True, required=False, help_text="Extension, tensor models: what comes back.")
 

@@ -8,6 +8,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from controlplane.fleet.models import (
+    CatalogueAdapter,
     CatalogueModel,
     Gpu,
     Placement,
@@ -40,6 +41,25 @@ def catalogue_model_get(*, name: str) -> CatalogueModel | None:
 
 def catalogue_models_enabled() -> list[CatalogueModel]:
     return list(CatalogueModel.objects.filter(is_enabled=True).order_by("name"))
+
+
+def catalogue_adapters_enabled() -> list[CatalogueAdapter]:
+    """Enabled LoRA adapters of enabled models, by base then name."""
+    adapters = CatalogueAdapter.objects.filter(is_enabled=True, base__is_enabled=True).select_related("base")
+    return list(adapters.order_by("base__name", "name"))
+
+
+def catalogue_adapter_get(*, base: CatalogueModel, name: str) -> CatalogueAdapter | None:
+    """The base's enabled adapter of that name (None: no such adapter, or disabled)."""
+    if "\x00" in name:  # Postgres text cannot hold a NUL: no adapter has one
+        return None
+    return CatalogueAdapter.objects.filter(base=base, name=name, is_enabled=True).select_related("base").first()
+
+
+def catalogue_adapter_names(*, base: CatalogueModel) -> list[str]:
+    """The `base:adapter` names a line may use on this base (for error messages)."""
+    names = CatalogueAdapter.objects.filter(base=base, is_enabled=True).order_by("name").values_list("name", flat=True)
+    return [f"{base.name}:{name}" for name in names]
 
 
 def catalogue_names() -> list[str]:

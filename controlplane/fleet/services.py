@@ -6,8 +6,8 @@ from django.db import transaction
 
 from controlplane.core.http.errors import NotFound, ValidationFailed
 from controlplane.core.messaging import dispatch
-from controlplane.fleet.catalogue.seed import SEED
-from controlplane.fleet.models import CatalogueModel, PlacementEvent
+from controlplane.fleet.catalogue.seed import ADAPTER_SEED, SEED
+from controlplane.fleet.models import CatalogueAdapter, CatalogueModel, PlacementEvent
 
 logger = logging.getLogger(__name__)
 
@@ -17,6 +17,10 @@ def catalogue_seed_defaults() -> None:
     """(Re)create the entries for the models shipped in triton_models/; other entries are untouched."""
     for entry in SEED:
         CatalogueModel.objects.update_or_create(name=entry["name"], defaults=entry)
+    for adapter in ADAPTER_SEED:
+        base = CatalogueModel.objects.get(name=adapter["base"])
+        fields = {k: v for k, v in adapter.items() if k not in ("base", "name")}
+        CatalogueAdapter.objects.update_or_create(base=base, name=adapter["name"], defaults=fields)
 
 
 @transaction.atomic

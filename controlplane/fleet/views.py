@@ -9,20 +9,31 @@ from rest_framework.views import APIView
 
 from controlplane.core.http.errors import NotFound
 from controlplane.fleet import schema
-from controlplane.fleet.render import model_render
-from controlplane.fleet.selectors import catalogue_model_get, catalogue_models_enabled
+from controlplane.fleet.models import split_model_name
+from controlplane.fleet.render import adapter_render, model_render
+from controlplane.fleet.selectors import (
+    catalogue_adapter_get,
+    catalogue_adapters_enabled,
+    catalogue_model_get,
+    catalogue_models_enabled,
+)
 
 
 @schema.model_list
 class ModelListView(APIView):
     def get(self, request: Request) -> Response:
-        return Response({"object": "list", "data": [model_render(m) for m in catalogue_models_enabled()]})
+        # Each enabled LoRA adapter is a model of its own (`base:adapter`), listed after the models.
+        data = [model_render(m) for m in catalogue_models_enabled()]
+        data += [adapter_render(a) for a in catalogue_adapters_enabled()]
+        return Response({"object": "list", "data": data})
 
 
 @schema.model_detail
 class ModelDetailView(APIView):
     def get(self, request: Request, model_id: str) -> Response:
-        model = catalogue_model_get(name=model_id) if "\x00" not in model_id else None
-        if model is None:
+        base_name, adapter_name = split_model_name(model_id)
+        model = catalogue_model_get(name=base_name) if "\x00" not in base_name else None
+        adapter = catalogue_adapter_get(base=model, name=adapter_name) if model is not None and adapter_name else None
+        if model is None or (adapter_name and adapter is None):
             raise NotFound(f"The model {model_id[:200]!r} does not exist.", param="model", code="model_not_found")
-        return Response(model_render(model))
+        return Response(adapter_render(adapter) if adapter is not None else model_render(model))

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from controlplane.batches.intake.lines import load_json_line
 from controlplane.core.http.errors import quote
-from controlplane.fleet.models import CatalogueModel
+from controlplane.fleet.models import ADAPTER_SEPARATOR, CatalogueModel, split_model_name
+from controlplane.fleet.selectors import catalogue_adapter_get, catalogue_adapter_names
 from controlplane.kinds.base import BodyIssue, LineIssue, ParsedLine
 from controlplane.kinds.registry import kind_for
 
@@ -44,6 +45,7 @@ class ModelResolver:
 
     def __init__(self, pinned: CatalogueModel | None = None) -> None:
         self._cache: dict[str, CatalogueModel | None] = {} if pinned is None else {pinned.name: pinned}
+        self._adapters: dict[tuple[int, str], bool] = {}
 
     def get(self, name: str) -> CatalogueModel | None:
         if name not in self._cache:
@@ -51,6 +53,25 @@ class ModelResolver:
             found = None if "\x00" in name else CatalogueModel.objects.filter(name=name, is_enabled=True).first()
             self._cache[name] = found
         return self._cache[name]
+
+    def adapter_issue(self, model: CatalogueModel, model_name: str) -> BodyIssue | None:
+        """For a line naming a LoRA adapter (``base:adapter``, resolved to ``model``): None when the base serves
+        it, else the 400 the line gets (the batch runs on: an adapter disabled or mistyped fails its lines only)."""
+        if ADAPTER_SEPARATOR not in model_name:
+            return None
+        _, adapter = split_model_name(model_name)
+        key = (model.id, adapter)
+        if key not in self._adapters:
+            self._adapters[key] = catalogue_adapter_get(base=model, name=adapter) is not None
+        if self._adapters[key]:
+            return None
+        known = catalogue_adapter_names(base=model)
+        return BodyIssue(
+            "model_not_found",
+            f"The model {quote(model_name)} does not exist: {model.name!r} has no adapter {adapter!r} "
+            f"({'its adapters: ' + ', '.join(known) if known else 'it serves no adapters'}).",
+            "body.model",
+        )
 
 
 def parse_line(raw: bytes, *, endpoint: str, resolver: ModelResolver) -> ParsedLine:
@@ -80,7 +101,8 @@ def parse_line(raw: bytes, *, endpoint: str, resolver: ModelResolver) -> ParsedL
     model_name = body.get("model")
     if not isinstance(model_name, str) or not model_name:
         raise LineIssue("missing_model", "body.model must name a model.", "body.model")
-    model = resolver.get(model_name)
+    # `base:adapter` names a LoRA adapter of a catalogue model: the line runs on the base (fleet/models.py).
+    model = resolver.get(split_model_name(model_name)[0])
     if model is None:
         raise LineIssue("model_not_found", f"The model {quote(model_name)} does not exist.", "body.model")
     kind = kind_for(endpoint)
@@ -90,6 +112,9 @@ def parse_line(raw: bytes, *, endpoint: str, resolver: ModelResolver) -> ParsedL
             f"Model {model_name!r} serves {model.get_kind_display()}, not {endpoint}.",
             "body.model",
         )
+    adapter_issue = resolver.adapter_issue(model, model_name)
+    if adapter_issue is not None:
+        return ParsedLine(custom_id, model_name, None, adapter_issue)
     try:
         request = kind.parse_body(body, model=model)
     except BodyIssue as issue:

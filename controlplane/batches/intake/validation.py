@@ -21,7 +21,7 @@ from controlplane.batches.intake.requests import (
 )
 from controlplane.batches.pinning import model_snapshot
 from controlplane.core.http.errors import quote, storable_text
-from controlplane.fleet.models import CatalogueModel
+from controlplane.fleet.models import CatalogueModel, split_model_name
 from controlplane.kinds.base import ColumnCollector, EndpointKind
 from controlplane.kinds.registry import kind_for
 
@@ -152,9 +152,11 @@ def validate_input(
             refused = parsed.issue is not None
             facts = LineFacts(parsed.custom_id, parsed.model_name, work_units(parsed, endpoint=endpoint))
         custom_ids.add(facts.custom_id, line.number)
+        # A batch is one catalogue model; its lines may name the model's LoRA adapters (`base:adapter`) too.
+        line_model = split_model_name(facts.model_name)[0]
         if not result.model:
-            result.model = facts.model_name
-            model = resolver.get(facts.model_name)
+            result.model = line_model
+            model = resolver.get(line_model)
             if model is not None:
                 lane = FastLane(endpoint=endpoint, model=model)
                 result.model_snapshot = model_snapshot(model)
@@ -166,11 +168,11 @@ def validate_input(
                 shard_budget = shard_seconds / per_unit
             if model is not None:
                 min_shard_lines = max(min_shard_lines, kind_for(endpoint).min_shard_lines(model))
-        elif facts.model_name != result.model:
+        elif line_model != result.model:
             result.add_error(
                 "mixed_models",
-                f"All requests in a batch must use one model; this line uses {quote(facts.model_name)}, "
-                f"earlier lines use {quote(result.model)}.",
+                f"All requests in a batch must use one model (or its adapters, {quote(result.model + ':<adapter>')}); "
+                f"this line uses {quote(facts.model_name)}, earlier lines use {quote(result.model)}.",
                 line=line.number,
                 param="body.model",
             )

@@ -27,6 +27,17 @@ ENGINE_OUTPUTS = [
     {"name": "num_cached_tokens", "datatype": "UINT32", "dims": [1]},
 ]
 
+# tinylm's engine takes vLLM's `lora_name` too (its LoRA adapters, below): the kind sends it only to a model that
+# declares it (smollm2's engine has no adapters shipped).
+TINYLM_INPUTS = [*ENGINE_INPUTS, {"name": "lora_name", "datatype": "BYTES", "dims": [1]}]
+
+# The LoRA adapters shipped for tinylm (`make install`: build_engines/sources/tinylm_adapters.py), by base model
+# name: tenants name them `tinylm:double`, `tinylm:reverse`. A rank-8 pair on 8 layers of width 64-256: ~40 KB.
+ADAPTER_SEED = [
+    {"base": "tinylm", "name": "double", "path": "adapters/double", "rank": 8, "memory_bytes": 64 * 1024},
+    {"base": "tinylm", "name": "reverse", "path": "adapters/reverse", "rank": 8, "memory_bytes": 64 * 1024},
+]
+
 # SmolLM2-135M-Instruct's placement profile, measured: the python backend stub's RSS with the model loaded was
 # 1,657 MiB (2026-12-06): float32 weights 513 MiB + the 16,384-token KV pool 720 MiB + torch and the stub ~420 MiB;
 # 1,792 MiB leaves room for a 64-sequence step's activations.
@@ -92,7 +103,7 @@ SEED = [
         "max_batch_size": 1,
         # Triton's vLLM-backend interface (config.pbtxt). The optional return_num_cached_tokens is the engine's own:
         # the kind asks for num_cached_tokens only from a model that declares it (vLLM's backend has none).
-        "inputs": ENGINE_INPUTS,
+        "inputs": TINYLM_INPUTS,
         "outputs": ENGINE_OUTPUTS,
         "context_length": 256,  # the trained model's n_positions
         "tokenizer_dir": "triton_models/tinylm/1/hf",  # written by `make install` (build_engines/sources/tinylm.py)

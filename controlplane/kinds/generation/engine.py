@@ -7,6 +7,8 @@ request it is sent as, and the ``EngineResult`` its final response becomes (what
 - Constrained decoding as ``guided_decoding`` (schema.py): response_format's schema, or for a line whose
   ``tool_choice`` forces a call the call's schema (tools.tool_call_schema), which takes its place: a forced answer
   is a call, not content for response_format to shape.
+- A line naming a LoRA adapter (``body.model`` ``base:adapter``, resolved at intake) runs with it: the adapter's
+  name goes as ``lora_name`` (vLLM's backend's input); a base line sends no such input.
 - Logprobs arrive as vLLM's JSON, per choice a list with one entry per generated token,
   ``{token_id: {logprob, rank, decoded_token}}``, the sampled token first (vLLM builds the entry from the
   sampled id, then the top-k; tinylm's cb_sampling does the same), so the first key is the token and the
@@ -18,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from controlplane.fleet.models import CatalogueModel
+from controlplane.fleet.models import CatalogueModel, split_model_name
 from controlplane.kinds.generation.bodies import GenerationRequest
 from controlplane.kinds.generation.render import EngineChoice, EngineResult, TokenLogprob, TopLogprob
 from controlplane.kinds.generation.schema import structured_outputs
@@ -62,7 +64,10 @@ def engine_request(request_id: str, request: GenerationRequest, *, model: Catalo
         outputs += ("logprobs",)
     if _declares(model, "return_num_cached_tokens"):
         outputs += ("num_cached_tokens",)
-    return StreamRequest(request_id, request.prompt_text, sampling, outputs=outputs)
+    # Only adapter lines carry the input: a base line reaches a model without LoRA support unchanged. Adapter rows
+    # exist only for models that declare lora_name (the admin's CatalogueAdapter form checks it).
+    _, adapter = split_model_name(request.model)
+    return StreamRequest(request_id, request.prompt_text, sampling, outputs=outputs, lora_name=adapter or None)
 
 
 def _declares(model: CatalogueModel, input_name: str) -> bool:
