@@ -199,6 +199,10 @@ class Shard(models.Model):
     completion_tokens = models.PositiveBigIntegerField(default=0, db_default=0)
     cached_tokens = models.PositiveBigIntegerField(default=0, db_default=0)
     completion_choices = models.PositiveIntegerField(default=0, db_default=0)
+    # Of the above, what ran with LoRA adapters, by the model name the lines used (`tinylm:double`): [completed,
+    # prompt, completion, cached, choices] each (shards.PartSummary); null when no line named an adapter. The
+    # ledger writes a row per adapter from it (usage_rows.py).
+    adapter_usage = models.JSONField(null=True, blank=True)
     triton_server = models.CharField(max_length=200, blank=True, default="")
     last_error = models.TextField(blank=True, default="")
     started_at = models.DateTimeField(null=True, blank=True)

@@ -106,6 +106,9 @@ class PartSummary:
     failed: int
     tokens: TokenCounts  # what the model counted for the completed lines
     stopped: bool  # True when cancel/expiry interrupted the shard: the part holds only some lines
+    # The share of `completed` and `tokens` that ran with LoRA adapters, by the name the lines used
+    # (`base:adapter`): [completed, input, output, cached, choices] each; None when no line named one.
+    adapter_usage: dict[str, list[int]] | None = None
 
 
 def shard_commit(*, shard_id: int, attempt: int, summary: PartSummary) -> bool:
@@ -134,6 +137,7 @@ def shard_commit(*, shard_id: int, attempt: int, summary: PartSummary) -> bool:
             completion_tokens=summary.tokens.output,
             cached_tokens=summary.tokens.cached,
             completion_choices=summary.tokens.choices,
+            adapter_usage=summary.adapter_usage,
             finished_at=timezone.now(),
             lease_expires_at=None,
         )
@@ -141,7 +145,8 @@ def shard_commit(*, shard_id: int, attempt: int, summary: PartSummary) -> bool:
             return False
         shard = Shard.objects.select_related("batch").only(*_USAGE_FIELDS).get(id=shard_id)
         if batch_status != BatchStatus.VALIDATING:
-            usage_record_shard(usage=shard_usage_from_row(shard))
+            for usage in shard_usage_from_row(shard):
+                usage_record_shard(usage=usage)
         Batch.objects.filter(id=shard.batch_id).update(
             completed_lines=F("completed_lines") + summary.completed,
             failed_lines=F("failed_lines") + summary.failed,
@@ -162,6 +167,7 @@ def shard_commit(*, shard_id: int, attempt: int, summary: PartSummary) -> bool:
 _USAGE_FIELDS = (
     *("id", "batch_id", "index", "work_units", "request_count", "started_at", "finished_at", "triton_server"),
     *("completed_lines", "failed_lines", "prompt_tokens", "completion_tokens", "cached_tokens", "completion_choices"),
+    "adapter_usage",
     *("batch__tenant_id", "batch__endpoint", "batch__model", "batch__model_snapshot"),
 )
 

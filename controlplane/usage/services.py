@@ -67,6 +67,9 @@ class ShardUsage:
     discarded: bool = False
     output_tokens: int = 0
     cached_tokens: int = 0
+    # The part of the shard this entry bills (one of several when its lines named LoRA adapters, each billed under
+    # its own `base:adapter` name): its dispatch seconds are this share of the shard's.
+    share: float = 1.0
 
 
 def usage_record_shard(*, usage: ShardUsage) -> UsageRecord:
@@ -78,8 +81,10 @@ def usage_record_shard(*, usage: ShardUsage) -> UsageRecord:
     (usage/attribution.py)."""
     u = usage
     snapshot = u.model_snapshot or {}
-    dispatch_seconds = max(0.0, (u.finished_at - u.started_at).total_seconds()) if u.started_at else 0.0
-    price = price_in_force(model_name=u.model_name, at=u.finished_at)
+    dispatch_seconds = max(0.0, (u.finished_at - u.started_at).total_seconds()) * u.share if u.started_at else 0.0
+    # Prices are per catalogue model: a LoRA adapter's lines (`base:adapter`) are charged at its base's.
+    base_name = u.model_name.partition(":")[0]
+    price = price_in_force(model_name=base_name, at=u.finished_at)
     origin = BatchOrigin.objects.filter(batch_id=u.batch_id).values_list("api_key_id", flat=True).first()
     record = UsageRecord(
         tenant_id=u.tenant_id,
@@ -88,7 +93,7 @@ def usage_record_shard(*, usage: ShardUsage) -> UsageRecord:
         shard_id=u.shard_id,
         endpoint=u.endpoint,
         model=u.model_name,
-        triton_model=str(snapshot.get("triton_name") or u.model_name),
+        triton_model=str(snapshot.get("triton_name") or base_name),
         server=u.server,
         completed_lines=u.completed,
         failed_lines=u.failed,

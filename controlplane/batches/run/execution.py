@@ -32,7 +32,7 @@ from controlplane.batches.shards import PartSummary, batch_stop_requested, shard
 from controlplane.core.observability import metrics, tracing
 from controlplane.core.workers.database import when_database_answers
 from controlplane.files.storage import blob_delete, blob_read_range, blob_save_spooled, blob_spool
-from controlplane.fleet.models import CatalogueModel
+from controlplane.fleet.models import ADAPTER_SEPARATOR, CatalogueModel
 from controlplane.kinds.base import Backend, Call, EndpointKind, LineFailure, LineOutcome, ParsedLine, TokenCounts
 from controlplane.kinds.registry import kind_for
 from controlplane.triton.client import PermanentTritonError, TransientTritonError
@@ -219,6 +219,7 @@ class _PartEntries:
         self.entries: dict[int, bytes] = {}
         self.completed = self.failed = 0
         self.tokens = TokenCounts()
+        self.adapter_usage: dict[str, list[int]] = {}  # shards.PartSummary.adapter_usage
         self._last_check = time.monotonic()
         self._stopping = False
 
@@ -259,6 +260,13 @@ class _PartEntries:
                 t.choices + outcome.choices,
             )
             self.completed += 1
+            model_name = self.lines[number].model_name
+            if ADAPTER_SEPARATOR in model_name:  # a LoRA adapter's line: the ledger bills it under its own name
+                counts = self.adapter_usage.setdefault(model_name, [0, 0, 0, 0, 0])
+                for index, value in enumerate(
+                    (1, outcome.tokens, outcome.completion_tokens, outcome.cached_tokens, outcome.choices)
+                ):
+                    counts[index] += value
 
 
 def _write_part(shard: Shard, runner: _PartEntries, entries: list[bytes], stopped: bool) -> PartSummary:
@@ -268,5 +276,10 @@ def _write_part(shard: Shard, runner: _PartEntries, entries: list[bytes], stoppe
         spool.writelines(entries)
         blob_save_spooled(name, spool)
     return PartSummary(
-        part_name=name, completed=runner.completed, failed=runner.failed, tokens=runner.tokens, stopped=stopped
+        part_name=name,
+        completed=runner.completed,
+        failed=runner.failed,
+        tokens=runner.tokens,
+        stopped=stopped,
+        adapter_usage=runner.adapter_usage or None,
     )

@@ -105,7 +105,8 @@ def generation_columns_decode(data: bytes) -> tuple[str, dict[int, ParsedLine]]:
                 lines[int(number)] = ParsedLine(custom_id, model_name, None, BodyIssue(code, message, param))
             else:
                 parsed = GenerationLine(_request_from_row(request), int(units))
-                lines[int(number)] = ParsedLine(custom_id, model_name, parsed)
+                # The line's own body.model: a LoRA adapter line (`base:adapter`) keeps its adapter.
+                lines[int(number)] = ParsedLine(custom_id, parsed.request.model, parsed)
     except ColumnsUnusable:
         raise
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:  # truncated, garbled, a bad row
