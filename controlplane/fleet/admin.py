@@ -23,6 +23,7 @@ from controlplane.fleet.models import (
     CatalogueModel,
     FleetSizePlan,
     Gpu,
+    ModelKind,
     Placement,
     PlacementEvent,
     ServerState,
@@ -350,10 +351,9 @@ class CatalogueAdapterForm(forms.ModelForm):
 
     def clean_base(self) -> CatalogueModel:
         base: CatalogueModel = self.cleaned_data["base"]
-        # The kind selects an adapter with vLLM's lora_name input (kinds/generation/engine.py): a base whose
-        # engine does not take it would answer every adapter line with the base's own output, or an error.
-        if not any(isinstance(spec, dict) and spec.get("name") == "lora_name" for spec in base.inputs or ()):
-            raise ValidationError(f"{base.name} does not declare the lora_name input: its engine serves no adapters.")
+        # Adapters select by vLLM's lora_name sampling parameter (kinds/generation/engine.py): generation only.
+        if base.kind != ModelKind.GENERATION:
+            raise ValidationError(f"{base.name} is not a generation model: only those serve LoRA adapters.")
         return base
 
 

@@ -45,7 +45,6 @@ class GenerationRequest:
     sampling_parameters: dict[str, Any]  # vLLM SamplingParams fields: max_tokens, temperature, n, stop, seed...
     outputs: tuple[str, ...] = ("finish_reason", "num_input_tokens", "num_output_tokens")
     stream: bool = False  # True: a response per step with the new text; False: one response with all of it
-    lora_name: str | None = None  # the LoRA adapter to run with (vLLM's backend's `lora_name` input); None: the base
 
 
 @dataclass
@@ -82,8 +81,6 @@ def _infer_request(model: str, request: GenerationRequest) -> Any:
         _tensor("exclude_input_in_output", "BOOL", np.array([True], dtype=bool)),
     ]
     inputs += [_tensor(OUTPUT_FLAGS[name], "BOOL", np.array([True], dtype=bool)) for name in request.outputs]
-    if request.lora_name:
-        inputs.append(_tensor("lora_name", "BYTES", np.array([request.lora_name.encode("utf-8")], dtype=np.object_)))
     message = service_pb2.ModelInferRequest(model_name=model, id=request.request_id)
     for tensor, raw in inputs:
         message.inputs.append(tensor)

@@ -1,5 +1,6 @@
 """LoRA adapters in the catalogue and the API: `base:adapter` is listed by /v1/models, accepted in a batch of its
-base (beside the base and its other adapters), sent to the engine as vLLM's `lora_name`, and refused as a 400
+base (beside the base and its other adapters), sent to the engine as vLLM's backend's `lora_name` sampling
+parameter, and refused as a 400
 line naming body.model when the base has no such adapter; another model's adapter is another model."""
 
 from __future__ import annotations
@@ -45,8 +46,8 @@ def test_the_adapter_travels_to_the_engine_as_lora_name(catalogue):
     tinylm = CatalogueModel.objects.get(name="tinylm")
     base, adapted = parse(chat_line("a", "tinylm")), parse(chat_line("b", "tinylm:double"))
     assert adapted.model_name == "tinylm:double" and adapted.request.request.model == "tinylm:double"
-    assert engine_request("1", base.request.request, model=tinylm).lora_name is None
-    assert engine_request("2", adapted.request.request, model=tinylm).lora_name == "double"
+    assert "lora_name" not in engine_request("1", base.request.request, model=tinylm).sampling_parameters
+    assert engine_request("2", adapted.request.request, model=tinylm).sampling_parameters["lora_name"] == "double"
 
 
 def test_an_unknown_or_disabled_adapter_is_a_400_line_naming_body_model(catalogue):

@@ -16,7 +16,7 @@ from controlplane.batches.models import BatchStatus
 from controlplane.triton.client import TritonClient
 from controlplane.usage.models import UsageRecord
 from tests.kinds.test_generation_batch import CHAT, run_batch
-from tests.support.triton_fixture import (  # noqa: F401 - fixtures and the log-tail hook
+from tests.support.triton_fixture import (  # fixtures and the log-tail hook
     pytest_runtest_makereport,
     triton_client,
     triton_model_repository,

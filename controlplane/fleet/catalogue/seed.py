@@ -27,10 +27,6 @@ ENGINE_OUTPUTS = [
     {"name": "num_cached_tokens", "datatype": "UINT32", "dims": [1]},
 ]
 
-# tinylm's engine takes vLLM's `lora_name` too (its LoRA adapters, below): the kind sends it only to a model that
-# declares it (smollm2's engine has no adapters shipped).
-TINYLM_INPUTS = [*ENGINE_INPUTS, {"name": "lora_name", "datatype": "BYTES", "dims": [1]}]
-
 # The LoRA adapters shipped for tinylm (`make install`: build_engines/sources/tinylm_adapters.py), by base model
 # name: tenants name them `tinylm:double`, `tinylm:reverse`. A rank-8 pair on 8 layers of width 64-256: ~40 KB.
 ADAPTER_SEED = [
@@ -103,7 +99,7 @@ SEED = [
         "max_batch_size": 1,
         # Triton's vLLM-backend interface (config.pbtxt). The optional return_num_cached_tokens is the engine's own:
         # the kind asks for num_cached_tokens only from a model that declares it (vLLM's backend has none).
-        "inputs": TINYLM_INPUTS,
+        "inputs": ENGINE_INPUTS,
         "outputs": ENGINE_OUTPUTS,
         "context_length": 256,  # the trained model's n_positions
         "tokenizer_dir": "triton_models/tinylm/1/hf",  # written by `make install` (build_engines/sources/tinylm.py)

@@ -4,14 +4,13 @@ import django.db.models.deletion
 import django.utils.timezone
 from django.db import migrations, models
 
-from controlplane.fleet.catalogue.seed import ADAPTER_SEED, TINYLM_INPUTS
+from controlplane.fleet.catalogue.seed import ADAPTER_SEED
 
 
 def seed_adapters(apps, schema_editor):
-    """tinylm's two adapters, and the `lora_name` input its engine now takes; other entries are left."""
+    """tinylm's two adapters; other entries are left."""
     CatalogueModel = apps.get_model("fleet", "CatalogueModel")
     CatalogueAdapter = apps.get_model("fleet", "CatalogueAdapter")
-    CatalogueModel.objects.filter(name="tinylm").update(inputs=TINYLM_INPUTS)
     for adapter in ADAPTER_SEED:
         base = CatalogueModel.objects.filter(name=adapter["base"]).first()
         if base is not None:

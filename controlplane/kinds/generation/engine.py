@@ -8,7 +8,8 @@ request it is sent as, and the ``EngineResult`` its final response becomes (what
   ``tool_choice`` forces a call the call's schema (tools.tool_call_schema), which takes its place: a forced answer
   is a call, not content for response_format to shape.
 - A line naming a LoRA adapter (``body.model`` ``base:adapter``, resolved at intake) runs with it: the adapter's
-  name goes as ``lora_name`` (vLLM's backend's input); a base line sends no such input.
+  name goes as ``lora_name`` in the sampling parameters, where Triton's vLLM backend reads it (src/model.py,
+  ``_verify_loras``; the key is not vLLM's SamplingParams', the backend pops it); a base line has no such key.
 - Logprobs arrive as vLLM's JSON, per choice a list with one entry per generated token,
   ``{token_id: {logprob, rank, decoded_token}}``, the sampled token first (vLLM builds the entry from the
   sampled id, then the top-k; tinylm's cb_sampling does the same), so the first key is the token and the
@@ -64,10 +65,12 @@ def engine_request(request_id: str, request: GenerationRequest, *, model: Catalo
         outputs += ("logprobs",)
     if _declares(model, "return_num_cached_tokens"):
         outputs += ("num_cached_tokens",)
-    # Only adapter lines carry the input: a base line reaches a model without LoRA support unchanged. Adapter rows
-    # exist only for models that declare lora_name (the admin's CatalogueAdapter form checks it).
+    # Only adapter lines carry the key: a base line reaches an engine without LoRA support unchanged (vLLM's
+    # backend refuses lora_name when its model.json does not enable LoRA).
     _, adapter = split_model_name(request.model)
-    return StreamRequest(request_id, request.prompt_text, sampling, outputs=outputs, lora_name=adapter or None)
+    if adapter:
+        sampling["lora_name"] = adapter
+    return StreamRequest(request_id, request.prompt_text, sampling, outputs=outputs)
 
 
 def _declares(model: CatalogueModel, input_name: str) -> bool:

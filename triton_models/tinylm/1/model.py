@@ -5,8 +5,8 @@ same optional `return_*` flags and outputs), so the control plane drives this CP
 GPUs with one code path. Extras, optional and off by default: `return_num_cached_tokens` →
 `num_cached_tokens` (prompt tokens served from the prefix cache, for usage's cached_tokens).
 
-LoRA adapters (cb_lora.py): `lora_name` (vLLM's backend's input) names the adapter a request runs with; the
-engine loads the ones listed in the LORA_ADAPTERS parameter (empty: every one in ADAPTERS_DIR) at start, and
+LoRA adapters (cb_lora.py): `lora_name` in `sampling_parameters` (where Triton's vLLM backend reads it) names
+the adapter a request runs with; the engine loads the ones listed in the LORA_ADAPTERS parameter (empty: every one in ADAPTERS_DIR) at start, and
 any other adapter of ADAPTERS_DIR the first time a request names it. A control request, `lora_control` (JSON
 `{"action": "load" | "unload" | "list", "name": ..., "path": ...}`, no generation), loads or unloads one while
 the base runs on; its one response's `text_output` is `{"adapters": [loaded names]}`.
@@ -50,6 +50,23 @@ def _string_input(request, name):
         return None
     value = tensor.as_numpy().reshape(-1)[0]
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _pop_lora_name(text):
+    """(the LoRA adapter named by `lora_name`, the sampling parameters without it): vLLM's backend takes the
+    adapter's name from the sampling parameters and hands the rest to SamplingParams."""
+    if text in (None, b"", ""):
+        return None, text
+    try:
+        raw = json.loads(text)
+    except (ValueError, UnicodeDecodeError):
+        return None, text  # SamplingParams.from_json says what is wrong with it
+    if not isinstance(raw, dict) or "lora_name" not in raw:
+        return None, text
+    name = raw.pop("lora_name")
+    if name is not None and not isinstance(name, str):
+        raise ValueError("sampling_parameters.lora_name must be a string")
+    return name or None, json.dumps(raw)
 
 
 def _error(message, code_name="INVALID_ARG"):
@@ -212,7 +229,8 @@ class TritonPythonModel:
         if stream and not exclude:
             raise ValueError("When streaming, `exclude_input_in_output` = False is not allowed.")
         raw = pb_utils.get_input_tensor_by_name(request, "sampling_parameters")
-        params = self._sampling_params.from_json(raw.as_numpy().reshape(-1)[0] if raw is not None else None)
+        adapter, text = _pop_lora_name(raw.as_numpy().reshape(-1)[0] if raw is not None else None)
+        params = self._sampling_params.from_json(text)
         flags = {name for name in _FLAGS if _bool_input(request, name, False)}
         state = _Stream(self._name, sender, self.engine, prompt, stream, not exclude, flags)
         self._counter += 1
@@ -223,7 +241,7 @@ class TritonPythonModel:
             on_update=state.on_update,
             is_cancelled=sender.is_cancelled,
             stream=stream,
-            adapter=_string_input(request, "lora_name") or None,
+            adapter=adapter,
         )
 
     def _control(self, raw, sender):
