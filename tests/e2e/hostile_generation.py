@@ -15,7 +15,7 @@ MODEL = "tinylm"
 CONTEXT = 256  # tinylm's context_length in the catalogue (controlplane/fleet/catalogue/seed.py)
 DROP = object()  # a field removed from the valid body
 IMAGE = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
-TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+BAD_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}
 
 
 def _user(content: Any) -> dict[str, Any]:
@@ -47,7 +47,7 @@ GENERATION_CASES: dict[str, tuple[dict[str, Any], str, str]] = {
         "invalid_json_schema",
     ),
     "stream-true": ({"stream": True}, "stream", "unsupported_value"),
-    "tools": ({"tools": [TOOL]}, "tools", "unsupported_parameter"),
+    "tool-bad-schema": ({"tools": [BAD_TOOL]}, "tools[0].function.parameters", "invalid_function_parameters"),
     "image": (
         {"messages": [_user([{"type": "text", "text": "see"}, IMAGE])]},
         "messages[0].content[1].type",
