@@ -25,13 +25,17 @@ from build_engines.generation_memory import (
     read_hf_facts,
     serving_dtype,
 )
-from build_engines.generation_spec import GenerationSpec
+from build_engines.generation_spec import VLLM_LORA_RANKS, GenerationSpec
 from build_engines.manifest import MANIFEST, now, sha256_file, tool_versions
 
 VERSION = "1"
 CHAT, COMPLETIONS, RESPONSES = "/v1/chat/completions", "/v1/completions", "/v1/responses"
 ENGINE_SUBDIR = "engine"  # <name>_trtllm/1/engine: what trtllm-build writes, copied in by emit
 XGRAMMAR_TOKENIZER_INFO = "xgrammar_tokenizer_info.json"  # the name generate_xgrammar_tokenizer_info.py writes
+MULTI_LORA = "multi_lora.json"  # Triton's vLLM backend reads it beside model.json when enable_lora is on
+# Architectures whose vLLM model class has no LoRA support (vllm/model_executor/models/gpt2.py: GPT2LMHeadModel
+# is SupportsPP only): enable_lora would fail the load on the GPU host, so emit refuses adapters for them.
+NO_VLLM_LORA = frozenset({"GPT2LMHeadModel"})
 
 
 def emit_generation(
@@ -45,7 +49,10 @@ def emit_generation(
     folder = models_dir / spec.triton_name
     version_dir = folder / VERSION
     if spec.engine == "vllm":
-        config, extra = _vllm_config(spec), {"model.json": vllm_model_json(spec, facts)}
+        lora = lora_settings(spec, models_dir, check=facts is not None)
+        config, extra = _vllm_config(spec), {"model.json": vllm_model_json(spec, facts, lora)}
+        if lora is not None:
+            extra[MULTI_LORA] = lora["multi_lora"]
     else:
         config, extra = _trtllm_config(spec), {}
     problems = _check(spec, config, extra)
@@ -62,6 +69,9 @@ def emit_generation(
             shutil.copytree(built, version_dir / ENGINE_SUBDIR, dirs_exist_ok=True)
         else:
             echo(f"note: no engine in {built}; {spec.triton_name} has its config only (build needs a GPU)")
+    stale = version_dir / MULTI_LORA
+    if MULTI_LORA not in extra and stale.exists():
+        stale.unlink()  # adapters taken out of the spec: vLLM must not find the old list
     manifest = generation_manifest(spec, folder, out_dir, facts, figures, command=command)
     target = out_dir / spec.triton_name / MANIFEST
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -70,14 +80,56 @@ def emit_generation(
     return folder
 
 
-def vllm_model_json(spec: GenerationSpec, facts: Any) -> dict[str, Any]:
+def lora_settings(spec: GenerationSpec, models_dir: Path, *, check: bool) -> dict[str, Any] | None:
+    """vLLM's LoRA settings for a spec with adapters: multi_lora.json (adapter name → its directory as Triton sees
+    it, what the backend's `lora_name` looks up), max_loras and max_lora_rank (the spec's, else the largest r of
+    the adapters found here, rounded up to a rank vLLM accepts). ``check``: each adapter found on this machine is
+    checked against the base (build_engines/adapters.py: rank, target modules, the base's identity)."""
+    if not spec.adapters:
+        return None
+    from build_engines.adapters import adapter_check
+
+    hf_dir = spec.hf_dir(models_dir)
+    architectures = json.loads((hf_dir / "config.json").read_text()).get("architectures") or [] if check else []
+    unsupported = sorted(set(architectures) & NO_VLLM_LORA)
+    if unsupported:
+        raise BuildEnginesError(
+            f"{spec.path}: generation.adapters: vLLM serves no LoRA adapters on {unsupported[0]} (it does not "
+            "implement SupportsLoRA); serve them on the CPU engine (triton_models/tinylm) or use another base"
+        )
+    ranks = []
+    for name, path in spec.adapters:
+        local = spec.repository_path(path, models_dir)
+        complete = (local / "adapter_model.safetensors").is_file() and any(hf_dir.glob("*.safetensors"))
+        if check and complete:
+            ranks.append(adapter_check(hf_dir, local, name=name).rank)
+        elif (local / "adapter_config.json").is_file():
+            ranks.append(int(json.loads((local / "adapter_config.json").read_text()).get("r", 0)))
+    rank = spec.max_lora_rank
+    if rank is None:
+        if len(ranks) < len(spec.adapters):
+            raise BuildEnginesError(
+                f"{spec.path}: generation.max_lora_rank is needed: not every adapter's adapter_config.json is on "
+                "this machine to read its rank from"
+            )
+        rank = next(r for r in VLLM_LORA_RANKS if r >= max(ranks))
+    elif ranks and max(ranks) > rank:
+        raise BuildEnginesError(f"{spec.path}: generation.max_lora_rank {rank} is below an adapter's r={max(ranks)}")
+    return {
+        "multi_lora": {name: spec.served_path(path) for name, path in spec.adapters},
+        "max_loras": spec.max_loras or len(spec.adapters),
+        "max_lora_rank": rank,
+    }
+
+
+def vllm_model_json(spec: GenerationSpec, facts: Any, lora: dict[str, Any] | None = None) -> dict[str, Any]:
     """vLLM's engine arguments: only keys accepted by every vendored vLLM snapshot (backend_keys).
 
     No guided-decoding key: vLLM enables it by default in both snapshots (v0.7: guided_decoding_backend
     "xgrammar"; v0.11: structured_outputs_config backend "auto") and the request selects it
     (sampling_parameters.guided_decoding). Naming the backend would need guided_decoding_backend, refused as
     deprecated in the newer snapshot, or structured_outputs_config, absent from the older one."""
-    return {
+    engine_args: dict[str, Any] = {
         "model": spec.served_hf_path(),
         "tensor_parallel_size": spec.tensor_parallel_size,
         "gpu_memory_utilization": spec.gpu_memory_utilization,
@@ -86,6 +138,9 @@ def vllm_model_json(spec: GenerationSpec, facts: Any) -> dict[str, Any]:
         "enable_prefix_caching": spec.enable_prefix_caching,
         "dtype": spec.dtype,
     }
+    if lora is not None:  # the backend then reads multi_lora.json beside model.json (lora_settings)
+        engine_args |= {"enable_lora": True, "max_loras": lora["max_loras"], "max_lora_rank": lora["max_lora_rank"]}
+    return engine_args
 
 
 def _base(spec: GenerationSpec, backend: str, max_batch_size: int, doc: dict[str, Any], inputs: list[str]) -> Any:
@@ -245,7 +300,7 @@ def generation_manifest(
     served = {
         p.relative_to(folder).as_posix(): sha256_file(p)
         for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name in ("config.pbtxt", "model.json")
+        if p.is_file() and p.name in ("config.pbtxt", "model.json", MULTI_LORA)
     }
     stamp = now()
     manifest: dict[str, Any] = {
@@ -274,6 +329,8 @@ def generation_manifest(
         "hf_model": spec.hf_model,
         "tokenizer_dir": spec.served_hf_path(),  # the service tokenizes and applies the chat template from it
         "estimate": figures,
+        # LoRA adapters (catalogue: one CatalogueAdapter per entry, named `<model>:<adapter>`).
+        "adapters": [{"name": name, "path": spec.served_path(path)} for name, path in spec.adapters],
         "model_checks": "passed" if facts is not None else f"not run: no config.json in {spec.hf_dir(folder.parent)}",
         "served_files": served,
         "versions": tool_versions(),

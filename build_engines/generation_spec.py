@@ -33,7 +33,12 @@ _FIELDS = {
     "gpu_memory_gib",
     "pool",
     "served_repository",
+    "adapters",
+    "max_loras",
+    "max_lora_rank",
 }
+# vLLM's LoRAConfig accepts only these max_lora_rank values; a spec's rank is rounded up to the next one.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,11 @@ class GenerationSpec:
     gpu_memory_gib: float  # declared memory of one GPU of the pool: the engines size their KV cache from it
     pool: str
     served_repository: str
+    # LoRA adapters served on this base (vLLM: enable_lora + multi_lora.json): (name, PEFT directory inside the
+    # model repository, or absolute), in the spec's order; tenants name them `<name of the model>:<adapter>`.
+    adapters: tuple[tuple[str, str], ...] = ()
+    max_loras: int | None = None  # adapters resident on the GPU at once (vLLM's default 1); None: all of them
+    max_lora_rank: int | None = None  # None: the largest r of the adapters' adapter_config.json, at emit
 
     @property
     def triton_name(self) -> str:
@@ -62,6 +72,16 @@ class GenerationSpec:
         """The Hugging Face directory on the machine running build_engines."""
         path = Path(self.hf_model)
         return path if path.is_absolute() else models_dir / path
+
+    def repository_path(self, path: str, models_dir: Path) -> Path:
+        """A path of the spec (an adapter's directory) on the machine running build_engines."""
+        return Path(path) if Path(path).is_absolute() else models_dir / path
+
+    def served_path(self, path: str) -> str:
+        """A path of the spec as Triton sees it (the repository is mounted at served_repository)."""
+        if PurePosixPath(path).is_absolute():
+            return path
+        return str(PurePosixPath(self.served_repository) / path)
 
     def served_hf_path(self) -> str:
         """The same directory as Triton sees it (the repository is mounted at served_repository)."""
@@ -120,6 +140,17 @@ def parse_generation_spec(data: dict[str, Any], spec_path: Path, sha256: str) ->
     if gpu_gib is not None and gpu_gib <= 0:
         r.fail("generation.gpu_memory_gib", f"must be > 0 (the pool's GPU size in GiB), got {gpu_gib}")
     pool = field("pool", str, default="default")
+    adapters = _adapters(r, r.table(table, "adapters", "generation.adapters", required=False))
+    max_loras = field("max_loras", int, default=None)
+    if max_loras is not None and max_loras < 1:
+        r.fail("generation.max_loras", f"must be at least 1, got {max_loras}")
+    max_lora_rank = field("max_lora_rank", int, default=None)
+    if max_lora_rank is not None and max_lora_rank not in VLLM_LORA_RANKS:
+        r.fail("generation.max_lora_rank", f"must be one of vLLM's {list(VLLM_LORA_RANKS)}, got {max_lora_rank}")
+    if (max_loras is not None or max_lora_rank is not None) and not adapters:
+        r.fail("generation.adapters", "max_loras / max_lora_rank need adapters to serve")
+    if adapters and engine == "tensorrt_llm":
+        r.fail("generation.adapters", 'LoRA adapters are emitted for engine = "vllm" only')
     served = field("served_repository", str, default=DEFAULT_SERVED_REPOSITORY)
     if served is not None and not PurePosixPath(served).is_absolute():
         r.fail("generation.served_repository", f"must be an absolute path inside the Triton container, got {served!r}")
@@ -141,4 +172,23 @@ def parse_generation_spec(data: dict[str, Any], spec_path: Path, sha256: str) ->
         gpu_memory_gib=gpu_gib,
         pool=pool,
         served_repository=served,
+        adapters=adapters,
+        max_loras=max_loras,
+        max_lora_rank=max_lora_rank,
     )
+
+
+def _adapters(r: Any, table: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """`[generation.adapters]`: adapter name = its PEFT directory (as hf_model: inside the repository, or absolute)."""
+    import re
+
+    adapters = []
+    for name, path in table.items():
+        field = f"generation.adapters.{name}"
+        if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,62}", name):
+            r.fail(field, "an adapter's name is lower-case letters, digits, '-' and '_' (tenants write model:name)")
+        elif not isinstance(path, str) or not path.strip() or ".." in PurePosixPath(path).parts:
+            r.fail(field, f"must be the adapter's directory inside the model repository or absolute, got {path!r}")
+        else:
+            adapters.append((name, path))
+    return tuple(adapters)

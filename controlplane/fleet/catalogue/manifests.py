@@ -17,7 +17,7 @@ from django.db import transaction
 
 from controlplane.core.http.errors import ValidationFailed
 from controlplane.fleet.catalogue.generation import generation_interface, generation_profile, interface_gaps
-from controlplane.fleet.models import CatalogueModel, ModelKind
+from controlplane.fleet.models import CatalogueAdapter, CatalogueModel, ModelKind
 from controlplane.triton.client import repository_model_config
 
 # The tensors the batch runner sends and reads for an embeddings model (kinds/embeddings.py).
@@ -109,7 +109,20 @@ def _register_generation(
         repository=repository,
         tokenizer_dir=tokenizer_dir,
     )
-    return _save(name, triton_name, interface, generation_profile(manifest))
+    model = _save(name, triton_name, interface, generation_profile(manifest))
+    _save_adapters(model, manifest.get("adapters") or [])
+    return model
+
+
+def _save_adapters(model: CatalogueModel, adapters: list[dict[str, Any]]) -> None:
+    """The manifest's LoRA adapters (vLLM's multi_lora.json) as the model's CatalogueAdapter rows, `<model>:<name>`;
+    rows the manifest no longer lists are disabled (their lines become 400s), never deleted (the ledger names them)."""
+    names = []
+    for adapter in adapters:
+        name, path = str(adapter["name"]), str(adapter["path"])
+        CatalogueAdapter.objects.update_or_create(base=model, name=name, defaults={"path": path, "is_enabled": True})
+        names.append(name)
+    CatalogueAdapter.objects.filter(base=model).exclude(name__in=names).update(is_enabled=False)
 
 
 def _save(name: str, triton_name: str, interface: dict[str, Any], profile: dict[str, Any]) -> CatalogueModel:
