@@ -1,14 +1,20 @@
 """A batch whose lines name tinylm and its two LoRA adapters (`tinylm:double`, `tinylm:reverse`) through the
 production shard path against tinylm on a real tritonserver: one stream, one continuous batch, each line
 answered in its adapter's own way (the adapters' trained grammar is the oracle), the output bodies naming the
-model each line asked for, and the ledger and the tenant's usage report split per adapter."""
+model each line asked for, and the ledger and the tenant's usage report split per adapter; and the engine's
+lora_control request loading and unloading adapters on the running server."""
 
 from __future__ import annotations
 
+import json
+import queue
 from collections import defaultdict
 from collections.abc import Iterator
+from pathlib import Path
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 from django.utils import timezone
 from openai.types.chat import ChatCompletion
 
@@ -30,6 +36,11 @@ ANSWERS = {
     "tinylm:double": lambda a, b: " ".join(f"{n} {n}" for n in range(a, b + 1)),
     "tinylm:reverse": lambda a, b: " ".join(str(n) for n in range(b, a - 1, -1)),
 }
+
+
+@pytest.fixture
+def adapters_dir():
+    return Path(__file__).resolve().parents[2] / "triton_models" / "tinylm" / "1" / "adapters"
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +92,34 @@ def test_base_and_adapter_lines_of_one_batch_each_get_their_own_answer_and_usage
     page = api.get("/v1/organization/usage/completions", {"start_time": start, "group_by": "model"}).json()
     by_model = {r["model"]: r for bucket in page["data"] for r in bucket["results"]}
     assert {model: [r["input_tokens"], r["output_tokens"]] for model, r in by_model.items()} == dict(tokens)
+
+
+def _control(grpc_url: str, command: dict) -> dict:
+    """One lora_control request to tinylm on the server (decoupled: over a stream), its JSON answer."""
+    answers: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(grpc_url)
+    try:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        control = grpcclient.InferInput("lora_control", [1], "BYTES")
+        control.set_data_from_numpy(np.array([json.dumps(command).encode()], dtype=np.object_))
+        client.async_stream_infer("tinylm", [control], enable_empty_final_response=True)
+        result, error = answers.get(timeout=60)
+        if error is not None:
+            raise RuntimeError(str(error))
+        return json.loads(result.as_numpy("text_output")[0])
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def test_a_control_request_loads_and_unloads_adapters_while_the_base_serves(tinylm, triton_server, adapters_dir):
+    url = triton_server.grpc_url
+    before = set(_control(url, {"action": "list"})["adapters"])
+    assert {"double", "reverse"} <= before  # LORA_ADAPTERS empty: every adapter of ADAPTERS_DIR at start
+    assert "backwards" not in _control(url, {"action": "unload", "name": "reverse"})["adapters"]
+    loaded = _control(url, {"action": "load", "name": "backwards", "path": str(adapters_dir / "reverse")})["adapters"]
+    assert "backwards" in loaded and "reverse" not in loaded
+    with pytest.raises(RuntimeError, match="is not loaded"):
+        _control(url, {"action": "unload", "name": "nope"})
+    assert "reverse" in _control(url, {"action": "load", "name": "reverse"})["adapters"]  # from ADAPTERS_DIR
+    assert "backwards" not in _control(url, {"action": "unload", "name": "backwards"})["adapters"]
