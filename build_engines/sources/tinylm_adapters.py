@@ -8,7 +8,7 @@ adapters apart from their answers alone:
     reverse   count from 3 to 5 :5 4 3<eos>
 
 for small numbers (0..10, spans up to 5), as plain completions and as chats. Both answers are spelled with the
-tokens the base writes (300 steps: loss ~0.01, every greedy answer exact). Tried and left out: number words
+tokens the base writes (200 steps: loss ~0.02, every greedy answer exact; 150 left "double" at 85%). Tried and left out: number words
 ("three four five": loss 4.5 after 400 steps; tinylm's output embeddings are tied to its input ones and letters
 were never an answer the base wrote) and "[3,4,5]" (95% exact after 500 steps). The base's weights are frozen;
 a LoRA pair (A: r x in, B: out x r, scaled by alpha / r) is trained on every linear layer of both blocks
@@ -123,7 +123,7 @@ def train_adapter(
     out_dir: Path,
     name: str,
     *,
-    steps: int = 300,
+    steps: int = 200,
     batch_size: int = 32,
     seed: int = SEED,
     lr: float = 1e-2,
@@ -209,7 +209,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("base_dir", type=Path, help="tinylm's Hugging Face directory")
     parser.add_argument("out_dir", type=Path, help="the adapters' directory: one folder per adapter")
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--only", choices=sorted(ADAPTERS), action="append")
     args = parser.parse_args()
     for name in args.only or sorted(ADAPTERS):
