@@ -5,6 +5,7 @@ JSON, and the rendered message validated against OpenAI's schema and read by the
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 
@@ -100,7 +101,11 @@ def test_a_template_that_reads_tools_renders_them_itself_as_transformers_does(tm
 
 # --- reading the answer -------------------------------------------------------------------------------------------
 
-TOOLS = parse(body()).tools
+
+@functools.cache
+def _tools():
+    # Parsed on first use, not at import: collection runs beside `make install` writing the tokenizer it reads.
+    return parse(body()).tools
 
 
 @pytest.mark.parametrize(
@@ -126,7 +131,7 @@ TOOLS = parse(body()).tools
     ],
 )
 def test_the_hermes_parser_finds_the_calls_and_keeps_the_text_around_them(text, content, calls):
-    found = hermes_calls(text, TOOLS)
+    found = hermes_calls(text, _tools())
     assert found == (content, tuple(ToolCall(name, arguments) for name, arguments in calls))
 
 
@@ -144,8 +149,8 @@ def test_the_hermes_parser_finds_the_calls_and_keeps_the_text_around_them(text, 
     ],
 )
 def test_text_that_is_not_only_valid_calls_is_the_content(text):
-    assert hermes_calls(text, TOOLS) is None
-    assert tool_answer(text, TOOLS, ToolChoice("auto"), parallel=True) == (text, ())
+    assert hermes_calls(text, _tools()) is None
+    assert tool_answer(text, _tools(), ToolChoice("auto"), parallel=True) == (text, ())
 
 
 def test_a_schema_whose_reference_loops_gives_no_call_rather_than_an_error():
@@ -159,17 +164,17 @@ def test_a_schema_whose_reference_loops_gives_no_call_rather_than_an_error():
 
 def test_what_each_choice_makes_of_the_text():
     two = '<tool_call>{"name":"get_time","arguments":{}}</tool_call><tool_call>{"name":"get_time","arguments":{}}</tool_call>'
-    assert len(tool_answer(two, TOOLS, ToolChoice("auto"), parallel=True)[1]) == 2
-    assert len(tool_answer(two, TOOLS, ToolChoice("auto"), parallel=False)[1]) == 1  # at most one call
-    assert tool_answer(two, TOOLS, ToolChoice("none"), parallel=True) == (two, ())  # none: nothing is called
+    assert len(tool_answer(two, _tools(), ToolChoice("auto"), parallel=True)[1]) == 2
+    assert len(tool_answer(two, _tools(), ToolChoice("auto"), parallel=False)[1]) == 1  # at most one call
+    assert tool_answer(two, _tools(), ToolChoice("none"), parallel=True) == (two, ())  # none: nothing is called
     forced = '{"name":"get_weather","arguments":{"city":"Paris"}}'
     for choice in (ToolChoice("required"), ToolChoice("function", "get_weather")):
-        assert tool_answer(forced, TOOLS, choice, parallel=True) == (
+        assert tool_answer(forced, _tools(), choice, parallel=True) == (
             None,
             (ToolCall("get_weather", '{"city":"Paris"}'),),
         )
         cut = forced[:20]  # max_tokens ended the grammar's JSON: no call, the text as it is
-        assert tool_answer(cut, TOOLS, choice, parallel=True) == (cut, ())
+        assert tool_answer(cut, _tools(), choice, parallel=True) == (cut, ())
 
 
 # --- the rendered answer ------------------------------------------------------------------------------------------

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
 import orjson
+import pytest
 
 from controlplane.kinds.base import OUTPUT_LINE_BYTES
 from controlplane.kinds.generation.render import (
