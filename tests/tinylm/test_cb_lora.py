@@ -120,3 +120,28 @@ def test_load_and_unload_at_run_time_without_a_restart(hf_dir, adapters_dir):
         engine.unload_adapter("backwards")
     (plain,) = engine.generate(["count from 1 to 3 :"], params())
     assert plain.choices[0].text == count(1, 3)  # the base is untouched by loading and unloading
+
+
+def test_at_max_loras_the_least_recently_used_adapter_makes_room(hf_dir, adapters_dir):
+    from cb_engine import Engine
+
+    engine = Engine(
+        str(hf_dir),
+        kv_budget_tokens=2048,
+        max_seqs=8,
+        threads=1,
+        adapters_dir=str(adapters_dir),
+        adapters=[],
+        max_loras=1,
+    )
+    # Each request's adapter loads on first use; the other one is unloaded for it, and loads again when named.
+    lines = [("count from 2 to 4 :", "double"), ("count from 2 to 4 :", "reverse"), ("count from 1 to 3 :", "double")]
+    texts = []
+    for prompt, adapter in lines:
+        (request,) = run(engine, [(prompt, adapter)])
+        texts.append(request.choices[0].text)
+        assert engine.lora.names() == [adapter]
+    assert texts == [double(2, 4), reverse(2, 4), double(1, 3)]
+    # Both named in one step: the first is evicted for the second, and its sequence still runs with it.
+    both = run(engine, [("count from 3 to 5 :", "reverse"), ("count from 3 to 5 :", "double")])
+    assert [r.choices[0].text for r in both] == [reverse(3, 5), double(3, 5)]

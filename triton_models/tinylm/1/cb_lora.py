@@ -102,6 +102,8 @@ class LoraRegistry:
         self.adapters_dir = Path(adapters_dir) if adapters_dir else None
         self.max_loras = max_loras  # 0: no limit
         self._by_name: dict[str, Adapter] = {}
+        self._uses = itertools.count()
+        self._last_used: dict[str, int] = {}  # name → when a request last named it (LRU eviction at max_loras)
         self._wrapped: set[str] = set()
         self._lock = threading.Lock()
         # Set by the engine thread around a forward pass: (adapter, row indices) per adapter present.
@@ -123,6 +125,8 @@ class LoraRegistry:
         ValueError when there is no such adapter."""
         with self._lock:
             adapter = self._by_name.get(name)
+            if adapter is not None:
+                self._last_used[name] = next(self._uses)
         if adapter is not None:
             return adapter
         if self._in_directory(name):
@@ -136,20 +140,24 @@ class LoraRegistry:
         return plain and self.adapters_dir is not None and (self.adapters_dir / name / "adapter_config.json").is_file()
 
     def load(self, name: str, path: str | Path | None = None) -> Adapter:
-        """Read and register an adapter (replacing one of that name for new requests)."""
+        """Read and register an adapter (replacing one of that name for new requests). At `max_loras` the least
+        recently used adapter is unloaded for it: safe at any time, its running sequences keep their weights, and
+        a later request naming it loads it again from the adapters directory."""
         if path is None:
             if self.adapters_dir is None:
                 raise ValueError("no adapters directory: give the adapter's path")
             path = self.adapters_dir / name
         adapter = read_adapter(name, path, self.model)
         with self._lock:
-            if self.max_loras and name not in self._by_name and len(self._by_name) >= self.max_loras:
-                raise ValueError(f"{len(self._by_name)} LoRA adapters are loaded (MAX_LORAS); unload one first")
+            while self.max_loras and name not in self._by_name and len(self._by_name) >= self.max_loras:
+                oldest = min(self._by_name, key=lambda loaded: self._last_used.get(loaded, -1))
+                del self._by_name[oldest]
             for module_path in adapter.weights:
                 if module_path not in self._wrapped:
                     self._wrap(module_path)
                     self._wrapped.add(module_path)
             self._by_name[name] = adapter
+            self._last_used[name] = next(self._uses)
         return adapter
 
     def unload(self, name: str) -> bool:
