@@ -99,6 +99,7 @@ class LoraRegistry:
 
     def __init__(self, model: Any, adapters_dir: str | Path | None = None, max_loras: int = 0) -> None:
         self.model = model
+        self._device = next(model.parameters()).device  # row indices live where the activations do
         self.adapters_dir = Path(adapters_dir) if adapters_dir else None
         self.max_loras = max_loras  # 0: no limit
         self._by_name: dict[str, Adapter] = {}
@@ -174,7 +175,7 @@ class LoraRegistry:
             if adapter is not None:
                 present.setdefault(id(adapter), (adapter, []))[1].append(row)
         self._groups = [
-            (adapter, None if len(rows) == len(adapters) else torch.tensor(rows, dtype=torch.long))
+            (adapter, None if len(rows) == len(adapters) else torch.tensor(rows, dtype=torch.long, device=self._device))
             for adapter, rows in present.values()
         ]
         try:
