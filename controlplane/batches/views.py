@@ -95,7 +95,7 @@ class _BatchResultsView(APIView):
     content_negotiation_class = AnyAccept
     stream = ""
 
-    def get(self, request: Request, batch_id: str) -> StreamingHttpResponse:
+    def get(self, request: Request, batch_id: str) -> HttpResponse | StreamingHttpResponse:
         query = input_validate(schema.BatchResultsQuerySerializer, request.query_params)
         batch = selectors.batch_get(tenant=request_tenant(request), batch_id=batch_id)
         results = batch_results_slice(batch=batch, stream=self.stream, after=query.get("after", 0))
