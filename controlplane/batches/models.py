@@ -203,6 +203,10 @@ class Shard(models.Model):
     # prompt, completion, cached, choices] each (shards.PartSummary); null when no line named an adapter. The
     # ledger writes a row per adapter from it (usage_rows.py).
     adapter_usage = models.JSONField(null=True, blank=True)
+    # The shard's lines per LoRA adapter they name (`tinylm:double` → 12), counted at validation (lines the kind
+    # refused left out); null when none names one. The placement loop sums it over open shards as each adapter's
+    # demand (batches/run/work_facts.py), so the scheduler's claim never reads it.
+    adapter_lines = models.JSONField(null=True, blank=True)
     triton_server = models.CharField(max_length=200, blank=True, default="")
     last_error = models.TextField(blank=True, default="")
     started_at = models.DateTimeField(null=True, blank=True)

@@ -111,6 +111,9 @@ class CatalogueAdapter(models.Model):
     rank = models.PositiveIntegerField(default=8, help_text="LoRA rank r (vLLM's max_lora_rank must cover it)")
     is_enabled = models.BooleanField(default=True)
     memory_bytes = models.PositiveBigIntegerField(default=0, help_text="Weights held per loaded copy (declared)")
+    # Touched whenever the adapter's lines wait or run (fleet/placement/demand.py): the residency plan unloads the
+    # least recently used demandless adapter first when an instance needs the slot.
+    last_active_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta:

@@ -40,6 +40,11 @@ class BatchBacklog:
 class WorkSource(Protocol):
     def demand_by_model(self) -> dict[str, Demand]: ...
 
+    def demand_by_adapter(self) -> dict[str, int]:
+        """LoRA adapter (``tinylm:double``) → its lines waiting or running in shards of live batches: the part
+        of its base's ``Demand`` that names it."""
+        ...
+
     def schedulable_backlog(self) -> list[BatchBacklog]: ...
 
     def shards_routed_to(self, server_name: str) -> int:

@@ -118,6 +118,7 @@ def shard_rows(batch_id: str, plans: list[ShardPlan]) -> list[Shard]:
             work_units=plan.work_units,
             columns_name=plan.columns_name,
             body_errors=plan.body_errors,
+            adapter_lines=plan.adapter_lines,
         )
         for plan in plans
     ]

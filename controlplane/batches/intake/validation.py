@@ -47,6 +47,8 @@ class ShardPlan:
     columns_name: str = ""  # the shard's columns blob, if it has one (kinds/base.ColumnCollector)
     # Lines whose body the kind refused: answered as 400 lines when the shard runs (no work units).
     body_errors: int = 0
+    # Lines per LoRA adapter they name (`tinylm:double` → n), refused lines left out; None when none does.
+    adapter_lines: dict[str, int] | None = None
 
 
 @dataclass
@@ -108,24 +110,34 @@ def validate_input(
     mixed_lines = array("I")  # lines that drew mixed_models: a duplicate line keeps only its duplicate error
     shard_start: tuple[int, int] | None = None  # (line, byte) of the open shard's first request
     shard_count = shard_work = shard_refused = 0
+    shard_adapters: dict[str, int] = {}  # the open shard's lines per adapter (ShardPlan.adapter_lines)
     shard_budget = float("inf")  # work units per shard, known once the model is
     last_line, last_end = 0, 0
     lane: FastLane | None = None  # once the first line named the batch's model: the fast lane for it
     columns: ColumnCollector | None = None
 
     def close_shard(*, last: bool = False) -> None:
-        nonlocal shard_start, shard_count, shard_work, shard_refused
+        nonlocal shard_start, shard_count, shard_work, shard_refused, shard_adapters
         if shard_start is not None and shard_count:
             index = len(result.shards)
             # Written before anything can run the shard (on_shard adds it to the database).
             name = columns.close(index=index, request_count=shard_count) if columns is not None else ""
             plan = ShardPlan(
-                index, shard_start[0], last_line, shard_start[1], last_end, shard_count, shard_work, name, shard_refused
+                index,
+                shard_start[0],
+                last_line,
+                shard_start[1],
+                last_end,
+                shard_count,
+                shard_work,
+                name,
+                shard_refused,
+                shard_adapters or None,
             )
             result.shards.append(plan)
             if on_shard is not None and not last:  # the last one goes with the verdict, a moment later
                 on_shard(plan, result)
-        shard_start, shard_count, shard_work, shard_refused = None, 0, 0, 0
+        shard_start, shard_count, shard_work, shard_refused, shard_adapters = None, 0, 0, 0, {}
 
     for line in iter_lines(stream, max_line_bytes=max_line_bytes):
         if line.is_blank:
@@ -181,6 +193,8 @@ def validate_input(
         if refused:  # its envelope counts (id, model); its body is answered with a 400 when the shard runs
             result.body_errors += 1
             shard_refused += 1
+        elif facts.model_name != line_model:  # it names an adapter: that adapter's demand (placement)
+            shard_adapters[facts.model_name] = shard_adapters.get(facts.model_name, 0) + 1
         if columns is not None:
             if result.error_count:  # a file that will fail: no columns
                 columns.spoil()

@@ -5,23 +5,27 @@ from __future__ import annotations
 
 import re
 
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
 from controlplane.batches.models import RUNNABLE_BATCH_STATUSES, Shard, ShardStatus
 from controlplane.fleet.work import BatchBacklog, Demand
 
 
+def _open_shards() -> QuerySet[Shard]:
+    return Shard.objects.filter(
+        status__in=(ShardStatus.PENDING, ShardStatus.RUNNING),
+        # Validating included: its early-dispatched shards run (the scheduler claims them), so the model
+        # is busy; counted out, the planner saw it idle and evicted its instance mid-batch.
+        batch__status__in=RUNNABLE_BATCH_STATUSES,
+        batch__stop_reason__isnull=True,
+    )
+
+
 class ShardWork:
     def demand_by_model(self) -> dict[str, Demand]:
         rows = (
-            Shard.objects.filter(
-                status__in=(ShardStatus.PENDING, ShardStatus.RUNNING),
-                # Validating included: its early-dispatched shards run (the scheduler claims them), so the model
-                # is busy; counted out, the planner saw it idle and evicted its instance mid-batch.
-                batch__status__in=RUNNABLE_BATCH_STATUSES,
-                batch__stop_reason__isnull=True,
-            )
+            _open_shards()
             .values("batch__model")
             .annotate(
                 lines=Sum("request_count"),
@@ -33,6 +37,14 @@ class ShardWork:
             row["batch__model"]: Demand(int(row["lines"] or 0), int(row["running"]), float(row["work"] or 0))
             for row in rows
         }
+
+    def demand_by_adapter(self) -> dict[str, int]:
+        # Only shards with adapter lines carry the field; a running shard counts whole (it runs for about a second).
+        lines: dict[str, int] = {}
+        for counts in _open_shards().filter(adapter_lines__isnull=False).values_list("adapter_lines", flat=True):
+            for name, count in (counts or {}).items():
+                lines[name] = lines.get(name, 0) + int(count)
+        return lines
 
     def schedulable_backlog(self) -> list[BatchBacklog]:
         # Pending work of a paused tenant is left out: it cannot run, so servers would not help it.

@@ -7,12 +7,14 @@ from __future__ import annotations
 from django.conf import settings
 from django.utils import timezone
 
-from controlplane.fleet.models import CatalogueModel
+from controlplane.fleet.models import CatalogueAdapter, CatalogueModel, split_model_name
 from controlplane.fleet.work import Demand, work_source
 
 __all__ = [
     "Demand",
     "activity_touch",
+    "adapter_activity_touch",
+    "demand_by_adapter",
     "demand_by_model",
     "lines_per_second_per_instance",
     "units_per_second_per_instance",
@@ -47,3 +49,22 @@ def lines_per_second_per_instance(model: CatalogueModel, demand: Demand | None) 
 def activity_touch(names: list[str]) -> None:
     if names:
         CatalogueModel.objects.filter(name__in=names).update(last_active_at=timezone.now())
+
+
+def demand_by_adapter() -> dict[str, dict[str, int]]:
+    """Base catalogue name → adapter name → lines naming it waiting or running in shards of live batches
+    (``Shard.adapter_lines``, counted at validation). Those lines are in the base's ``demand_by_model`` too: a
+    batch is its base's, so the base is placed for its adapters' lines as for its own."""
+    by_base: dict[str, dict[str, int]] = {}
+    for full_name, lines in work_source().demand_by_adapter().items():
+        base, adapter = split_model_name(full_name)
+        if adapter and lines > 0:
+            by_base.setdefault(base, {})[adapter] = lines
+    return by_base
+
+
+def adapter_activity_touch(demand: dict[str, dict[str, int]]) -> None:
+    """``last_active_at`` of every adapter with lines now: the residency plan's least-recently-used order."""
+    now = timezone.now()
+    for base, adapters in demand.items():
+        CatalogueAdapter.objects.filter(base__name=base, name__in=list(adapters)).update(last_active_at=now)
