@@ -82,6 +82,14 @@ FLEET_MAX_MOVES_PER_INTERVAL = env_int(
 FLEET_MOVE_COOLDOWN_SECONDS = env_float(
     "FLEET_MOVE_COOLDOWN_SECONDS", 600.0, help="A moved model stays where it is at least this long."
 )
+# An engine that sets no MAX_LORAS holds any number of adapters; this bounds what the reconciler keeps loaded there.
+FLEET_ADAPTER_SLOTS = env_int(
+    "FLEET_ADAPTER_SLOTS",
+    0,
+    minimum=0,
+    help="LoRA adapters the reconciler keeps loaded per instance of a base whose engine sets no MAX_LORAS "
+    "(0: no limit; an engine's MAX_LORAS below it wins).",
+)
 FLEET_BREAKER_FAILURES = env_int(
     "FLEET_BREAKER_FAILURES", 3, minimum=1, help="Failed calls in a row that open a placement's circuit breaker."
 )

@@ -39,6 +39,7 @@ from controlplane.fleet.models import (
 )
 from controlplane.fleet.placement import planner
 from controlplane.fleet.placement import types as pt
+from controlplane.fleet.placement.adapter_apply import adapters_reconcile
 from controlplane.fleet.placement.changes import execution_phases
 from controlplane.fleet.placement.demand import activity_touch, demand_by_model, lines_per_second_per_instance
 from controlplane.fleet.placement.load_failures import load_failure_record
@@ -212,12 +213,26 @@ def fleet_reconcile(*, actor: str = "reconciler") -> ReconcileReport:
         report = _apply(result, actor)
         if report.changes:
             dispatch.slots_topup_enqueue()  # capacity changed: the dispatcher resizes every model's slots
+        _adapters_apply(report, actor)
         return report
     finally:
         # Given back even when the run died on a database error (a Postgres restart closed its connection): left
         # held, no reconcile ran for FLEET_RECONCILE_LOCK_SECONDS (5 min; a hog run's chaos stack never reloaded
         # tinylm after a Triton restart that came right after a Postgres restart).
         when_database_answers(partial(lock_release, "reconcile"), within_s=settings.FLEET_RECONCILE_RELEASE_SECONDS)
+
+
+def _adapters_apply(report: ReconcileReport, actor: str) -> None:
+    """LoRA adapters on the instances placed now (fleet/placement/adapter_apply.py). Never fatal to the run: the
+    placement above is applied already, and whatever failed here is tried again next cycle."""
+    try:
+        adapters = adapters_reconcile(actor=actor)
+    except Exception:  # a bug or an outage in the adapter step must not stop placement
+        logger.exception("adapter residency step failed; next cycle tries again")
+        report.failures.append("adapter residency step failed (logged)")
+        return
+    report.changes += adapters.changes
+    report.failures += adapters.failures
 
 
 def _apply(result: pt.Plan, actor: str) -> ReconcileReport:
