@@ -95,6 +95,13 @@ def missing(param: str) -> BodyError:
     return BodyError(param, "missing_required_parameter", f"Missing required parameter: '{param}'.")
 
 
+def refuse_unknown_keys(value: Mapping[str, Any], known: frozenset[str], param: str) -> None:
+    """A 400 naming the first (sorted) key of ``value`` that is not in ``known``, as ``{param}.{key}``."""
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise BodyError(f"{param}.{unknown[0]}", "unknown_parameter", f"Unrecognized argument: {short(unknown[0])}.")
+
+
 def required_string(container: Mapping[str, Any], key: str, param: str) -> str:
     """``container[key]``, a string; ``param`` is the container's path (the error names ``param.key``)."""
     value = container.get(key)

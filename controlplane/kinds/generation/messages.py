@@ -21,6 +21,7 @@ from controlplane.kinds.generation.fields import (
     BodyError,
     check_array_length,
     missing,
+    refuse_unknown_keys,
     required_string,
     short,
     wrong_type,
@@ -138,9 +139,7 @@ def _tool_calls(value: Any, param: str) -> list[dict[str, Any]] | None:
 def _tool_call(call: Any, param: str) -> dict[str, Any]:
     if not isinstance(call, dict):
         raise wrong_type(param, "an object", call)
-    unknown = sorted(set(call) - _CALL_KEYS)
-    if unknown:
-        raise BodyError(f"{param}.{unknown[0]}", "unknown_parameter", f"Unrecognized argument: {short(unknown[0])}.")
+    refuse_unknown_keys(call, _CALL_KEYS, param)
     kind = call.get("type")
     if kind is None:
         raise missing(f"{param}.type")
@@ -154,11 +153,7 @@ def _tool_call(call: Any, param: str) -> dict[str, Any]:
         raise missing(f"{param}.function")
     if not isinstance(function, dict):
         raise wrong_type(f"{param}.function", "an object", function)
-    unknown = sorted(set(function) - _CALL_FUNCTION_KEYS)
-    if unknown:
-        raise BodyError(
-            f"{param}.function.{unknown[0]}", "unknown_parameter", f"Unrecognized argument: {short(unknown[0])}."
-        )
+    refuse_unknown_keys(function, _CALL_FUNCTION_KEYS, f"{param}.function")
     name = required_string(function, "name", f"{param}.function")
     arguments = required_string(function, "arguments", f"{param}.function")
     try:
@@ -189,11 +184,7 @@ def _content(content: Any, param: str) -> str:
             raise BodyError(
                 f"{where}.type", "invalid_value", f"Invalid value: {short(kind)}. Supported content part types: 'text'."
             )
-        unknown = sorted(set(part) - _PART_KEYS)
-        if unknown:
-            raise BodyError(
-                f"{where}.{unknown[0]}", "unknown_parameter", f"Unrecognized argument: {short(unknown[0])}."
-            )
+        refuse_unknown_keys(part, _PART_KEYS, where)
         if part.get("prompt_cache_breakpoint") not in (None, {"mode": "explicit"}):
             raise BodyError(
                 f"{where}.prompt_cache_breakpoint",

@@ -34,6 +34,7 @@ from controlplane.kinds.generation.fields import (
     check_unsupported,
     read_integer,
     read_string,
+    refuse_unknown_keys,
     require,
     short,
     wrong_type,
@@ -263,11 +264,7 @@ def _text_format(text: Any) -> tuple[dict[str, Any] | None, str | None]:
         return None, None
     if not isinstance(spec, dict):
         raise wrong_type("text.format", "an object", spec)
-    unknown = sorted(set(spec) - _FORMAT_KEYS)
-    if unknown:
-        raise BodyError(
-            f"text.format.{unknown[0]}", "unknown_parameter", f"Unrecognized argument: {short(unknown[0])}."
-        )
+    refuse_unknown_keys(spec, _FORMAT_KEYS, "text.format")
     if spec.get("type") != "json_schema":
         return {"type": spec.get("type")}, None
     description = spec.get("description")

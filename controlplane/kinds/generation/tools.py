@@ -36,6 +36,7 @@ from controlplane.kinds.generation.fields import (
     BodyError,
     check_array_length,
     missing,
+    refuse_unknown_keys,
     required_string,
     short,
     wrong_type,
@@ -145,14 +146,14 @@ def _tool(item: Any, param: str) -> FunctionTool:
         raise BodyError(
             f"{param}.type", "invalid_value", f"Invalid value: {short(kind)}. Supported values are: 'function'."
         )
-    _no_unknown_keys(item, _TOOL_KEYS, param)
+    refuse_unknown_keys(item, _TOOL_KEYS, param)
     function = item.get("function")
     where = f"{param}.function"
     if function is None:
         raise missing(where)
     if not isinstance(function, dict):
         raise wrong_type(where, "an object", function)
-    _no_unknown_keys(function, _FUNCTION_KEYS, where)
+    refuse_unknown_keys(function, _FUNCTION_KEYS, where)
     name = required_string(function, "name", where)
     if not FUNCTION_NAME.fullmatch(name):
         raise BodyError(
@@ -203,12 +204,6 @@ def _parameters(schema: Any, param: str, name: str) -> str:
     return text
 
 
-def _no_unknown_keys(value: Mapping[str, Any], known: frozenset[str], param: str) -> None:
-    unknown = sorted(set(value) - known)
-    if unknown:
-        raise BodyError(f"{param}.{unknown[0]}", "unknown_parameter", f"Unrecognized argument: {short(unknown[0])}.")
-
-
 def read_tool_choice(body: Mapping[str, Any], tools: tuple[FunctionTool, ...]) -> ToolChoice:
     value = body.get("tool_choice")
     if value is None:
@@ -252,13 +247,13 @@ def _named_choice(value: dict[str, Any]) -> ToolChoice:
         raise BodyError(
             "tool_choice.type", "invalid_value", f"Invalid value: {short(kind)}. Supported values are: 'function'."
         )
-    _no_unknown_keys(value, _TOOL_KEYS, "tool_choice")
+    refuse_unknown_keys(value, _TOOL_KEYS, "tool_choice")
     function = value.get("function")
     if function is None:
         raise missing("tool_choice.function")
     if not isinstance(function, dict):
         raise wrong_type("tool_choice.function", "an object", function)
-    _no_unknown_keys(function, frozenset({"name"}), "tool_choice.function")
+    refuse_unknown_keys(function, frozenset({"name"}), "tool_choice.function")
     return ToolChoice("function", required_string(function, "name", "tool_choice.function"))
 
 
