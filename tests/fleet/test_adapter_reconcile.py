@@ -9,8 +9,15 @@ import pytest
 from controlplane.batches.models import Shard, ShardStatus
 from controlplane.core.messaging import dispatch
 from controlplane.fleet.membership.inventory import server_register
-from controlplane.fleet.models import CatalogueModel, Placement, PlacementEvent, PlacementStatus, TritonServer
-from controlplane.fleet.placement.adapter_apply import adapter_capacity
+from controlplane.fleet.models import (
+    CatalogueAdapter,
+    CatalogueModel,
+    Placement,
+    PlacementEvent,
+    PlacementStatus,
+    TritonServer,
+)
+from controlplane.fleet.placement.adapter_apply import adapter_capacity, adapters_reconcile
 from controlplane.fleet.placement.reconciler import fleet_reconcile
 from controlplane.triton.lora import lora_control
 from tests.fleet.test_adapter_demand import validated
@@ -76,6 +83,23 @@ def test_a_server_that_cannot_answer_is_a_failure_of_the_step_not_of_the_run(pla
     report = fleet_reconcile(actor="test")
     assert report.ran
     assert any("adapter list" in failure for failure in report.failures), report
+
+
+def test_an_engine_without_the_control_request_is_left_alone(placed_tinylm, triton_client, tenant):
+    """vLLM's backend has no lora_control input (it serves the adapters of its multi_lora.json itself): a base
+    whose served config lacks it gets no control request, and no failure."""
+    triton_client.ensure_loaded("identity")
+    try:
+        identity = CatalogueModel.objects.get(triton_name="identity")
+        CatalogueAdapter.objects.create(base=identity, name="x")
+        server = TritonServer.objects.get(name="t0")
+        Placement.objects.create(model=identity, server=server, gpus="0", instances=1, status=PlacementStatus.READY)
+        validated(tenant, ["tinylm:reverse"])
+        report = adapters_reconcile(actor="test")
+        assert report.failures == [] and report.changes == []  # reverse is loaded already, no limit set
+        assert not PlacementEvent.objects.filter(model=identity).exists()
+    finally:
+        triton_client.unload_model("identity")
 
 
 def test_capacity_is_the_engines_max_loras_or_the_setting_whichever_is_set_and_smaller():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.conf import settings
 
@@ -22,7 +23,7 @@ from controlplane.fleet.models import (
 from controlplane.fleet.placement.adapters import ActionKind, AdapterInstance, AdapterUse, residency_plan
 from controlplane.fleet.placement.demand import adapter_activity_touch, demand_by_adapter
 from controlplane.triton.client import TritonClient, TritonError
-from controlplane.triton.lora import lora_control
+from controlplane.triton.lora import CONTROL_INPUT, lora_control
 
 logger = logging.getLogger(__name__)
 ENGINE_LIMIT = "MAX_LORAS"  # the engine's own bound (triton_models/tinylm/1/cb_lora.py evicts past it)
@@ -34,7 +35,7 @@ class AdapterReport:
     failures: list[str] = field(default_factory=list)
 
 
-def adapter_capacity(config: dict, *, slots: int) -> int | None:
+def adapter_capacity(config: dict[str, Any], *, slots: int) -> int | None:
     """Adapters one instance may hold: the served config's MAX_LORAS and the reconciler's ``slots``
     (FLEET_ADAPTER_SLOTS), the smaller of those set; None when neither is (no limit)."""
     raw = config.get("parameters", {}).get(ENGINE_LIMIT, {}).get("string_value", "") or "0"
@@ -76,9 +77,12 @@ def _base_reconcile(base: CatalogueModel, uses: dict[str, AdapterUse], actor: st
     instances = []
     for server in servers.values():
         try:
-            loaded = lora_control(server.grpc_url, base.triton_name, "list", timeout_s=settings.TRITON_TIMEOUT_SECONDS)
             with TritonClient(server.grpc_url, timeout_s=settings.TRITON_TIMEOUT_SECONDS) as client:
-                capacity = adapter_capacity(client.model_config(base.triton_name), slots=settings.FLEET_ADAPTER_SLOTS)
+                config = client.model_config(base.triton_name)
+            if not any(i.get("name") == CONTROL_INPUT for i in config.get("input", [])):
+                continue  # an engine without the control request (vLLM's backend) keeps its adapters itself
+            loaded = lora_control(server.grpc_url, base.triton_name, "list", timeout_s=settings.TRITON_TIMEOUT_SECONDS)
+            capacity = adapter_capacity(config, slots=settings.FLEET_ADAPTER_SLOTS)
         except TritonError as exc:
             logger.warning("adapters of %s on %s unknown (next cycle tries again): %s", base.name, server.name, exc)
             report.failures.append(f"{base.triton_name}@{server.name}: adapter list: {exc}")
