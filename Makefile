@@ -108,7 +108,7 @@ test: $(VENV)/.installed
 # Fewer property examples and claim-race rounds than `make test` runs (the knobs in tests/fleet/*_strategies.py,
 # tests/scheduling/policy_sim.py and test_claims.py), and three workers: with no groups to wait on, more workers
 # only add collections (~10 CPU-s each).
-FAST_ENV := PLANNER_EXAMPLES=30 SIZING_EXAMPLES=40 POLICY_EXAMPLES=30 CLAIM_RACE_ROUNDS=200
+FAST_ENV := PLANNER_EXAMPLES=30 ADAPTER_EXAMPLES=30 SIZING_EXAMPLES=40 POLICY_EXAMPLES=30 CLAIM_RACE_ROUNDS=200
 test-fast: install
 	bash scripts/ensure_services.sh
 	$(TEST_ENV) $(FAST_ENV) $(PY) -m pytest -q -n 3 --fast
