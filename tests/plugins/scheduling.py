@@ -46,6 +46,10 @@ _GROUPS = (
     # On the same session tritonserver as test_generation_batch.py, with tinylm loaded once, not on a server of
     # its own wherever it fell among the spread tests (and in `make test-fast`, which starts none).
     ("tests/kinds/test_generation_cancel.py", "processes"),
+    ("tests/kinds/test_generation_adapters_batch.py", "processes"),
+    ("tests/fleet/test_adapter_reconcile.py", "processes"),
+    # A tritonserver of its own for each search, as test_serving.py's.
+    ("tests/build_engines/test_tune_serving.py", "processes"),
 )
 
 

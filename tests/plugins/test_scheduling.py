@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from types import SimpleNamespace
 
+from tests.plugins import scheduling
 from tests.plugins.scheduling import _GROUPS, _START_ORDER, pytest_xdist_make_scheduler, scheduling_unit, start_rank
 
 
@@ -73,3 +76,16 @@ def test_xdist_hands_each_worker_a_group_first_then_the_rest():
             "tests/tinylm/test_engine.py::test_z",
         ],
     ]
+
+
+def test_every_module_on_the_session_tritonserver_is_in_a_group():
+    # A module that uses the session tritonserver (tests/support/triton_fixture.py) outside a group starts one on
+    # whichever worker draws it, and `make test-fast` (which starts none) runs it.
+    root = Path(__file__).resolve().parents[2]
+    users = [
+        path.relative_to(root).as_posix()
+        for path in sorted((root / "tests").rglob("test_*.py"))
+        if re.search(r"^from tests\.support\.triton_fixture import", path.read_text(), flags=re.M)
+    ]
+    assert users
+    assert [module for module in users if scheduling.test_group(f"{module}::test") is None] == []
