@@ -86,6 +86,12 @@ def _add_tune(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "target", help="spec file or name (its emitted folder), model name in --models-dir, or a model folder"
     )
     tune.add_argument("--models-dir", type=Path, help="Triton model repository (default triton_models/)")
+    tune.add_argument(
+        "--corpus",
+        type=Path,
+        help="texts to send, one a line, in place of the spec's corpus (the texts the model will serve: a "
+        "shape's speed depends on their lengths)",
+    )
     tune.add_argument("--out", type=Path, help="where tune.json goes (default build_engines/out/<model>/)")
     tune.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="stop trying candidates after this")
     tune.add_argument("--max-p95-ms", type=float, help="latency bound on a call's p95 (default 2x the baseline's)")
@@ -253,7 +259,7 @@ def _parse_shapes(spec: ModelSpec, values: list[str]) -> list[dict[str, int]]:
 
 def _tune(args: argparse.Namespace, command: str) -> int:
     from build_engines.emit import DEFAULT_MODELS_DIR
-    from build_engines.tune import TuneOptions, resolve_target, tune
+    from build_engines.tune import TuneOptions, resolve_target, tune, with_corpus
     from build_engines.tune_measure import Load
 
     positive = {"--budget-s": args.budget_s, "--concurrency": args.concurrency, "--measure-s": args.measure_s}
@@ -264,6 +270,8 @@ def _tune(args: argparse.Namespace, command: str) -> int:
     if bad:
         raise SpecError("tune", bad)
     target = resolve_target(args.target, args.models_dir or DEFAULT_MODELS_DIR)
+    if args.corpus is not None:
+        target = with_corpus(target, args.corpus)
     load = Load(args.concurrency, args.call_rows, args.warmup_s, args.measure_s)
     options = TuneOptions(
         load=load,

@@ -15,7 +15,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +125,17 @@ def resolve_target(target: str, models_dir: Path) -> Target:
     texts, batch_limit = _from_spec([name, name.rsplit("_", 1)[0]], name)
     inputs_from = f"spec corpus ({len(texts)} texts)" if texts else "synthetic rows"
     return Target(name, model_dir, texts, inputs_from, batch_limit)
+
+
+def with_corpus(target: Target, path: Path) -> Target:
+    """``target`` sending the texts of ``path`` (one a line, blank lines skipped) instead of its spec's corpus."""
+    try:
+        texts = [line for line in path.read_text("utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(path, [("--corpus", f"cannot be read: {exc}")]) from None
+    if not texts:
+        raise SpecError(path, [("--corpus", "holds no text")])
+    return replace(target, texts=texts, inputs_from=f"{path} ({len(texts)} texts)")
 
 
 def tune(target: Target, options: TuneOptions, *, echo: Callable[[str], None] = print) -> TuneOutcome:

@@ -126,3 +126,17 @@ def test_targets_take_their_specs_corpus_and_a_plans_batch_limit():
     assert resolve_target("minilm_trt", MODELS).batch_limit == 64
     identity = resolve_target(str(MODELS / "identity"), MODELS / "elsewhere")
     assert (identity.name, identity.texts, identity.inputs_from) == ("identity", None, "synthetic rows")
+
+
+def test_a_corpus_file_replaces_the_specs_and_an_empty_one_is_refused(tmp_path: Path):
+    from build_engines.tune import resolve_target, with_corpus
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("a longer text than the other\n\nshort\n")
+    minilm = with_corpus(resolve_target("minilm", MODELS), texts)
+    assert minilm.texts == ["a longer text than the other", "short"] and str(texts) in minilm.inputs_from
+    (tmp_path / "empty.txt").write_text("\n\n")
+    code, stderr = _error(["tune", "minilm", "--corpus", str(tmp_path / "empty.txt")])
+    assert code == 2 and "--corpus" in stderr and "holds no text" in stderr
+    code, stderr = _error(["tune", "minilm", "--corpus", str(tmp_path / "missing.txt")])
+    assert code == 2 and "cannot be read" in stderr
