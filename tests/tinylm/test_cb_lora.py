@@ -100,7 +100,8 @@ def test_load_and_unload_at_run_time_without_a_restart(hf_dir, adapters_dir):
     engine = Engine(str(hf_dir), kv_budget_tokens=2048, max_seqs=8, threads=1, adapters=[])  # no directory
     assert engine.lora.names() == []
     # A request already running keeps its adapter through an unload; new ones can no longer name it.
-    assert engine.load_adapter("backwards", str(adapters_dir / "reverse")) == ["backwards"]
+    engine.lora.load("backwards", str(adapters_dir / "reverse"))
+    assert engine.lora.names() == ["backwards"]
     done = []
     running = engine.submit(
         "count from 1 to 6 :",
@@ -110,14 +111,15 @@ def test_load_and_unload_at_run_time_without_a_restart(hf_dir, adapters_dir):
         adapter="backwards",
     )
     engine.step()
-    assert engine.unload_adapter("backwards") == []
+    engine.lora.unload("backwards")
+    assert engine.lora.names() == []
     while not done:
         engine.step()
     assert running.choices[0].text == reverse(1, 6)
     with pytest.raises(ValueError, match="unknown LoRA adapter 'backwards'"):
         engine.submit("count from 1 to 2 :", params(), request_id="y", on_update=lambda r: None, adapter="backwards")
     with pytest.raises(ValueError, match="is not loaded"):
-        engine.unload_adapter("backwards")
+        engine.lora.unload("backwards")
     (plain,) = engine.generate(["count from 1 to 3 :"], params())
     assert plain.choices[0].text == count(1, 3)  # the base is untouched by loading and unloading
 

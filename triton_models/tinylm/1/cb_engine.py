@@ -82,7 +82,7 @@ class Engine:
         self.pool = KVPool(self.model, self._cache_kwarg, kv_budget_tokens)
         self.prefix_cache = PrefixCache(self.pool, block_size) if prefix_caching else None
         # LoRA adapters (cb_lora.py): `adapters` loaded now (None: every one in adapters_dir), any other one of
-        # adapters_dir when a request first names it, or by `load_adapter`.
+        # adapters_dir when a request first names it, or by `self.lora.load` (model.py's lora_control).
         self.lora = LoraRegistry(self.model, adapters_dir, max_loras)
         for name in self.lora.available() if adapters is None else adapters:
             self.lora.load(name)
@@ -148,18 +148,6 @@ class Engine:
             self._inbox.append(request)
         self._wake.set()
         return request
-
-    def load_adapter(self, name: str, path: str | None = None) -> list[str]:
-        """Load (or reload) a LoRA adapter while the engine runs: from `path`, else the adapters directory.
-        Running requests keep the weights they started with. Returns the adapters loaded."""
-        self.lora.load(name, path)
-        return self.lora.names()
-
-    def unload_adapter(self, name: str) -> list[str]:
-        """Stop serving an adapter to new requests (ValueError when it is not loaded); running ones finish."""
-        if not self.lora.unload(name):
-            raise ValueError(f"LoRA adapter {name!r} is not loaded (loaded: {', '.join(self.lora.names()) or 'none'})")
-        return self.lora.names()
 
     def cancel(self, request_id: str) -> None:
         """Stop a request at the next step boundary (its finish_reason becomes "abort"); a caller's own

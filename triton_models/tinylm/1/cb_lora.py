@@ -161,10 +161,13 @@ class LoraRegistry:
             self._last_used[name] = next(self._uses)
         return adapter
 
-    def unload(self, name: str) -> bool:
-        """Stop serving `name` to new requests; running sequences keep it until they end. False if not loaded."""
+    def unload(self, name: str) -> None:
+        """Stop serving `name` to new requests; running sequences keep it until they end. ValueError when it is
+        not loaded."""
         with self._lock:
-            return self._by_name.pop(name, None) is not None
+            if self._by_name.pop(name, None) is None:
+                loaded = ", ".join(self._by_name) or "none"
+                raise ValueError(f"LoRA adapter {name!r} is not loaded (loaded: {loaded})")
 
     # ---- the forward (engine thread) ------------------------------------------------------------------------
     @contextmanager

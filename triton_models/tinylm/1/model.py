@@ -248,14 +248,13 @@ class TritonPythonModel:
         """A LoRA control request: load, unload or list adapters; answered with the adapters now loaded."""
         command = json.loads(raw)
         action, name = command.get("action"), command.get("name")
-        if action == "load":
-            loaded = self.engine.load_adapter(str(name), command.get("path"))
-        elif action == "unload":
-            loaded = self.engine.unload_adapter(str(name))
-        elif action == "list":
-            loaded = self.engine.lora.names()
-        else:
+        if action == "load":  # running requests keep the weights they started with
+            self.engine.lora.load(str(name), command.get("path"))
+        elif action == "unload":  # ValueError when it is not loaded; running requests finish with it
+            self.engine.lora.unload(str(name))
+        elif action != "list":
             raise ValueError(f"lora_control action must be load, unload or list, got {action!r}")
+        loaded = self.engine.lora.names()
         pb_utils.Logger.log_info(f"{self._name} LoRA {action} {name or ''}: loaded {loaded}")
         body = json.dumps({"adapters": loaded}).encode("utf-8")
         response = pb_utils.InferenceResponse(
