@@ -13,7 +13,7 @@ from controlplane.core.messaging import dispatch
 from controlplane.files.models import File
 from controlplane.files.storage import blob_open
 from controlplane.kinds.base import TokenCounts
-from tests.support.batches import embedding_line, jsonl, tensor_line, upload
+from tests.support.batches import embedding_line, file_records, jsonl, tensor_line, upload
 from tests.support.fakes import FakeBackend, fake_embedding
 from tests.support.running import run_batch, run_next, run_shard
 
@@ -31,13 +31,6 @@ def _create(tenant, lines, endpoint="/v1/embeddings", **kw) -> Batch:
 def _run_all(batch: Batch, backend: FakeBackend) -> Batch:
     run_batch(batch, backend)
     return Batch.objects.get(id=batch.id)
-
-
-def _read(file_id: str | None) -> list[dict]:
-    if file_id is None:
-        return []
-    with blob_open(File.objects.get(id=file_id).storage_name) as fh:
-        return [json.loads(line) for line in fh]
 
 
 @pytest.fixture
@@ -67,7 +60,7 @@ def test_embeddings_batch_completes_in_input_order(tenant, eager):
 
     assert batch.status == BatchStatus.COMPLETED
     assert (batch.completed_lines, batch.failed_lines) == (10, 0)
-    output = _read(batch.output_file_id)
+    output = file_records(batch.output_file_id)
     assert [r["custom_id"] for r in output] == [f"req-{i}" for i in range(10)]
     first = output[0]["response"]
     assert first["status_code"] == 200
@@ -88,7 +81,7 @@ def test_tensor_batch_stacks_rows_and_splits_results(tenant, eager):
     backend = FakeBackend()
     batch = _run_all(batch, backend)
     assert batch.status == BatchStatus.COMPLETED, batch.errors
-    output = _read(batch.output_file_id)
+    output = file_records(batch.output_file_id)
     for i, record in enumerate(output):
         out = record["response"]["body"]["outputs"][0]
         assert out["name"] == "OUTPUT0" and out["shape"] == [1 + i % 3, 3]
@@ -104,7 +97,7 @@ def test_permanent_error_is_pinned_to_its_line(tenant, eager):
     batch = _run_all(batch, FakeBackend())
     assert batch.status == BatchStatus.COMPLETED
     assert (batch.completed_lines, batch.failed_lines) == (3, 1)
-    errors = _read(batch.error_file_id)
+    errors = file_records(batch.error_file_id)
     assert [e["custom_id"] for e in errors] == ["r2"]
     assert errors[0]["response"]["status_code"] == 400
     assert "rejected" in errors[0]["response"]["body"]["error"]["message"]
@@ -146,7 +139,7 @@ def test_cancel_keeps_finished_lines_and_accounts_for_the_rest(tenant, eager):
     assert batch_try_finalize(batch_id=batch.id) is False  # finalized already: a late message does nothing
     batch = Batch.objects.get(id=batch.id)
     assert batch.status == BatchStatus.CANCELLED and batch.cancelled_at is not None
-    output, errors = _read(batch.output_file_id), _read(batch.error_file_id)
+    output, errors = file_records(batch.output_file_id), file_records(batch.error_file_id)
     assert [r["custom_id"] for r in output] == [f"r{i}" for i in range(4)]
     assert [r["custom_id"] for r in errors] == [f"r{i}" for i in range(4, 12)]
     assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
@@ -186,8 +179,8 @@ def test_expiry_marks_unfinished_lines_batch_expired(tenant, eager):
     batch_try_finalize(batch_id=batch.id)
     batch = Batch.objects.get(id=batch.id)
     assert batch.status == BatchStatus.EXPIRED
-    assert [r["custom_id"] for r in _read(batch.output_file_id)] == [f"r{i}" for i in range(4, 8)]
-    errors = _read(batch.error_file_id)
+    assert [r["custom_id"] for r in file_records(batch.output_file_id)] == [f"r{i}" for i in range(4, 8)]
+    errors = file_records(batch.error_file_id)
     assert [r["custom_id"] for r in errors] == [f"r{i}" for i in range(4)]
     assert {e["error"]["code"] for e in errors} == {"batch_expired"}
 

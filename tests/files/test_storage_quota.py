@@ -20,7 +20,7 @@ from controlplane.files.quota import storage_used
 from controlplane.files.storage import blob_open
 from controlplane.kinds.base import OUTPUT_LINE_BYTES
 from controlplane.kinds.embeddings import FLOAT_JSON_BYTES
-from tests.support.batches import embedding_line, jsonl, upload
+from tests.support.batches import embedding_line, jsonl, upload, validated_batch
 from tests.support.fakes import FakeBackend
 from tests.support.running import run_batch
 
@@ -131,12 +131,7 @@ def _chat_batch(tenant, **fields) -> Batch:
         {"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions", "body": {**body, **fields}}
         for i in range(LINES)
     ]
-    file = upload(tenant, jsonl(lines))
-    batch = services.batch_create(
-        tenant=tenant, input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h"
-    )
-    services.batch_validate(batch_id=batch.id)
-    return Batch.objects.get(id=batch.id)
+    return validated_batch(tenant, lines, endpoint="/v1/chat/completions")
 
 
 def test_a_generation_reservation_counts_choices_and_logprobs(tenant):

@@ -1,4 +1,5 @@
-"""Builders of batch input: request lines, JSONL, uploaded files and the checked parse of an accepted line."""
+"""Builders of batch input: request lines, JSONL, uploaded files, a validated batch, the checked parse of an accepted
+line, and a result file's records."""
 
 from __future__ import annotations
 
@@ -6,9 +7,12 @@ import io
 import json
 from typing import Any
 
+from controlplane.batches import services
 from controlplane.batches.intake.requests import ModelResolver, parse_line
+from controlplane.batches.models import Batch
 from controlplane.files.models import File
 from controlplane.files.services import file_create
+from controlplane.files.storage import blob_open
 from controlplane.kinds.base import ParsedLine
 from controlplane.tenants.models import Tenant
 
@@ -50,3 +54,19 @@ def parse_accepted(raw: bytes, *, endpoint: str, resolver: ModelResolver) -> Par
     if parsed.issue is not None:
         raise parsed.issue
     return parsed
+
+
+def validated_batch(tenant: Tenant, lines: list[Any], *, endpoint: str) -> Batch:
+    """``lines`` uploaded, a batch created on them and validated in this process; the batch as it is then."""
+    file = upload(tenant, jsonl(lines))
+    batch = services.batch_create(tenant=tenant, input_file_id=file.id, endpoint=endpoint, completion_window="24h")
+    services.batch_validate(batch_id=batch.id)
+    return Batch.objects.get(id=batch.id)
+
+
+def file_records(file_id: str | None) -> list[dict]:
+    """A stored JSONL file's records ([] for no file: a batch with no output or no errors has none)."""
+    if file_id is None:
+        return []
+    with blob_open(File.objects.get(id=file_id).storage_name) as fh:
+        return [json.loads(line) for line in fh]

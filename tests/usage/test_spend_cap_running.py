@@ -21,7 +21,7 @@ from controlplane.files.storage import blob_open
 from controlplane.tenants.models import Tenant
 from controlplane.usage.models import DEFAULT_CURRENCY, UsageRecord
 from controlplane.usage.spendcap import spend_caps_refresh
-from tests.support.batches import jsonl, upload
+from tests.support.batches import file_records, jsonl, upload, validated_batch
 from tests.support.fakes import FakeBackend
 from tests.support.running import run_next
 from tests.usage.helpers import embedding_lines, price_set
@@ -32,19 +32,7 @@ MODEL = "all-MiniLM-L6-v2"
 
 
 def _started(tenant: Tenant, lines: list[dict]) -> Batch:
-    file = upload(tenant, jsonl(lines))
-    batch = services.batch_create(
-        tenant=tenant, input_file_id=file.id, endpoint="/v1/embeddings", completion_window="24h"
-    )
-    services.batch_validate(batch_id=batch.id)
-    return Batch.objects.get(id=batch.id)
-
-
-def _read(file_id: str | None) -> list[dict]:
-    if file_id is None:
-        return []
-    with blob_open(File.objects.get(id=file_id).storage_name) as fh:
-        return [json.loads(line) for line in fh]
+    return validated_batch(tenant, lines, endpoint="/v1/embeddings")
 
 
 def _cap_at_spent(tenant: Tenant) -> Decimal:
@@ -97,8 +85,8 @@ def test_a_tenant_at_its_cap_mid_batch_is_not_claimed_and_its_batch_ends_with_sp
     assert batch_try_finalize(batch_id=capped.id)
     capped = Batch.objects.get(id=capped.id)
     assert capped.status == BatchStatus.EXPIRED
-    assert [r["custom_id"] for r in _read(capped.output_file_id)] == [f"r{i}" for i in range(4)]
-    errors = _read(capped.error_file_id)
+    assert [r["custom_id"] for r in file_records(capped.output_file_id)] == [f"r{i}" for i in range(4)]
+    errors = file_records(capped.error_file_id)
     assert [r["custom_id"] for r in errors] == [f"r{i}" for i in range(4, 12)]
     assert {e["error"]["code"] for e in errors} == {"spend_cap_exceeded"}
     spent = UsageRecord.objects.filter(tenant=tenant).aggregate(s=Sum("cost"))["s"]
@@ -146,5 +134,7 @@ def test_a_running_shard_of_a_capped_batch_commits_what_it_finished(tenant):
     batch_try_finalize(batch_id=batch.id)
     batch = Batch.objects.get(id=batch.id)
     assert batch.status == BatchStatus.EXPIRED
-    ids = [r["custom_id"] for r in _read(batch.output_file_id)] + [r["custom_id"] for r in _read(batch.error_file_id)]
+    ids = [r["custom_id"] for r in file_records(batch.output_file_id)] + [
+        r["custom_id"] for r in file_records(batch.error_file_id)
+    ]
     assert sorted(ids) == sorted(f"r{i}" for i in range(8))  # each line once, in one of the two files
