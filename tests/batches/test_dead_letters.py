@@ -19,8 +19,8 @@ from controlplane.core.messaging import dispatch
 from controlplane.fleet.models import CatalogueModel
 from controlplane.scheduling.claims import shard_claim_next
 from controlplane.triton.client import PermanentTritonError, TransientTritonError
-from tests.batches.test_lifecycle import _create, _read
-from tests.support.batches import embedding_line
+from tests.batches.test_lifecycle import _create
+from tests.support.batches import embedding_line, file_records
 from tests.support.fakes import FakeBackend
 from tests.support.running import run_shard
 
@@ -78,7 +78,7 @@ def test_content_failures_spend_attempts_and_end_in_a_dead_letter(tenant, sent, 
     batch = Batch.objects.get(id=batch.id)
     assert batch.status == BatchStatus.COMPLETED
     assert (batch.completed_lines, batch.failed_lines) == (0, 3)
-    errors = _read(batch.error_file_id)
+    errors = file_records(batch.error_file_id)
     assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [(f"r{i}", "internal_error") for i in range(3)]
 
 
@@ -175,7 +175,7 @@ def test_dead_shard_of_a_finished_or_stopping_batch_cannot_be_requeued(tenant, s
     with pytest.raises(Conflict, match="cancelled"):
         shard_requeue(shard_id=first.id, actor="ops")
     # The dead shard's lines failed before the cancel: internal_error, the skipped ones batch_cancelled.
-    codes = [(e["custom_id"], e["error"]["code"]) for e in _read(batch.error_file_id)]
+    codes = [(e["custom_id"], e["error"]["code"]) for e in file_records(batch.error_file_id)]
     assert codes == [(f"r{i}", "internal_error") for i in range(4)] + [
         (f"r{i}", "batch_cancelled") for i in range(4, 8)
     ]
@@ -193,7 +193,7 @@ def test_a_cancel_during_an_outage_completes(tenant, sent):
     assert _run(shard, CancelledDuringOutage()) == "skipped"
     batch = Batch.objects.get(id=batch.id)
     assert batch.status == BatchStatus.CANCELLED
-    assert {e["error"]["code"] for e in _read(batch.error_file_id)} == {"batch_cancelled"}
+    assert {e["error"]["code"] for e in file_records(batch.error_file_id)} == {"batch_cancelled"}
 
 
 def test_rescuer_closes_a_pending_shard_of_a_stopping_batch(tenant, sent):

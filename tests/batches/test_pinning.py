@@ -8,8 +8,8 @@ import pytest
 from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchStatus, Shard
 from controlplane.fleet.models import CatalogueModel
-from tests.batches.test_lifecycle import _create, _read, eager
-from tests.support.batches import tensor_line
+from tests.batches.test_lifecycle import _create, eager
+from tests.support.batches import file_records, tensor_line
 from tests.support.fakes import FakeBackend
 from tests.support.running import run_shard
 
@@ -55,7 +55,7 @@ def test_an_entry_edited_mid_batch_does_not_fail_the_remaining_lines(tenant, eag
         assert run_shard(shard, backend) == "succeeded"
     batch = Batch.objects.get(id=batch.id)
     assert (batch.status, batch.completed_lines, batch.failed_lines) == (BatchStatus.COMPLETED, 8, 0)
-    assert [r["custom_id"] for r in _read(batch.output_file_id)] == [f"t{i}" for i in range(8)]
+    assert [r["custom_id"] for r in file_records(batch.output_file_id)] == [f"t{i}" for i in range(8)]
     # Calls were still packed by the pinned max_batch_size (4 lines per shard in one call each).
     assert all(call["INPUT0"].shape[0] == 4 for call in backend.calls)
 

@@ -19,8 +19,8 @@ from controlplane.core.messaging import dispatch
 from controlplane.files.storage import blob_delete
 from controlplane.fleet.models import CatalogueModel
 from controlplane.scheduling.claims import shard_claim_next
-from tests.batches.test_lifecycle import _create, _read
-from tests.support.batches import embedding_line
+from tests.batches.test_lifecycle import _create
+from tests.support.batches import embedding_line, file_records
 from tests.support.fakes import FakeBackend
 from tests.support.running import run_shard
 
@@ -141,10 +141,10 @@ def test_missing_part_becomes_part_lost_lines_not_an_endless_retry(tenant, sent,
     batch = Batch.objects.get(id=batch.id)
     assert batch.status == BatchStatus.COMPLETED
     assert (batch.completed_lines, batch.failed_lines) == (4, 4)
-    errors = _read(batch.error_file_id)
+    errors = file_records(batch.error_file_id)
     assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [(f"r{i}", "part_lost") for i in range(4)]
     assert "lost in storage" in errors[0]["error"]["message"]
-    assert [o["custom_id"] for o in _read(batch.output_file_id)] == [f"r{i}" for i in range(4, 8)]
+    assert [o["custom_id"] for o in file_records(batch.output_file_id)] == [f"r{i}" for i in range(4, 8)]
     assert BatchEvent.objects.get(batch=batch, kind="part_lost").shard_index == 0
     # The log says which part and carries storage's own error, for whoever looks for where it went.
     [warning] = [record for record in caplog.records if "is lost" in record.getMessage()]
@@ -166,7 +166,7 @@ def test_dead_finalizer_is_restarted_after_the_setting(tenant, sent, settings):
     _deliver_finalizes(sent)
     batch = Batch.objects.get(id=batch.id)
     assert batch.status == BatchStatus.COMPLETED
-    assert [e["error"]["code"] for e in _read(batch.error_file_id)] == ["part_lost"] * 4
+    assert [e["error"]["code"] for e in file_records(batch.error_file_id)] == ["part_lost"] * 4
 
 
 # --- cancelling -------------------------------------------------------------------------------------------
@@ -187,7 +187,7 @@ def test_cancelling_batch_whose_worker_died_is_closed_and_finalized(tenant, sent
     _deliver_finalizes(sent)
     batch = Batch.objects.get(id=batch.id)
     assert batch.status == BatchStatus.CANCELLED
-    errors = _read(batch.error_file_id)
+    errors = file_records(batch.error_file_id)
     assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [(f"r{i}", "batch_cancelled") for i in range(8)]
 
 

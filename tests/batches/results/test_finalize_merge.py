@@ -20,8 +20,7 @@ from controlplane.files.storage import blob_delete, blob_save
 from controlplane.fleet.models import CatalogueModel
 from controlplane.kinds.base import TokenCounts
 from controlplane.scheduling.claims import shard_claim_next
-from tests.batches.test_lifecycle import _read
-from tests.support.batches import embedding_line, jsonl, upload
+from tests.support.batches import embedding_line, file_records, jsonl, upload
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -79,10 +78,10 @@ def test_a_stopped_shard_keeps_its_results_and_reports_each_other_line_once_in_i
     assert batch_try_finalize(batch_id=shard.batch_id) is True
     batch = Batch.objects.get(id=shard.batch_id)
     assert (batch.status, batch.completed_lines, batch.failed_lines) == (BatchStatus.CANCELLED, 3, 296)
-    assert [r["custom_id"] for r in _read(batch.output_file_id)] == ["r2", "r258", "r300"]
+    assert [r["custom_id"] for r in file_records(batch.output_file_id)] == ["r2", "r258", "r300"]
     errors = [
         (e["custom_id"], (e["error"] or {}).get("code") or e["response"]["status_code"])
-        for e in _read(batch.error_file_id)
+        for e in file_records(batch.error_file_id)
     ]
     expected = [(f"r{n}", 400 if n == 257 else "batch_cancelled") for n in range(1, 301) if n not in (2, 100, 258, 300)]
     assert errors == expected
@@ -98,8 +97,8 @@ def test_a_succeeded_shard_is_copied_from_its_part_without_reading_the_input_aga
     assert batch_try_finalize(batch_id=batch.id) is True
     batch = Batch.objects.get(id=batch.id)
     assert (batch.status, batch.completed_lines, batch.failed_lines) == (BatchStatus.COMPLETED, 2, 1)
-    assert [r["custom_id"] for r in _read(batch.output_file_id)] == ["r1", "r3"]
-    assert [r["custom_id"] for r in _read(batch.error_file_id)] == ["r2"]
+    assert [r["custom_id"] for r in file_records(batch.output_file_id)] == ["r1", "r3"]
+    assert [r["custom_id"] for r in file_records(batch.error_file_id)] == ["r2"]
 
 
 @pytest.mark.parametrize(("order", "message"), [([1, 3, 2], "2 after 3"), ([1, 2, 2, 3], "2 after 2")])

@@ -18,8 +18,8 @@ from controlplane.files.storage import blob_open
 from controlplane.tenants.models import ApiKey
 from controlplane.usage.models import BatchOrigin
 from tests.batches.test_dead_letters import CrashingBackend, _run, sent
-from tests.batches.test_lifecycle import _create, _read
-from tests.support.batches import embedding_line, jsonl
+from tests.batches.test_lifecycle import _create
+from tests.support.batches import embedding_line, file_records, jsonl
 from tests.support.fakes import FakeBackend
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -69,7 +69,7 @@ def test_failed_lines_rerun_through_the_api_complete_the_work_exactly_once(api, 
         _run(shard, FakeBackend())
     rerun = Batch.objects.get(id=body["id"])
     assert (rerun.status, rerun.completed_lines, rerun.failed_lines) == (BatchStatus.COMPLETED, 4, 0)
-    done = [r["custom_id"] for r in _read(half_failed.output_file_id) + _read(rerun.output_file_id)]
+    done = [r["custom_id"] for r in file_records(half_failed.output_file_id) + file_records(rerun.output_file_id)]
     assert sorted(done) == sorted(line["custom_id"] for line in LINES)
     assert BatchEvent.objects.filter(batch=half_failed, kind="rerun", message__contains=rerun.id).exists()
 
