@@ -243,31 +243,20 @@ def batch_finalize(*, batch_id: str) -> None:
 
 def _batch_finalize(batch: Batch, *, lease: _FinalizeLease) -> tuple[int, int]:
     batch_id = batch.id
-    completed = failed = 0
     lost_parts: list[int] = []
     names = {kind: result_blob_name(tenant_id=batch.tenant_id, stem=f"{batch.id}_{kind}") for kind in KINDS}
-    offsets: dict[str, list[list[int]]] = {"out": [], "err": []}
-    written = {"out": 0, "err": 0}  # bytes of each spool
-    marked = {"out": 0, "err": 0}  # where each one's last seek point is
-    with blob_spool(names["output"]) as out, blob_spool(names["error"]) as err:
+    with blob_spool(names["output"]) as out_spool, blob_spool(names["error"]) as err_spool:
+        out, err = _ResultSpool(out_spool), _ResultSpool(err_spool)
         for shard in Shard.objects.filter(batch_id=batch_id).order_by("index"):
             # Streamed line by line from storage into the result spools: memory stays flat in the size of
             # parts and results; storing a spool is a link on local storage, a chunked upload on S3.
             for _, kind, payload in shard_entries(batch, shard, lost_parts):
                 lease.check()  # a clock read per line, a few tens of nanoseconds beside the line's copy
-                if written[kind] - marked[kind] >= LINE_INDEX_STEP_BYTES:  # a seek point at this line's start
-                    offsets[kind].append([completed if kind == "out" else failed, written[kind]])
-                    marked[kind] = written[kind]
-                written[kind] += len(payload)
-                if kind == "out":
-                    out.write(payload)
-                    completed += 1
-                else:
-                    err.write(payload)
-                    failed += 1
+                (out if kind == "out" else err).write(payload)
+        completed, failed = out.lines, err.lines
         stored = [
-            _store_result(batch, out, "output", completed, names["output"], offsets["out"]),
-            _store_result(batch, err, "error", failed, names["error"], offsets["err"]),
+            _store_result(batch, out_spool, "output", completed, names["output"], out.points),
+            _store_result(batch, err_spool, "error", failed, names["error"], err.points),
         ]
     with transaction.atomic():
         # The rows go with the batch's end, in its transaction: a finalizer that lost publishes none.
@@ -308,6 +297,24 @@ def _batch_finalize(batch: Batch, *, lease: _FinalizeLease) -> tuple[int, int]:
             if result is not None:
                 blob_delete(result.storage_name)
     return completed, failed
+
+
+class _ResultSpool:
+    """A result file being written: its lines, its bytes, and a seek point (lines before, byte offset) at the start
+    of the first line after each LINE_INDEX_STEP_BYTES written (File.line_offsets)."""
+
+    def __init__(self, spool: IO[bytes]) -> None:
+        self.spool = spool
+        self.lines = self.size = self.marked = 0
+        self.points: list[list[int]] = []
+
+    def write(self, payload: bytes) -> None:
+        if self.size - self.marked >= LINE_INDEX_STEP_BYTES:
+            self.points.append([self.lines, self.size])
+            self.marked = self.size
+        self.spool.write(payload)
+        self.size += len(payload)
+        self.lines += 1
 
 
 @dataclass(frozen=True)
