@@ -96,6 +96,14 @@ FILE_DOWNLOAD_PRESIGNED_SECONDS = env_int(
     minimum=0,
     help="On S3, downloads redirect to a presigned URL valid this long; 0: streamed through the web process.",
 )
+# Each web process keeps closed shards' rendered result lines up to this many bytes (batches/results/part_cache.py):
+# polls from behind a batch's live results do not read the same parts again. 64 MiB per process by default.
+RESULTS_PART_CACHE_BYTES = env_int(
+    "RESULTS_PART_CACHE_BYTES",
+    64 * 1024 * 1024,
+    minimum=0,
+    help="Closed shards' result lines each web process keeps for live results polls (LRU); 0: none.",
+)
 STORAGES = {
     "default": _default_storage,
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},

@@ -16,8 +16,15 @@ Only committed parts are read: ``part_name`` is set by ``shards.shard_commit`` a
 that closes the shard, so a running or stale attempt's part is never named by a row read here. A validating
 batch streams nothing (its early shards stay unseen until the file proves valid, as in its Batch object).
 
-One case breaks the prefix: a committed part that storage loses. Its lines are streamed while it is there,
-and become ``part_lost`` errors in the files; a follower may then hold output lines the final file lacks."""
+A closed shard's complete lines of one kind are kept in the web process after their first read
+(results/part_cache.py), keyed by the batch, shard, part, status and kind they were rendered from: a follower
+polling from behind, or many readers of one batch, do not read and render the same parts again. The cache is
+per process and bounded (RESULTS_PART_CACHE_BYTES, least recently used out first) because it only saves work:
+a miss renders the same bytes from storage, so a kept entry can never make a stream differ from the file.
+
+One case breaks the prefix: a committed part that storage loses. Its lines are streamed while it is there (or
+kept), and become ``part_lost`` errors in the files; a follower may then hold output lines the final file lacks.
+A rendering that found its part lost is never kept: the next read asks storage again."""
 
 from __future__ import annotations
 
@@ -28,6 +35,7 @@ from dataclasses import dataclass
 from controlplane.batches.models import Batch, BatchStatus, Shard, ShardStatus
 from controlplane.batches.render import public_status
 from controlplane.batches.results.finalize import shard_entries
+from controlplane.batches.results.part_cache import PartKey, part_entry_limit, part_lines_get, part_lines_put
 from controlplane.batches.run.parts import part_payloads
 from controlplane.core.http.errors import Conflict, ValidationFailed
 from controlplane.files.selectors import file_line_seek
@@ -150,12 +158,43 @@ def _live_slice(batch: Batch, stream: str, after: int) -> ResultsSlice:
 def _part_chunks(batch: Batch, plan: list[tuple[Shard, int]], entry_kind: str) -> Iterator[bytes]:
     lost: list[int] = []  # a part storage lost is reported by finalization; here its lines are just absent
     for shard, skip in plan:
+        key = PartKey(batch.id, shard.id, shard.part_name or "", shard.status, entry_kind)
+        kept = part_lines_get(key)
+        if kept is not None:
+            if skip:
+                kept = kept[_after_lines(kept, skip) :]
+            if kept:
+                yield kept
+            continue
+        lost_before = len(lost)
+        limit = part_entry_limit()
+        record: list[bytes] | None = [] if limit else None  # the shard's lines so far, while small enough to keep
+        recorded = 0
         for lines in _shard_lines(batch, shard, entry_kind, lost):
+            if not lines:
+                continue
+            chunk = b"".join(lines)
+            if record is not None:
+                record.append(chunk)
+                recorded += len(chunk)
+                if recorded > limit:
+                    record = None  # too large to keep: read from storage every time
             if skip:
                 skipped = min(skip, len(lines))
-                lines, skip = lines[skipped:], skip - skipped
-            if lines:
-                yield b"".join(lines)
+                chunk, skip = b"".join(lines[skipped:]), skip - skipped
+            if chunk:
+                yield chunk
+        # Reached only once the shard was rendered to its end (a client that left closes this generator first).
+        if record is not None and len(lost) == lost_before:
+            part_lines_put(key, b"".join(record))
+
+
+def _after_lines(data: bytes, count: int) -> int:
+    """The offset of the byte after the ``count``-th newline of ``data`` (it holds at least that many lines)."""
+    end = -1
+    for _ in range(count):
+        end = data.index(b"\n", end + 1)
+    return end + 1
 
 
 def _shard_lines(batch: Batch, shard: Shard, entry_kind: str, lost: list[int]) -> Iterator[list[bytes]]:

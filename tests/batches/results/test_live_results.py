@@ -176,9 +176,14 @@ def test_a_deleted_output_file_is_a_409_once_the_batch_ended(api, batch):
     assert response.json()["error"]["code"] == "results_file_deleted"
 
 
-def test_a_cursor_into_a_closed_shard_whose_part_is_read_in_pieces(api, tenant, sent, settings, monkeypatch):
+@pytest.mark.parametrize("cache_bytes", [0, 64 * 1024 * 1024], ids=["read", "kept"])
+def test_a_cursor_into_a_closed_shard_whose_part_is_read_in_pieces(
+    api, tenant, sent, settings, monkeypatch, cache_bytes
+):
     # Two shards of 12 lines, every fifth line refused. Storage reads of 100 bytes cut the part's lines (~300
-    # bytes each) mid-way, so the bulk reader of a succeeded shard's part must carry each cut line over.
+    # bytes each) mid-way, so the bulk reader of a succeeded shard's part must carry each cut line over. Every
+    # cursor is answered from storage, and from the shard's lines kept after the first poll (part_cache.py).
+    settings.RESULTS_PART_CACHE_BYTES = cache_bytes
     monkeypatch.setattr(live, "READ_CHUNK_BYTES", 100)
     settings.SHARD_MAX_LINES = 12
     lines = [embedding_line(f"c{i:02d}", f"text {i}" + (" REJECT" if i % 5 == 2 else "")) for i in range(24)]
