@@ -101,8 +101,11 @@ class FollowAPI:
 
     @contextlib.contextmanager
     def lines(self, batch_id: str, stream: str, after: int) -> Iterator[httpx2.Response]:
+        """The stream's response; an ended batch's whole file may come from S3, through a redirect to a presigned
+        URL. httpx2 drops the Authorization header when a redirect leaves the API's origin (only a plain
+        http → https upgrade of the same host keeps it), so the API key never reaches the bucket."""
         url = f"/batches/{quote(batch_id, safe='')}/{stream}"
-        with self._http.stream("GET", url, params={"after": str(after)}) as response:
+        with self._http.stream("GET", url, params={"after": str(after)}, follow_redirects=True) as response:
             _check(response)
             yield response
 
@@ -185,12 +188,21 @@ def stream_fetch(api: FollowAPI, sink: Sink) -> str:
                 pending = data[cut:]
     finally:
         sink.save()
-    expected = int(response.headers["X-Next-Cursor"])
+    headers = _cursor_headers(response)
+    expected = int(headers["X-Next-Cursor"])
     if pending or sink.cursor != expected:
         # The body ended early without a transport error (a proxy cut it): ask again from what arrived.
         raise httpx2.RemoteProtocolError(f"response ended at line {sink.cursor}, expected {expected}")
-    sink.complete = response.headers.get("X-Results-Complete") == "true"
-    return response.headers.get("X-Batch-Status", "")
+    sink.complete = headers.get("X-Results-Complete") == "true"
+    return headers.get("X-Batch-Status", "")
+
+
+def _cursor_headers(response: httpx2.Response) -> httpx2.Headers:
+    """The API's cursor headers: on the response, or on the redirect that led to it (S3 sends only the bytes)."""
+    for answer in (response, *reversed(response.history)):
+        if "X-Next-Cursor" in answer.headers:
+            return answer.headers
+    return response.headers
 
 
 def may_have_lines(batch: BatchState | None, sink: Sink) -> bool:

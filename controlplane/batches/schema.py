@@ -291,7 +291,7 @@ class BatchResultsQuerySerializer(serializers.Serializer[Any]):
 
 
 _RESULTS_HEADERS = [
-    OpenApiParameter(name, str, OpenApiParameter.HEADER, response=[200], description=description)
+    OpenApiParameter(name, str, OpenApiParameter.HEADER, response=[200, 302], description=description)
     for name, description in (
         ("X-Next-Cursor", "Pass it as `after` to get the lines that follow these."),
         ("X-Results-Complete", "`true` once the batch has ended and nothing follows; else `false`: poll again."),
@@ -309,7 +309,9 @@ def _results_view(stream: str, file_field: str, operation_id: str) -> Any:
             "available while the batch runs: each response holds the lines that are final after `after` (those "
             "of shards that closed, up to the first still running) and ends; poll with its `X-Next-Cursor` until "
             "`X-Results-Complete` is `true`. Lines are never repeated or reordered between calls, and once the "
-            f"batch has ended the stream from the start is the `{file_field}` file byte for byte. A validating "
+            f"batch has ended the stream from the start is the `{file_field}` file byte for byte. On S3 storage with "
+            "FILE_DOWNLOAD_PRESIGNED_SECONDS set, an ended batch's stream from the start is a 302 to a presigned URL "
+            "of that file, carrying the cursor headers itself (follow it without the API key). A validating "
             "batch streams nothing yet. With the openai SDK: `client.get(f'/batches/{id}/"
             f"{stream}', cast_to=httpx.Response, options={{'params': {{'after': cursor}}}})`, or "
             "`batchctl follow`.",
@@ -319,6 +321,11 @@ def _results_view(stream: str, file_field: str, operation_id: str) -> Any:
                 (200, "application/jsonl"): OpenApiResponse(
                     OpenApiTypes.BINARY,
                     description="One result object per line (the shape of the batch's result files).",
+                ),
+                302: OpenApiResponse(
+                    description="An ended batch from the start (`after` absent or 0), on S3 storage with "
+                    "FILE_DOWNLOAD_PRESIGNED_SECONDS set: Location is a presigned URL that serves the "
+                    f"`{file_field}` file for that many seconds."
                 ),
                 **error_responses(
                     404,

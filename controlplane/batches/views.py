@@ -2,7 +2,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.http import HttpResponse, StreamingHttpResponse
+from django.conf import settings
+from django.http import HttpResponse, HttpResponseRedirect, StreamingHttpResponse
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -17,7 +18,7 @@ from controlplane.core.http.idempotency import idempotency_key, idempotent, json
 from controlplane.core.http.input import input_validate
 from controlplane.core.http.negotiation import AnyAccept
 from controlplane.core.http.pagination import CursorQuerySerializer, cursor_page
-from controlplane.files.storage import blob_accel_target
+from controlplane.files.storage import blob_accel_target, blob_presigned_url
 from controlplane.tenants.auth import request_tenant
 from controlplane.usage.selectors import batch_costs
 
@@ -99,9 +100,14 @@ class _BatchResultsView(APIView):
         query = input_validate(schema.BatchResultsQuerySerializer, request.query_params)
         batch = selectors.batch_get(tenant=request_tenant(request), batch_id=batch_id)
         results = batch_results_slice(batch=batch, stream=self.stream, after=query.get("after", 0))
-        target = None if results.whole_file is None else blob_accel_target(results.whole_file)
+        url = self._presigned_url(batch, results.whole_file)
+        target = None if results.whole_file is None or url is not None else blob_accel_target(results.whole_file)
         response: HttpResponse | StreamingHttpResponse
-        if target is not None:
+        if url is not None:
+            # All of an ended batch's file, sent by S3 as a file download is (files/views.py): the cursor's headers
+            # ride on the redirect itself, where batchctl follow reads them (its redirect history).
+            response = HttpResponseRedirect(url)
+        elif target is not None:
             # All of an ended batch's file: sent by the reverse proxy, as a file download is (files/views.py);
             # deploy/k8s/base/nginx.conf sets the cursor's headers again from these.
             response = HttpResponse(content_type="application/jsonl")
@@ -111,8 +117,16 @@ class _BatchResultsView(APIView):
         response["X-Next-Cursor"] = str(results.next_cursor)
         response["X-Results-Complete"] = "true" if results.complete else "false"
         response["X-Batch-Status"] = results.status
+        # The lines grow while the batch runs; a redirect's URL is a short-lived credential for this one file.
         response["Cache-Control"] = "no-store"
         return response
+
+    def _presigned_url(self, batch: Batch, whole_file: str | None) -> str | None:
+        seconds = settings.FILE_DOWNLOAD_PRESIGNED_SECONDS
+        if whole_file is None or not seconds:
+            return None
+        filename = f"{batch.id}_{self.stream}.jsonl"
+        return blob_presigned_url(whole_file, filename=filename, content_type="application/jsonl", seconds=seconds)
 
 
 @schema.batch_output

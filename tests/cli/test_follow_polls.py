@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from batchctl.follow import sink_open
-from tests.cli.fake_api import Reply, batch_json, error_json
+from tests.cli.fake_api import FakeAPI, Reply, batch_json, error_json
 
 OUT = [b'{"custom_id": "a"}\n', b'{"custom_id": "b"}\n', b'{"custom_id": "c"}\n']
 ERR = b'{"custom_id": "x", "error": {"code": "bad"}}\n'
@@ -73,6 +73,30 @@ def test_the_error_stream_is_asked_while_the_batch_has_failures_it_lacks(cli, fa
     assert result.exit_code == 0, result.output
     assert (out.read_bytes(), err.read_bytes()) == (OUT[0], ERR)
     assert [seen.query["after"] for seen in fake_api.requests("GET", "/batches/batch_1/errors")] == [["0"], ["1"]]
+
+
+def test_an_ended_stream_redirected_to_storage_is_saved_without_sending_the_api_key(cli, fake_api, tmp_path):
+    """On S3 the API answers an ended batch's stream from the start with a 302 to a presigned URL, carrying the
+    cursor headers itself; the bytes come from storage, another origin, which must never see the API key."""
+    with FakeAPI() as storage:
+        storage.on("GET", "/bucket/out.jsonl", Reply(body=b"".join(OUT), headers={"Content-Type": "application/jsonl"}))
+        cursor = {"X-Next-Cursor": "3", "X-Results-Complete": "true", "X-Batch-Status": "completed"}
+        location = storage.base_url + "/bucket/out.jsonl?X-Amz-Signature=signed"
+        done = batch_json(status="completed", done=3, total=3, output_file_id="file-out")
+        fake_api.on("GET", "/batches/batch_1", Reply(body=done))
+        fake_api.on("GET", "/batches/batch_1/output", Reply(302, b"", headers={"Location": location, **cursor}))
+        fake_api.on("GET", "/batches/batch_1/errors", _lines(b"", 0, "completed", complete=True))
+        result, out, _ = _follow(cli, tmp_path)
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes() == b"".join(OUT)
+    saved = json.loads(out.with_name(out.name + ".cursor").read_text())
+    assert (saved["cursor"], saved["bytes"]) == (3, len(b"".join(OUT)))
+    # Complete after one answer: the stream was asked once.
+    [asked] = fake_api.requests("GET", "/batches/batch_1/output")
+    assert asked.headers["authorization"] == "Bearer sk-test"
+    [fetched] = storage.requests("GET", "/bucket/out.jsonl")
+    assert fetched.query == {"X-Amz-Signature": ["signed"]}
+    assert "authorization" not in fetched.headers
 
 
 def test_a_cursor_file_is_rewritten_only_when_its_lines_moved(tmp_path):
