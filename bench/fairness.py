@@ -149,6 +149,18 @@ class Db:
             (b_claim - b["created_at"]).total_seconds(),
         )
 
+    def phases(self, batch_id: str) -> str:
+        """Where a batch's time went, in seconds from its create: valid (in_progress), first claim, last shard
+        committed, completed."""
+        created, valid, done = self.conn.execute(
+            "SELECT created_at, in_progress_at, completed_at FROM batches_batch WHERE id=%s", (batch_id,)
+        ).fetchone()
+        claimed, committed = self.conn.execute(
+            "SELECT min(started_at), max(finished_at) FROM batches_shard WHERE batch_id=%s", (batch_id,)
+        ).fetchone()
+        marks = (("valid", valid), ("claim", claimed), ("run", committed), ("done", done))
+        return " ".join(f"{name} {(at - created).total_seconds():.3f}" for name, at in marks if at is not None)
+
     def shard_stats(self, batch_id: str) -> tuple[int, float]:
         """The batch's shards and their mean run time (claim to commit), seconds."""
         count, mean = self.conn.execute(

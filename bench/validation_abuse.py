@@ -108,11 +108,13 @@ def main() -> int:
             alone.append(db.latency(b_id))
             alone_row = db.batch(b_id)
             alone_to_progress = (alone_row["in_progress_at"] - alone_row["created_at"]).total_seconds()
+            alone_phases = db.phases(b_id)
             a_id = create("a", a_file)
             a_waited = _validating(db, a_id)
             b_id = create("b", b_file)
             lost += _unaccounted(db, b_id)
             abused.append(db.latency(b_id))
+            abused_phases = db.phases(b_id)
             a_status_then = db.batch(a_id)["status"]
             _, to_progress, to_claim = db.b_timeline(a_id, b_id)
             lost += _unaccounted(db, a_id)
@@ -122,9 +124,11 @@ def main() -> int:
                 f"B while A validates {abused[-1]:.2f}s "
                 f"(in_progress after {to_progress:.2f}s, first claim after {to_claim:.2f}s) "
                 f"(A validating {a_waited:.2f}s after its create; A was {a_status_then} when B completed; "
-                f"A validated in {(a['in_progress_at'] - a['created_at']).total_seconds():.1f}s)",
+                f"A validated in {(a['in_progress_at'] - a['created_at']).total_seconds():.1f}s, "
+                f"done in {(a['completed_at'] - a['created_at']).total_seconds():.1f}s)",
                 flush=True,
             )
+            print(f"    B alone: {alone_phases}; B while A validates: {abused_phases}", flush=True)
     slowdown = statistics.median(abused) / statistics.median(alone)
     print(f"B alone {' '.join(f'{x:.2f}' for x in alone)}; while A validates {' '.join(f'{x:.2f}' for x in abused)}")
     print(f"load average at end: {os.getloadavg()[0]:.2f}")

@@ -9,7 +9,8 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum
+from django.db.models import Count, Exists, Func, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models.lookups import LessThan
 from django.utils import timezone
 
 from controlplane.batches.models import RUNNABLE_BATCH_STATUSES, Batch, BatchStatus, Shard, ShardStatus
@@ -32,6 +33,7 @@ def runnable_q(now: datetime) -> Q:
     """A pending shard may be claimed: its batch runs, nobody paused it, its tenant is under its spend cap, and any
     deferral has passed."""
     return Q(
+        _early_dispatch_q(),
         status=ShardStatus.PENDING,
         batch__status__in=RUNNABLE_BATCH_STATUSES,
         batch__stop_reason__isnull=True,
@@ -40,6 +42,29 @@ def runnable_q(now: datetime) -> Q:
         # changes after commit (attribution), and a grouped read every few seconds costs less than a sum per claim.
         batch__tenant__spend_capped_at__isnull=True,
     ) & (Q(not_before__isnull=True) | Q(not_before__lte=now))
+
+
+def _early_dispatch_q() -> Q:
+    """A validating batch's shards run early (BATCH_EARLY_DISPATCH) on capacity no valid batch wants: its file may
+    still prove invalid, and its validation already takes a core. So none is claimed while a batch of its model that
+    has passed validation has shards pending or running, and at most BATCH_EARLY_DISPATCH_MAX_RUNNING at once
+    otherwise: a newcomer then waits for that many in-flight shards at most, not for every worker process
+    (bench/validation_abuse.py: another tenant's small batch 1.6-2× slower beside them without these rules)."""
+    valid_work = Shard.objects.filter(
+        status__in=(ShardStatus.PENDING, ShardStatus.RUNNING),
+        batch__status=BatchStatus.IN_PROGRESS,
+        batch__stop_reason__isnull=True,
+        batch__model=OuterRef("batch__model"),
+    )
+    running = (
+        Shard.objects.filter(batch_id=OuterRef("batch_id"), status=ShardStatus.RUNNING)
+        .order_by()
+        .values("batch_id")
+        .annotate(count=Func("id", function="COUNT"))
+        .values("count")
+    )
+    early = ~Exists(valid_work) & Q(LessThan(Subquery(running), settings.BATCH_EARLY_DISPATCH_MAX_RUNNING))
+    return ~Q(batch__status=BatchStatus.VALIDATING) | early
 
 
 def runnable_shards(*, model: CatalogueModel, now: datetime) -> QuerySet[Shard]:

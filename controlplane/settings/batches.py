@@ -56,6 +56,13 @@ OUTBOX_RELAY_INTERVAL_SECONDS = env_float(
 BATCH_EARLY_DISPATCH = env_bool(
     "BATCH_EARLY_DISPATCH", True, help="Shards run while the rest of their input file is still being validated."
 )
+# Two of the local stack's four shard-worker processes: a newcomer's shard finds one free (scheduling/selectors.py).
+BATCH_EARLY_DISPATCH_MAX_RUNNING = env_int(
+    "BATCH_EARLY_DISPATCH_MAX_RUNNING",
+    2,
+    minimum=1,
+    help="Shards of one batch that run at once while the rest of its file is still being validated.",
+)
 BATCH_SHARD_COLUMNS = env_bool(
     "BATCH_SHARD_COLUMNS", True, help="Tensor shards run from the arrays validation kept, not from their JSON lines."
 )

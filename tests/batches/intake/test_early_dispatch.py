@@ -24,7 +24,7 @@ from controlplane.files.storage import blob_open, blob_storage
 from controlplane.fleet.models import CatalogueModel
 from controlplane.scheduling.claims import shard_claim_next
 from controlplane.usage.models import UsageRecord
-from tests.support.batches import jsonl, tensor_line, upload
+from tests.support.batches import jsonl, tensor_line, upload, validated_batch
 from tests.support.fakes import FakeBackend
 from tests.support.running import run_batch, run_shard
 
@@ -320,3 +320,61 @@ def test_switched_off_no_shard_exists_before_the_file_is_valid(tenant, eager, se
     services.batch_validate(batch_id=batch.id)
     assert flushes["n"] == 0
     assert Shard.objects.filter(batch=batch).count() == 3
+
+
+def test_early_shards_yield_to_a_valid_batch_of_their_model(tenant, other_tenant, eager, on_flush):
+    """Shards of a file that may still prove invalid take only capacity no valid batch wants: while a valid batch of
+    the model has shards pending or running, the scheduler serves none of the validating batch's."""
+    backend = FakeBackend()
+    model = CatalogueModel.objects.get(name="identity")
+    valid = validated_batch(other_tenant, _lines(8), endpoint="/v2/infer")
+    assert valid.status == BatchStatus.IN_PROGRESS
+    served = []
+
+    def worker(batch_id, flush):
+        if flush != 1:
+            return
+        assert Shard.objects.filter(batch_id=batch_id, status=ShardStatus.PENDING).exists()
+        while (shard := shard_claim_next(model=model, owner="early-worker")) is not None:
+            served.append(shard.batch_id)
+            assert shard_execute(shard=shard, model=model, backend=backend) == "succeeded"
+            if shard.batch_id == valid.id:
+                batch_try_finalize(batch_id=valid.id)
+
+    on_flush(worker)
+    batch = _create(tenant, _lines(12))
+    services.batch_validate(batch_id=batch.id)
+
+    # The valid batch's two shards first, then the early shard that was waiting (the second is added later).
+    assert served == [valid.id, valid.id, batch.id]
+    valid.refresh_from_db()
+    assert valid.status == BatchStatus.COMPLETED
+
+
+def test_early_shards_run_at_most_the_cap_at_once(tenant, eager, settings, on_flush):
+    """BATCH_EARLY_DISPATCH_MAX_RUNNING bounds a validating batch's shards in flight; once the file is valid the
+    bound is gone."""
+    settings.BATCH_EARLY_DISPATCH_MAX_RUNNING = 1
+    model = CatalogueModel.objects.get(name="identity")
+    claims = {}
+
+    def worker(batch_id, flush):
+        if flush == 2:  # two early shards pending: one is claimed (and left running), the other must wait
+            claims["first"] = shard_claim_next(model=model, owner="early-worker")
+            claims["while_one_runs"] = shard_claim_next(model=model, owner="early-worker")
+            settings.BATCH_EARLY_DISPATCH_MAX_RUNNING = 2
+            claims["with_room"] = shard_claim_next(model=model, owner="early-worker")
+
+    on_flush(worker)
+    batch = _create(tenant, _lines(12))
+    services.batch_validate(batch_id=batch.id)
+
+    assert claims["first"] is not None and claims["first"].batch_id == batch.id
+    assert claims["while_one_runs"] is None
+    assert claims["with_room"] is not None and claims["with_room"].id != claims["first"].id
+    batch.refresh_from_db()
+    assert batch.status == BatchStatus.IN_PROGRESS
+    settings.BATCH_EARLY_DISPATCH_MAX_RUNNING = 1  # a valid batch's shards are not bound by it: two still run
+    last = shard_claim_next(model=model, owner="early-worker")
+    assert last is not None and last.batch_id == batch.id
+    assert Shard.objects.filter(batch=batch, status=ShardStatus.RUNNING).count() == 3
