@@ -133,6 +133,10 @@ def model_counters(client) -> dict[str, int]:
     }
 
 
+def _instances(client) -> int:
+    return sum(g.get("count", 1) for g in client.model_config("minilm").get("instance_group", []))
+
+
 def bench_direct_naive(client, texts: list[str]) -> float:
     client.infer("minilm", {"TEXT": np.array([[texts[0].encode()]], dtype=np.object_)}, ["EMBEDDING"])
     start = time.perf_counter()
@@ -270,6 +274,7 @@ def main() -> int:
         repeats = []
         for i in range(args.repeat):
             before, cpu_before = model_counters(client), cpu_snapshot(trees)
+            instances_before = _instances(client)
             seconds, e2e_batch = run_batch(sdk, texts, f"e2e{i}")
             cpu_after, after = cpu_snapshot(trees), model_counters(client)
             ceiling_after = ceiling.measure(texts, runtime, best)
@@ -289,9 +294,15 @@ def main() -> int:
                 }
             )
             ceiling_before = ceiling_after
-            print(f"  end-to-end run {i + 1}: {repeats[-1]['e2e']:.1f} texts/s", flush=True)
+            hops = batch_hops(db_url, e2e_batch.id) if not args.embedded else {}
+            print(
+                f"  end-to-end run {i + 1}: {repeats[-1]['e2e']:.1f} texts/s in {seconds:.2f} s ("
+                + ", ".join(f"{name} {value:.2f} s" for name, value in hops.items())
+                + f"; minilm instances {instances_before} → {_instances(client)})",
+                flush=True,
+            )
         # The planner may have given minilm a second instance under the flood (max_instances 2).
-        results["instances"] = sum(g.get("count", 1) for g in client.model_config("minilm").get("instance_group", []))
+        results["instances"] = _instances(client)
         repeats.sort(key=lambda run: run["e2e"] / run["inprocess"])
         results["e2e_ratios"] = [run["e2e"] / run["inprocess"] for run in repeats]
         results.update(repeats[len(repeats) // 2])

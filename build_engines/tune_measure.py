@@ -10,6 +10,7 @@ calls' latencies.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import threading
@@ -54,6 +55,14 @@ class Workload:
         self.outputs = [tensor.name for tensor in config.output]
         self.texts = sorted(texts or [], key=len)
         self.random = np.random.default_rng(seed)
+
+    def client_calls(self, rows: int, worker: int, concurrency: int) -> list[dict[str, np.ndarray]]:
+        """The distinct calls one of `concurrency` clients cycles through: at least 4, and together enough to carry
+        the whole corpus once, dealt round the clients in length order (call c holds the c-th run of `rows`
+        texts), so every candidate shape is measured on the same texts, whatever its rows a call. With a fixed
+        number of calls, a small batch would see only the corpus's shortest texts and win for that alone."""
+        per_client = max(4, math.ceil(len(self.texts) / max(1, rows * concurrency)))
+        return [self.arrays(rows, worker + concurrency * i) for i in range(per_client)]
 
     def arrays(self, rows: int, call: int) -> dict[str, np.ndarray]:
         arrays = {}
@@ -101,9 +110,9 @@ def offer_load(url: str, name: str, workload: Workload, load: Load, rows: int) -
         client = grpcclient.InferenceServerClient(url)
         try:
             calls = []
-            for i in range(4):  # a few distinct calls per client, built once
+            for arrays in workload.client_calls(rows, worker, load.concurrency):  # built once
                 tensors = []
-                for input_name, array in workload.arrays(rows, worker * 4 + i).items():
+                for input_name, array in arrays.items():
                     tensor = grpcclient.InferInput(input_name, list(array.shape), _np_datatype(array))
                     tensor.set_data_from_numpy(array)
                     tensors.append(tensor)
