@@ -13,6 +13,13 @@ from controlplane.core.observability.logs import gunicorn_logconfig_dict
 logconfig_dict = gunicorn_logconfig_dict(os.environ.get("LOG_FORMAT", "text")) or {}
 
 
+def post_worker_init(worker: Any) -> None:
+    """Each web process connects to the broker before it serves (core/messaging/dispatch.broker_warm)."""
+    from controlplane.core.messaging.dispatch import broker_warm
+
+    broker_warm()
+
+
 def child_exit(server: Any, worker: Any) -> None:
     """A gunicorn worker that exited stops counting in the live gauges of PROMETHEUS_MULTIPROC_DIR."""
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import base64
 import json
+import runpy
 import shutil
 import subprocess
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import redis
@@ -112,3 +114,31 @@ def test_the_relay_skips_a_row_another_relay_is_sending(broker):
     assert list(OutboxMessage.objects.values_list("id", flat=True)) == [held.id]  # left to the relay holding it
     assert not OutboxMessage.objects.filter(id=free.id).exists()
     print(f"relay beside a held row: {took * 1000:.0f} ms")
+
+
+def _clients(server: ThrowawayRedis) -> int:
+    return len(redis.Redis.from_url(server.url()).client_list()) - 1  # less this query's own connection
+
+
+def test_a_web_process_connects_to_the_broker_before_its_first_request(broker):
+    """gunicorn's post_worker_init warms the broker connection (gunicorn.conf.py): the first create of a process
+    used to pay ~0.3 s for it, and its validation started that much later."""
+    broker.start()
+    assert _clients(broker) == 0
+    dispatch.broker_warm()
+    assert _clients(broker) == 1
+
+
+def test_broker_warm_with_the_broker_down_only_logs(broker, monkeypatch):
+    warned = []
+    monkeypatch.setattr(dispatch.logger, "warning", lambda message, *args: warned.append(message % args))
+    dispatch.broker_warm()  # no exception: the web process serves, its first send connects (or the outbox holds it)
+    assert len(warned) == 1 and "broker not reached at start-up" in warned[0]
+
+
+def test_gunicorn_warms_each_web_process(monkeypatch):
+    calls = []
+    monkeypatch.setattr(dispatch, "broker_warm", lambda: calls.append("warm"))
+    hooks = runpy.run_path(str(Path(__file__).resolve().parents[2] / "gunicorn.conf.py"))
+    hooks["post_worker_init"](object())
+    assert calls == ["warm"]
