@@ -4,6 +4,11 @@
       `make install` exported the graph) in one process, at the best configuration of a sweep (batch sizes,
       intra-op threads up to the cores, sorted and unsorted: bench/ceiling.py), printed with the sweep; the
       served shape (SERVED_THREADS × max_batch_size, sorted) and torch at that best shape beside it
+  (a3) the served config itself in the stack's tritonserver, fed as the tuner feeds it (build_engines/tune_measure.py:
+      SCHEDULER_CALLS_PER_INSTANCE calls in flight of max_batch_size texts, dealt in length order): the served shape
+      without the control plane. served_vs_best is (a3) ÷ (a): the served config is two single-thread instances,
+      which (a1)'s one process with that many threads does not model (docs/performance.md: 2 × 1 thread ran
+      193 texts/s beside load, 1 × 2 threads 150); (a1) ÷ (a) is printed as served_inprocess_vs_best
   (b) a naive direct Triton client, one text per request, one request at a time
   (c) the full path: upload → batch → completed output file, through the REST API and the SDK; run three
       times (--repeat), each against the ceiling measured right before and right after it (this host's
@@ -137,6 +142,23 @@ def _instances(client) -> int:
     return sum(g.get("count", 1) for g in client.model_config("minilm").get("instance_group", []))
 
 
+# The calls a placed instance is fed at most (SCHEDULER_CALLS_PER_INSTANCE's default), as the tuner offers them.
+SERVED_CONCURRENCY = 6
+
+
+def served_direct(url: str, texts: list[str]) -> float:
+    """(a3): texts/s of the served minilm under the tuner's load, the whole corpus dealt in length order."""
+    from build_engines.tune_config import parse
+    from build_engines.tune_measure import Load, Workload, offer_load
+
+    config = parse((REPO_ROOT / "triton_models" / "minilm" / "config.pbtxt").read_text())
+    load = Load(concurrency=SERVED_CONCURRENCY, call_rows=None, warmup_s=1.0, measure_s=6.0)
+    measured = offer_load(url, "minilm", Workload(config, texts, load.dynamic_dim), load, SERVED_MAX_BATCH)
+    if not measured.ok:
+        raise RuntimeError(f"the served minilm failed under load: {measured.error}")
+    return measured.rows_per_s
+
+
 def bench_direct_naive(client, texts: list[str]) -> float:
     client.infer("minilm", {"TEXT": np.array([[texts[0].encode()]], dtype=np.object_)}, ["EMBEDDING"])
     start = time.perf_counter()
@@ -264,6 +286,8 @@ def main() -> int:
         client = TritonClient(stack.triton_grpc_url, timeout_s=300)
         results["direct_naive"] = bench_direct_naive(client, texts[:n_naive])
         print(f"  direct naive done: {results['direct_naive']:.1f} texts/s", flush=True)
+        results["served_direct"] = served_direct(stack.triton_grpc_url, texts)
+        print(f"  served config, direct: {results['served_direct']:.1f} texts/s", flush=True)
         key = stack.manage("tenant_create", f"bench-{uuid.uuid4().hex[:6]}").stdout.strip().splitlines()[-1]
         sdk = OpenAI(base_url=f"{stack.base_url}/v1", api_key=key, max_retries=0)
         run_batch(sdk, texts[:64], "warm")
@@ -336,6 +360,11 @@ def main() -> int:
         f"{results['inprocess_torch'] / results['inprocess']:>15.2f}"
     )
     print(
+        f"{'(a3) direct Triton, the served config':<48}{results['served_direct']:>10.1f}"
+        f"{results['served_direct'] / results['inprocess']:>15.2f}"
+    )
+    print(f"    ({SERVED_CONCURRENCY} calls in flight of {SERVED_MAX_BATCH} texts, length-sorted)")
+    print(
         f"{'(b) direct Triton, one text per request':<48}{results['direct_naive']:>10.1f}"
         f"{results['direct_naive'] / results['inprocess']:>15.2f}"
     )
@@ -370,7 +399,8 @@ def main() -> int:
         f"RATIOS e2e_vs_inprocess={e2e_vs_inprocess:.2f} e2e_vs_direct_naive={e2e_vs_naive:.2f} runtime={runtime} "
         f"small_p50_s={results['small_p50']:.2f} e2e_vs_inprocess_torch={results['e2e'] / results['inprocess_torch']:.2f} "
         f"ceiling_batch={best.batch_size} ceiling_threads={best.threads} ceiling_sorted={int(best.sort_by_length)} "
-        f"served_vs_best={results['inprocess_served'] / results['inprocess']:.2f}"
+        f"served_vs_best={results['served_direct'] / results['inprocess']:.2f} "
+        f"served_inprocess_vs_best={results['inprocess_served'] / results['inprocess']:.2f}"
     )
     return 0
 
