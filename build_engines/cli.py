@@ -79,7 +79,8 @@ def _add_tune(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help=text,
         description=text + ". The load is the control plane's: --concurrency calls in flight (default "
         f"{DEFAULT_CONCURRENCY}, SCHEDULER_CALLS_PER_INSTANCE's default: one placed instance's cap) of --call-rows "
-        "rows (default the candidate's max_batch_size, as a shard packs its calls); set both to the deployment's "
+        "rows (default the candidate's largest preferred batch size, else its max_batch_size, as a shard packs its "
+        "calls for a tuned config); set both to the deployment's "
         "values where they differ.",
     )
     tune.add_argument(
@@ -96,7 +97,12 @@ def _add_tune(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     tune.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="stop trying candidates after this")
     tune.add_argument("--max-p95-ms", type=float, help="latency bound on a call's p95 (default 2x the baseline's)")
     tune.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="calls in flight")
-    tune.add_argument("--call-rows", type=int, help="rows a call (default: the candidate's max_batch_size)")
+    tune.add_argument(
+        "--call-rows",
+        type=int,
+        help="rows a call (default: the candidate's largest preferred batch size, else its max_batch_size, as the "
+        "control plane packs for a tuned config)",
+    )
     tune.add_argument("--warmup-s", type=float, default=1.0, help="load offered before measuring each candidate")
     tune.add_argument("--measure-s", type=float, default=3.0, help="measured window per candidate")
     tune.add_argument("--min-gain", type=float, default=0.03, help="least relative gain that replaces the baseline")

@@ -154,7 +154,9 @@ def tune(target: Target, options: TuneOptions, *, echo: Callable[[str], None] = 
         max_p95_ms=options.max_p95_ms,
         min_gain=options.min_gain,
     )
-    call_rows = "max_batch_size" if options.load.call_rows is None else str(options.load.call_rows)
+    call_rows = (
+        "the preferred (else max) batch size's" if options.load.call_rows is None else str(options.load.call_rows)
+    )
     echo(
         f"tuning {target.name} ({config_path}) on {cores} cores: {options.load.concurrency} calls in flight of "
         f"{call_rows} rows, {target.inputs_from}; budget {options.budget_s:g} s"

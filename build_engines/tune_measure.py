@@ -34,7 +34,7 @@ SYNTHETIC_WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy",
 @dataclass(frozen=True)
 class Load:
     concurrency: int  # calls in flight
-    call_rows: int | None  # rows a call; None: the candidate's max_batch_size (a shard packs calls full)
+    call_rows: int | None  # rows a call; None: the candidate's (Shape.call_rows: as the control plane packs for it)
     warmup_s: float
     measure_s: float
     dynamic_dim: int = 16  # the size given to a -1 dimension of a synthetic input
@@ -231,7 +231,7 @@ class TuneServer:
             load_s = self.load(shape)
         except (InferenceServerException, BuildEnginesError) as exc:
             return Measurement(0.0, 0.0, error=f"load failed: {str(exc).strip().splitlines()[0][:300]}")
-        rows = min(load.call_rows or shape.max_batch_size, shape.max_batch_size)
+        rows = min(load.call_rows or shape.call_rows, shape.max_batch_size)
         measured = offer_load(self.url, self.name, workload, load, rows)
         return Measurement(measured.rows_per_s, measured.p95_ms, measured.error, load_s=load_s)
 

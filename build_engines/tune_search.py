@@ -29,6 +29,12 @@ class Shape:
     instances: int
     threads: int | None  # the INTRA_OP_THREADS parameter; None: the model has none
 
+    @property
+    def call_rows(self) -> int:
+        """Rows the control plane packs per call for this shape: its largest preferred batch size, else the
+        max (controlplane/fleet/models.CatalogueModel.rows_per_call, which `manage.py tune_model` sets)."""
+        return max(self.preferred, default=self.max_batch_size)
+
     def describe(self) -> str:
         delay = "off" if self.delay_us is None else f"{self.delay_us}us"
         preferred = ",".join(map(str, self.preferred)) or "-"

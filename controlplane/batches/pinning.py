@@ -19,6 +19,7 @@ PINNED_FIELDS = (
     "triton_name",
     "kind",
     "max_batch_size",
+    "call_rows",
     "inputs",
     "outputs",
     "embedding_dimensions",

@@ -127,6 +127,7 @@ class CatalogueModelAdmin(AuditedAdmin, admin.ModelAdmin):
                     "triton_name",
                     "kind",
                     "max_batch_size",
+                    "call_rows",
                     "embedding_dimensions",
                     "is_enabled",
                     "inputs",

@@ -20,6 +20,14 @@ class CatalogueModel(models.Model):
     triton_name = models.CharField(max_length=200, unique=True, help_text="Model name in the Triton repository.")
     kind = models.CharField(max_length=32, choices=ModelKind.choices)
     max_batch_size = models.PositiveIntegerField(help_text="Rows per Triton call (config.pbtxt).")
+    # The served config's preferred batch size, where a tuned config has one (fleet/catalogue/tuning.py): calls are
+    # packed to it so that the dynamic batcher gets the groups its shape was chosen for.
+    call_rows = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Rows the control plane packs per call (the served config's largest preferred batch size); "
+        "empty: max_batch_size.",
+    )
     # For tensor models: [{"name": "INPUT0", "datatype": "FP32", "dims": [-1]}] without the batch dim,
     # so a wrong input name, type or shape fails validation instead of reaching Triton.
     inputs = models.JSONField(default=list, blank=True)
@@ -82,6 +90,12 @@ class CatalogueModel(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def rows_per_call(self) -> int:
+        """Rows a packed call holds at most: call_rows within max_batch_size (a line of more rows still goes whole,
+        up to max_batch_size, which validation enforces)."""
+        return min(self.call_rows, self.max_batch_size) if self.call_rows else self.max_batch_size
 
 
 ADAPTER_SEPARATOR = ":"

@@ -68,7 +68,7 @@ class CallKind(EndpointKind):
             else:
                 runnable[number] = parsed
         if calls is None:
-            calls = self.pack(runnable, max_batch_size=model.max_batch_size, min_calls=min_calls(backend, inflight))
+            calls = self.pack(runnable, max_batch_size=model.rows_per_call, min_calls=min_calls(backend, inflight))
         return _CallRun(self, runnable, model, backend, control).run(calls, inflight)
 
 

@@ -31,6 +31,7 @@ def test_validation_stores_the_entry_it_checked_against(tenant, eager):
         "triton_name": identity.triton_name,
         "kind": identity.kind,
         "max_batch_size": identity.max_batch_size,
+        "call_rows": None,
         "inputs": identity.inputs,
         "outputs": identity.outputs,
         "embedding_dimensions": identity.embedding_dimensions,

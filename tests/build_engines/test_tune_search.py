@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
@@ -177,3 +178,9 @@ def test_preferred_sizes_follow_the_batch_size():
     assert result.chosen.shape.max_batch_size == 64
     assert all(max(s.preferred, default=0) <= s.max_batch_size for s in measured)
     assert (32,) in {s.preferred for s in measured if s.max_batch_size == 32}
+
+
+def test_a_shape_is_measured_with_the_calls_the_control_plane_packs_for_it():
+    """Its largest preferred batch size, else its max: what `manage.py tune_model` stores as call_rows."""
+    assert BASELINE.call_rows == 8
+    assert replace(BASELINE, max_batch_size=64, preferred=(16, 32)).call_rows == 32

@@ -55,7 +55,7 @@ class TensorKind(CallKind):
             return None
         # Every line names the batch's model (validation refuses mixed models): the pinned entry's name.
         lines = {n: ParsedLine(c, model.name, None) for n, c in zip(columns.numbers, columns.custom_ids, strict=True)}
-        return lines, columns.calls(model.max_batch_size, [spec["name"] for spec in model.outputs])
+        return lines, columns.calls(model.rows_per_call, [spec["name"] for spec in model.outputs])
 
     def pack(self, lines: dict[int, ParsedLine], *, max_batch_size: int, min_calls: int) -> list[Call]:
         # min_calls is for texts (spreading a small shard over instances); rows stack as they come.

@@ -67,6 +67,7 @@ class Command(BaseCommand):
         rows_per_s = result.chosen.measurement.rows_per_s
         profile = TunedProfile(
             max_batch_size=result.chosen.shape.max_batch_size,
+            call_rows=max(result.chosen.shape.preferred, default=None),
             load_seconds=round(outcome.load_seconds, 3),
             # On a GPU host the planner needs GPU memory, which the reconciler measures per placement.
             memory_per_instance_bytes=None if has_nvidia_gpu() else outcome.memory["config_bytes"] or None,
@@ -78,7 +79,8 @@ class Command(BaseCommand):
         except DomainError as exc:
             raise CommandError(exc.message) from exc
         self.stdout.write(
-            f"Stored on {stored.name!r}: max_batch_size={stored.max_batch_size}, load_seconds={stored.load_seconds}, "
+            f"Stored on {stored.name!r}: max_batch_size={stored.max_batch_size}, call_rows={stored.call_rows}, "
+            f"load_seconds={stored.load_seconds}, "
             f"memory_per_instance_bytes={stored.memory_per_instance_bytes}, "
             f"model_seconds_per_work_unit={stored.model_seconds_per_work_unit:.6g}."
         )
