@@ -31,11 +31,15 @@ def policy_config() -> policy.PolicyConfig:
 
 def runnable_q(now: datetime) -> Q:
     """A pending shard may be claimed: its batch runs, nobody paused it, its tenant is under its spend cap, and any
-    deferral has passed."""
+    deferral has passed; a validating batch's only on spare capacity (_early_dispatch_q)."""
     return Q(
-        _early_dispatch_q(),
-        status=ShardStatus.PENDING,
-        batch__status__in=RUNNABLE_BATCH_STATUSES,
+        _early_dispatch_q(now), status=ShardStatus.PENDING, batch__status__in=RUNNABLE_BATCH_STATUSES
+    ) & _claimable_q(now)
+
+
+def _claimable_q(now: datetime) -> Q:
+    """What else a pending shard needs to be claimed, beside its status and its batch's."""
+    return Q(
         batch__stop_reason__isnull=True,
         batch__tenant__paused=False,
         # A column kept current on beat (usage/spendcap.spend_caps_refresh), not the ledger's sum: the ledger also
@@ -44,16 +48,16 @@ def runnable_q(now: datetime) -> Q:
     ) & (Q(not_before__isnull=True) | Q(not_before__lte=now))
 
 
-def _early_dispatch_q() -> Q:
+def _early_dispatch_q(now: datetime) -> Q:
     """A validating batch's shards run early (BATCH_EARLY_DISPATCH) on capacity no valid batch wants: its file may
     still prove invalid, and its validation already takes a core. So none is claimed while a batch of its model that
-    has passed validation has shards pending or running, and at most BATCH_EARLY_DISPATCH_MAX_RUNNING at once
-    otherwise: a newcomer then waits for that many in-flight shards at most, not for every worker process
-    (bench/validation_abuse.py: another tenant's small batch 1.6-2× slower beside them without these rules)."""
+    has passed validation has a shard running or one that could be claimed, and at most
+    BATCH_EARLY_DISPATCH_MAX_RUNNING at once otherwise: a newcomer then waits for that many in-flight shards at most,
+    not for every worker process (bench/validation_abuse.py: another tenant's small batch 1.6-2x slower beside
+    them without these rules)."""
     valid_work = Shard.objects.filter(
-        status__in=(ShardStatus.PENDING, ShardStatus.RUNNING),
+        Q(status=ShardStatus.RUNNING) | (Q(status=ShardStatus.PENDING) & _claimable_q(now)),
         batch__status=BatchStatus.IN_PROGRESS,
-        batch__stop_reason__isnull=True,
         batch__model=OuterRef("batch__model"),
     )
     running = (

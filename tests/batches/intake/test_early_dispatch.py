@@ -23,6 +23,7 @@ from controlplane.files.models import File
 from controlplane.files.storage import blob_open, blob_storage
 from controlplane.fleet.models import CatalogueModel
 from controlplane.scheduling.claims import shard_claim_next
+from controlplane.tenants.models import Tenant
 from controlplane.usage.models import UsageRecord
 from tests.support.batches import jsonl, tensor_line, upload, validated_batch
 from tests.support.fakes import FakeBackend
@@ -349,6 +350,24 @@ def test_early_shards_yield_to_a_valid_batch_of_their_model(tenant, other_tenant
     assert served == [valid.id, valid.id, batch.id]
     valid.refresh_from_db()
     assert valid.status == BatchStatus.COMPLETED
+
+
+def test_early_shards_do_not_wait_for_work_that_cannot_run(tenant, other_tenant, eager, on_flush):
+    """A valid batch whose shards nobody may claim (its tenant paused) holds no capacity: the early shards run."""
+    model = CatalogueModel.objects.get(name="identity")
+    valid = validated_batch(other_tenant, _lines(8), endpoint="/v2/infer")
+    assert valid.status == BatchStatus.IN_PROGRESS
+    Tenant.objects.filter(id=other_tenant.id).update(paused=True)
+    served = []
+
+    def worker(batch_id, flush):
+        if flush == 1:
+            served.append(shard_claim_next(model=model, owner="early-worker"))
+
+    on_flush(worker)
+    batch = _create(tenant, _lines(12))
+    services.batch_validate(batch_id=batch.id)
+    assert served[0] is not None and served[0].batch_id == batch.id
 
 
 def test_early_shards_run_at_most_the_cap_at_once(tenant, eager, settings, on_flush):
