@@ -58,17 +58,23 @@ def _early_dispatch_q(now: datetime) -> Q:
     valid_work = Shard.objects.filter(
         Q(status=ShardStatus.RUNNING) | (Q(status=ShardStatus.PENDING) & _claimable_q(now)),
         batch__status=BatchStatus.IN_PROGRESS,
-        batch__model=OuterRef("batch__model"),
+        batch__model=OuterRef("model"),
     )
     running = (
-        Shard.objects.filter(batch_id=OuterRef("batch_id"), status=ShardStatus.RUNNING)
+        Shard.objects.filter(batch_id=OuterRef("id"), status=ShardStatus.RUNNING)
         .order_by()
         .values("batch_id")
         .annotate(count=Func("id", function="COUNT"))
         .values("count")
     )
-    early = ~Exists(valid_work) & Q(LessThan(Subquery(running), settings.BATCH_EARLY_DISPATCH_MAX_RUNNING))
-    return ~Q(batch__status=BatchStatus.VALIDATING) | early
+    # Decided per validating batch (a few), not per pending shard (a 5M-line file has ~1,200): Postgres evaluates
+    # the IN list once per query (3,000 early shards: 2.9 ms to count them, 8.8 ms with the test on each row).
+    allowed = Batch.objects.filter(
+        ~Exists(valid_work),
+        LessThan(Subquery(running), settings.BATCH_EARLY_DISPATCH_MAX_RUNNING),
+        status=BatchStatus.VALIDATING,
+    ).values("id")
+    return ~Q(batch__status=BatchStatus.VALIDATING) | Q(batch_id__in=allowed)
 
 
 def runnable_shards(*, model: CatalogueModel, now: datetime) -> QuerySet[Shard]:
