@@ -81,7 +81,9 @@ def _add_tune(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         f"{DEFAULT_CONCURRENCY}, SCHEDULER_CALLS_PER_INSTANCE's default: one placed instance's cap) of --call-rows "
         "rows (default the candidate's largest preferred batch size, else its max_batch_size, as a shard packs its "
         "calls for a tuned config); set both to the deployment's "
-        "values where they differ.",
+        "values where they differ. A decoupled generation engine's MAX_NUM_SEQS and KV_BUDGET_TOKENS are searched "
+        "for completion tokens/s instead, at 2x the candidate's MAX_NUM_SEQS requests in flight (as the control "
+        "plane offers) of --max-tokens tokens.",
     )
     tune.add_argument(
         "target", help="spec file or name (its emitted folder), model name in --models-dir, or a model folder"
@@ -96,7 +98,12 @@ def _add_tune(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     tune.add_argument("--out", type=Path, help="where tune.json goes (default build_engines/out/<model>/)")
     tune.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="stop trying candidates after this")
     tune.add_argument("--max-p95-ms", type=float, help="latency bound on a call's p95 (default 2x the baseline's)")
-    tune.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="calls in flight")
+    tune.add_argument(
+        "--concurrency",
+        type=int,
+        help=f"calls in flight (default {DEFAULT_CONCURRENCY}; generation: requests, default 2x MAX_NUM_SEQS)",
+    )
+    tune.add_argument("--max-tokens", type=int, default=32, help="tokens a generation request asks for")
     tune.add_argument(
         "--call-rows",
         type=int,
@@ -106,7 +113,11 @@ def _add_tune(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     tune.add_argument("--warmup-s", type=float, default=1.0, help="load offered before measuring each candidate")
     tune.add_argument("--measure-s", type=float, default=3.0, help="measured window per candidate")
     tune.add_argument("--min-gain", type=float, default=0.03, help="least relative gain that replaces the baseline")
-    tune.add_argument("--max-batch-size", type=int, help="largest max_batch_size tried (default 4x the current)")
+    tune.add_argument(
+        "--max-batch-size",
+        type=int,
+        help="largest max_batch_size (generation: MAX_NUM_SEQS) tried (default 4x the current)",
+    )
     tune.add_argument("--max-instances", type=int, help="most instances tried (default the cores)")
     tune.add_argument("--cores", type=int, help="cores to plan for: instances x threads <= cores (default this host's)")
     tune.add_argument("--write", action="store_true", help="rewrite the model's config.pbtxt with the choice")
@@ -265,10 +276,11 @@ def _parse_shapes(spec: ModelSpec, values: list[str]) -> list[dict[str, int]]:
 
 def _tune(args: argparse.Namespace, command: str) -> int:
     from build_engines.emit import DEFAULT_MODELS_DIR
-    from build_engines.tune import TuneOptions, resolve_target, tune, with_corpus
+    from build_engines.tune import DEFAULT_CONCURRENCY, TuneOptions, resolve_target, tune, with_corpus
     from build_engines.tune_measure import Load
 
     positive = {"--budget-s": args.budget_s, "--concurrency": args.concurrency, "--measure-s": args.measure_s}
+    positive |= {"--max-tokens": args.max_tokens}
     positive |= {"--call-rows": args.call_rows, "--max-batch-size": args.max_batch_size}
     positive |= {"--max-instances": args.max_instances, "--cores": args.cores, "--max-p95-ms": args.max_p95_ms}
     bad = [(flag, f"must be > 0, got {value}") for flag, value in positive.items() if value is not None and value <= 0]
@@ -278,7 +290,7 @@ def _tune(args: argparse.Namespace, command: str) -> int:
     target = resolve_target(args.target, args.models_dir or DEFAULT_MODELS_DIR)
     if args.corpus is not None:
         target = with_corpus(target, args.corpus)
-    load = Load(args.concurrency, args.call_rows, args.warmup_s, args.measure_s)
+    load = Load(args.concurrency or DEFAULT_CONCURRENCY, args.call_rows, args.warmup_s, args.measure_s)
     options = TuneOptions(
         load=load,
         budget_s=args.budget_s,
@@ -290,6 +302,8 @@ def _tune(args: argparse.Namespace, command: str) -> int:
         write=args.write,
         out_dir=args.out,
         command=command,
+        sequences_in_flight=args.concurrency,
+        max_tokens=args.max_tokens,
     )
     tune(target, options)
     return 0

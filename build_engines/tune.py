@@ -4,7 +4,9 @@ Like Triton's Model Analyzer, but at the load the control plane offers and with 
 model's folder is copied to a scratch repository, one tritonserver loads candidate configs there one after
 another (build_engines/tune_measure.py), and a coordinate descent from the hand-written config picks the
 candidate with the most rows/s whose p95 call latency meets the bound (build_engines/tune_search.py). The
-current config is the baseline and stays unless a candidate beats it by more than the measurement noise.
+current config is the baseline and stays unless a candidate beats it by more than the measurement noise. A
+decoupled generation engine's shape is its MAX_NUM_SEQS and KV budget, searched for completion tokens/s
+(build_engines/tune_generation.py).
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ class TuneOptions:
     write: bool = False
     out_dir: Path | None = None
     command: str = ""
+    # Generation engines: requests in flight (None: 2 x the candidate's MAX_NUM_SEQS) and tokens each asks for.
+    sequences_in_flight: int | None = None
+    max_tokens: int = 32
 
 
 @dataclass
@@ -112,12 +117,12 @@ def resolve_target(target: str, models_dir: Path) -> Target:
                 raise
             where = f"no model folder at {target}, no model {target!r} in {models_dir}, and no spec of that name"
             raise SpecError(target, [("target", where)]) from exc
-        if not isinstance(spec, ModelSpec):
-            raise SpecError(spec.path, [("generation", "a generation model batches inside its engine; tune "
-                                         "serves Triton's batching models (max_batch_size > 0)")])  # fmt: skip
         from deploy.local.triton_server import has_nvidia_gpu
 
-        folder = f"{spec.name}_trt" if has_nvidia_gpu() else f"{spec.name}_ort"
+        if not isinstance(spec, ModelSpec):  # a generation spec: its engine's folder has the spec's name
+            folder = spec.name
+        else:
+            folder = f"{spec.name}_trt" if has_nvidia_gpu() else f"{spec.name}_ort"
         model_dir = (models_dir / folder).resolve()
         if not (model_dir / "config.pbtxt").is_file():
             raise MissingArtefact(f"{model_dir} has no config.pbtxt: run `python -m build_engines emit {target}`")
@@ -142,11 +147,13 @@ def tune(target: Target, options: TuneOptions, *, echo: Callable[[str], None] = 
     config_path = target.model_dir / "config.pbtxt"
     base_text = config_path.read_text()
     config = parse(base_text, config_path)
-    if config.max_batch_size <= 0 or config.model_transaction_policy.decoupled:
-        raise SpecError(config_path, [("max_batch_size", "tune serves models Triton batches (max_batch_size > "
-                                       "0, not decoupled); a generation engine batches sequences itself")])  # fmt: skip
-    baseline = shape_of(config)
     cores = options.cores or _cores()
+    if config.model_transaction_policy.decoupled:
+        return _tune_generation(target, options, base_text, cores, echo)
+    if config.max_batch_size <= 0:
+        raise SpecError(config_path, [("max_batch_size", "tune serves models Triton batches (max_batch_size > "
+                                       "0) and decoupled generation engines")])  # fmt: skip
+    baseline = shape_of(config)
     limits = Limits(
         cores=cores,
         max_batch_size=options.max_batch_size or min(4 * baseline.max_batch_size, target.batch_limit or 1 << 30),
@@ -184,11 +191,44 @@ def tune(target: Target, options: TuneOptions, *, echo: Callable[[str], None] = 
             )
             memory, load_s = _chosen_memory(server, result, workload, options.load)
     echo(render_table(result))
+    chosen_text = lambda: rewrite(base_text, result.chosen.shape)  # noqa: E731
+    return _finish(target, options, result, memory, load_s, chosen_text, tune_line(target.name, result), echo)
+
+
+def _tune_generation(
+    target: Target, options: TuneOptions, base_text: str, cores: int, echo: Callable[[str], None]
+) -> TuneOutcome:
+    from build_engines.tune_generation import (
+        generation_tune_line,
+        render_generation_table,
+        rewrite_generation,
+        search_generation,
+    )
+
+    result, memory, load_s = search_generation(target, options, base_text, cores, echo)
+    echo(render_generation_table(result))
+    chosen_text = lambda: rewrite_generation(base_text, result.chosen.shape)  # noqa: E731
+    line = generation_tune_line(target.name, result)
+    return _finish(target, options, result, memory, load_s, chosen_text, line, echo)
+
+
+def _finish(
+    target: Target,
+    options: TuneOptions,
+    result: SearchResult[Any],
+    memory: dict[str, int],
+    load_s: float,
+    chosen_text: Callable[[], str],
+    line: str,
+    echo: Callable[[str], None],
+) -> TuneOutcome:
+    """--write's rewrite when a candidate won (``chosen_text``: the config with its shape), tune.json, the
+    TUNE line."""
+    config_path = target.model_dir / "config.pbtxt"
     written = False
-    if options.write and result.chosen.shape != baseline:
-        new_text = rewrite(base_text, result.chosen.shape)
+    if options.write and result.chosen.shape != result.baseline.shape:
         temporary = config_path.with_name(".config.pbtxt.tune")
-        temporary.write_text(new_text)
+        temporary.write_text(chosen_text())
         os.replace(temporary, config_path)
         written = True
         echo(f"wrote {config_path}")
@@ -200,7 +240,7 @@ def tune(target: Target, options: TuneOptions, *, echo: Callable[[str], None] = 
     record_path = out_dir / "tune.json"
     record_path.write_text(json.dumps(record, indent=2) + "\n")
     echo(f"record {record_path}")
-    echo(tune_line(target.name, result))
+    echo(line)
     return TuneOutcome(target.name, result, memory, load_s, record_path, config_path, written, record)
 
 

@@ -95,16 +95,20 @@ def rewrite(text: str, shape: Shape) -> str:
                 start = out.index("{", start) + 1
             out = out[:start] + _set_scalar(out[start:end], "count", shape.instances, "    ") + out[end:]
     if shape.threads is not None and shape.threads != current.threads:
-        key = re.search(rf'key\s*:\s*"{THREADS_KEY}"', out)
-        value = re.compile(r'(string_value\s*:\s*")[^"]*(")')
-        found = value.search(out, key.end()) if key else None
-        if found is None:
-            raise ConfigRewriteError(f"no {THREADS_KEY} string_value to set")
-        out = out[: found.start()] + f"{found.group(1)}{shape.threads}{found.group(2)}" + out[found.end() :]
+        out = set_parameter(out, THREADS_KEY, str(shape.threads))
     written = shape_of(parse(out))
     if written != shape:
         raise ConfigRewriteError(f"the rewritten config reads as {written.describe()}, not {shape.describe()}")
     return out
+
+
+def set_parameter(text: str, key: str, value: str) -> str:
+    """``text`` with the string_value of the parameter ``key`` set to ``value``; its comments stay."""
+    found_key = re.search(rf'key\s*:\s*"{re.escape(key)}"', text)
+    found = re.compile(r'(string_value\s*:\s*")[^"]*(")').search(text, found_key.end()) if found_key else None
+    if found is None:
+        raise ConfigRewriteError(f"no {key} string_value to set")
+    return text[: found.start()] + f"{found.group(1)}{value}{found.group(2)}" + text[found.end() :]
 
 
 def _rewrite_batching(text: str, shape: Shape) -> str:

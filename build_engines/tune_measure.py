@@ -213,9 +213,13 @@ class TuneServer:
 
     def load(self, shape: Shape) -> float:
         """Write ``shape`` into the scratch config and (re)load the model; the seconds the load took."""
+        return self.load_config(rewrite(self.base_text, shape))
+
+    def load_config(self, text: str) -> float:
+        """Write ``text`` as the scratch config and (re)load the model; the seconds the load took."""
         import tritonclient.grpc as grpcclient
 
-        (self.repository / self.name / "config.pbtxt").write_text(rewrite(self.base_text, shape))
+        (self.repository / self.name / "config.pbtxt").write_text(text)
         client = grpcclient.InferenceServerClient(self.url)
         try:
             started = time.monotonic()

@@ -7,16 +7,28 @@ value while that beats the incumbent, then the next axis; passes repeat until on
 is spent. A shape replaces the incumbent only when it meets the latency bound and beats it by more than the
 measurement noise (the spread of the baseline measured twice, at least `min_gain`) in two runs, so a model is
 never served worse than it was.
+
+The axes are pluggable: a batching model's shape (`Shape`, the axes below) by default, a generation engine's
+(build_engines/tune_generation.py) with its own axes and validity; measurements say how fast in one figure,
+`rows_per_s` (completion tokens/s for a generation engine).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any, Generic, Protocol, TypeVar
 
 from build_engines.errors import BuildEnginesError
 
 DELAYS_US = (0, 100, 500, 1000, 2000, 5000, 10000)
+
+
+class Served(Hashable, Protocol):
+    def describe(self) -> str: ...
+
+
+S = TypeVar("S", bound=Served)
 
 
 @dataclass(frozen=True)
@@ -46,7 +58,7 @@ class Shape:
 
 @dataclass(frozen=True)
 class Measurement:
-    rows_per_s: float
+    rows_per_s: float  # the throughput: rows/s, or completion tokens/s for a generation engine
     p95_ms: float
     error: str = ""  # the load or a call failed: such a shape never wins
     load_s: float = 0.0
@@ -65,21 +77,32 @@ class Limits:
     min_gain: float = 0.03  # the least relative gain that counts, however quiet the baseline was
 
 
+class SearchLimits(Protocol):
+    """What `search` itself reads of a limits object; the axes and `valid` read the rest."""
+
+    @property
+    def cores(self) -> int: ...
+    @property
+    def max_p95_ms(self) -> float | None: ...
+    @property
+    def min_gain(self) -> float: ...
+
+
 @dataclass(frozen=True)
-class Trial:
+class Trial(Generic[S]):
     index: int
-    shape: Shape
+    shape: S
     measurement: Measurement
     note: str = ""
 
 
 @dataclass
-class SearchResult:
-    baseline: Trial  # the baseline's two measurements averaged
-    trials: list[Trial]
+class SearchResult(Generic[S]):
+    baseline: Trial[S]  # the baseline's two measurements averaged
+    trials: list[Trial[S]]
     noise: float
     bound_ms: float
-    chosen: Trial
+    chosen: Trial[S]
     stopped_by_budget: bool = False
     cores: int = 0
     notes: list[str] = field(default_factory=list)
@@ -158,6 +181,9 @@ def _layout_moves(shape: Shape, limits: Limits, baseline: Shape) -> list[Shape]:
     return moves
 
 
+# A move proposes the neighbours of the incumbent (shape, limits, baseline) along one axis.
+Axis = Callable[[Any, Any, Any], list[Any]]
+
 AXES: tuple[Callable[[Shape, Limits, Shape], list[Shape]], ...] = (
     _batch_moves,
     _layout_moves,
@@ -177,22 +203,25 @@ def _mean(first: Measurement, second: Measurement) -> Measurement:
 
 
 def search(
-    baseline: Shape,
-    measure: Callable[[Shape], Measurement],
-    limits: Limits,
+    baseline: S,
+    measure: Callable[[S], Measurement],
+    limits: SearchLimits,
     *,
     budget_s: float,
     clock: Callable[[], float],
-    report: Callable[[Trial, int], None] = lambda trial, planned: None,
-) -> SearchResult:
+    report: Callable[[Trial[S], int], None] = lambda trial, planned: None,
+    axes: Sequence[Axis] = AXES,
+    is_valid: Callable[[Any, Any], bool] = valid,
+) -> SearchResult[S]:
     """Measure the baseline twice, then climb axis by axis until nothing wins or ``budget_s`` is spent.
 
     ``report(trial, planned)`` is called after each measurement; ``planned`` is how many trials the budget
-    allows at the pace so far (a progress figure, not a promise). Every measured shape is ``valid``."""
+    allows at the pace so far (a progress figure, not a promise). Every measured shape is ``is_valid``; the
+    default axes and validity are a batching model's."""
     started = clock()
-    trials: list[Trial] = []
+    trials: list[Trial[S]] = []
 
-    def run(shape: Shape, note: str = "") -> Trial:
+    def run(shape: S, note: str = "") -> Trial[S]:
         trial = Trial(len(trials) + 1, shape, measure(shape), note)
         trials.append(trial)
         elapsed = clock() - started
@@ -225,15 +254,15 @@ def search(
     seen = {baseline}
     stopped = False
 
-    def candidates() -> Iterator[Shape]:
-        for move in AXES:
-            yield from (s for s in move(incumbent.shape, limits, baseline) if s not in seen and valid(s, limits))
+    def candidates() -> Iterator[S]:
+        for move in axes:
+            yield from (s for s in move(incumbent.shape, limits, baseline) if s not in seen and is_valid(s, limits))
 
     def over_budget() -> bool:
         elapsed = clock() - started
         return elapsed + elapsed / len(trials) > budget_s
 
-    def confirm(winner: Trial) -> Trial | None:
+    def confirm(winner: Trial[S]) -> Trial[S] | None:
         """The winner measured again: it replaces the incumbent only if this run beats it too (then it stands
         at the mean of both), so a run that met a quiet moment of the host does not decide alone."""
         again = run(winner.shape, "repeated")
@@ -244,10 +273,10 @@ def search(
     improved = True
     while improved and not stopped:
         improved = False
-        for move in AXES:
+        for move in axes:
             while not stopped:
-                moves = [s for s in move(incumbent.shape, limits, baseline) if s not in seen and valid(s, limits)]
-                winner: Trial | None = None
+                moves = [s for s in move(incumbent.shape, limits, baseline) if s not in seen and is_valid(s, limits)]
+                winner: Trial[S] | None = None
                 for shape in moves:
                     if over_budget():
                         stopped = True

@@ -84,10 +84,11 @@ def _error(argv: list[str]) -> tuple[int, str]:
     return code, stderr.getvalue()
 
 
-def test_the_command_refuses_a_model_triton_does_not_batch(tmp_path: Path):
-    code, stderr = _error(["tune", "tinylm", "--out", str(tmp_path)])
+def test_the_command_refuses_a_generation_engine_without_its_shape_parameters(tmp_path: Path):
+    # vLLM's backend sizes its batch in model.json, not in MAX_NUM_SEQS / KV_BUDGET_TOKENS parameters.
+    code, stderr = _error(["tune", "tinylm_vllm", "--out", str(tmp_path)])
     assert code == 2
-    assert stderr.startswith("error: ") and "max_batch_size" in stderr and "Traceback" not in stderr
+    assert stderr.startswith("error: ") and "MAX_NUM_SEQS" in stderr and "Traceback" not in stderr
 
 
 @pytest.mark.parametrize(
