@@ -50,6 +50,7 @@ _GROUPS = (
     ("tests/fleet/test_adapter_reconcile.py", "processes"),
     # A tritonserver of its own for each search, as test_serving.py's.
     ("tests/build_engines/test_tune_serving.py", "processes"),
+    ("tests/build_engines/test_tune_generation_serving.py", "processes"),
 )
 
 
