@@ -11,6 +11,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from build_engines.cli import main
 from build_engines.emit import DEFAULT_MODELS_DIR
 from build_engines.tune_config import parse
@@ -48,3 +50,29 @@ def test_tune_measures_tokens_per_s_of_a_generation_engine_and_keeps_or_improves
     assert record["written"] is (written != baseline)
     # The engine's comments survive the rewrite.
     assert "# Sequences decoding at once" in (model / "config.pbtxt").read_text()
+
+
+def test_tune_model_stores_a_generation_entrys_max_num_seqs_and_load_seconds(db, settings, tmp_path: Path):
+    from django.core.management import call_command
+
+    from controlplane.fleet.models import CatalogueModel, PlacementEvent
+
+    repository = tmp_path / "models"
+    repository.mkdir()
+    copy_model(DEFAULT_MODELS_DIR / "tinylm", repository)
+    settings.TRITON_MODEL_REPOSITORY = repository
+    # The seeded entry disagrees with the config it serves (8 sequences against 64): tuning sets it right.
+    entry = CatalogueModel.objects.get(triton_name="tinylm")
+    CatalogueModel.objects.filter(id=entry.id).update(max_num_seqs=8)
+    stdout = io.StringIO()
+    argv = [entry.name, "--budget-s", "1", "--warmup-s", "0.2", "--measure-s", "0.4", "--out", str(tmp_path / "out")]
+    call_command("tune_model", *argv, stdout=stdout)
+
+    record = json.loads((tmp_path / "out" / "tune.json").read_text())
+    assert [t["note"] for t in record["trials"]] == ["baseline", "baseline, repeated"], stdout.getvalue()
+    model = CatalogueModel.objects.get(id=entry.id)
+    assert (model.max_num_seqs, model.max_batch_size, model.call_rows) == (64, entry.max_batch_size, entry.call_rows)
+    assert model.load_seconds == pytest.approx(record["chosen_load_s"], abs=1e-3) and model.load_seconds < 30.0
+    event = PlacementEvent.objects.get(model=model, action="tuned")
+    assert event.reason.startswith("TUNE model=tinylm baseline_tokens_per_s=") and "max_num_seqs=64" in event.reason
+    assert f"Stored on {entry.name!r}: max_num_seqs=64" in stdout.getvalue()

@@ -14,12 +14,14 @@ from controlplane.fleet.models import CatalogueModel, PlacementEvent
 class TunedProfile:
     """The served config's measured figures; None where this host cannot measure one (GPU memory on a CPU)."""
 
-    max_batch_size: int  # the served config's, so the catalogue packs the calls Triton takes
+    max_batch_size: int | None  # the served config's, so the catalogue packs the calls Triton takes; None: generation
     call_rows: int | None  # the config's largest preferred batch size: the calls its shape was measured with
     load_seconds: float  # the config's load from cold
     memory_per_instance_bytes: int | None  # one placed instance: the config's whole instance group (CPU hosts)
     model_seconds_per_work_unit: float | None  # tensor models only: a row is their work unit
     summary: str  # the tuner's TUNE line
+    # A generation engine's MAX_NUM_SEQS: what it was tuned for in place of max_batch_size and call_rows.
+    max_num_seqs: int | None = None
 
 
 @transaction.atomic
@@ -30,11 +32,11 @@ def catalogue_record_tuning(*, name: str, profile: TunedProfile, actor: str) -> 
     model = CatalogueModel.objects.select_for_update().filter(name=name).first()
     if model is None:
         raise NotFound(f"no catalogue model named {name!r}", param="name")
-    fields: dict[str, object] = {
-        "max_batch_size": profile.max_batch_size,
-        "call_rows": profile.call_rows,
-        "load_seconds": profile.load_seconds,
-    }
+    fields: dict[str, object] = {"load_seconds": profile.load_seconds}
+    if profile.max_num_seqs is not None:
+        fields["max_num_seqs"] = profile.max_num_seqs
+    else:
+        fields |= {"max_batch_size": profile.max_batch_size, "call_rows": profile.call_rows}
     if profile.memory_per_instance_bytes:
         fields["memory_per_instance_bytes"] = profile.memory_per_instance_bytes
     if profile.model_seconds_per_work_unit:

@@ -7,7 +7,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from build_engines.errors import BuildEnginesError
-from build_engines.tune import TuneOptions, resolve_target, tune, tune_line
+from build_engines.tune import TuneOptions, TuneOutcome, resolve_target, tune, tune_line
+from build_engines.tune_generation import generation_tune_line
 from build_engines.tune_measure import Load
 from controlplane.core.http.errors import DomainError
 from controlplane.fleet.catalogue.tuning import TunedProfile, catalogue_record_tuning
@@ -19,6 +20,8 @@ class Command(BaseCommand):
         "Search a catalogue model's served shape on this host (python -m build_engines tune, at this deployment's "
         "calls in flight) and store what was measured for the served config in the catalogue: max_batch_size, "
         "load_seconds, memory per instance (hosts without an NVIDIA GPU) and, for tensor models, seconds per row. "
+        "A generation model's MAX_NUM_SEQS and KV budget are searched instead (2x MAX_NUM_SEQS requests in "
+        "flight, completion tokens/s), and max_num_seqs and load_seconds stored. "
         "Without --write the figures are stored only when the current config stays the choice."
     )
 
@@ -49,6 +52,7 @@ class Command(BaseCommand):
             write=options["write"],
             out_dir=options["out"],
             command=f"manage.py tune_model {name}",
+            sequences_in_flight=None,  # generation: 2 x the candidate's MAX_NUM_SEQS, as a shard keeps in flight
         )
         try:
             target = resolve_target(model.triton_name, repository)
@@ -60,6 +64,9 @@ class Command(BaseCommand):
         result = outcome.result
         if not outcome.written and result.chosen.shape != result.baseline.shape:
             self.stdout.write("Catalogue unchanged: the served config is not the one chosen (run with --write).")
+            return
+        if model.kind == ModelKind.GENERATION:
+            self._store_generation(name, outcome, options["actor"])
             return
         from deploy.local.triton_server import has_nvidia_gpu
 
@@ -83,4 +90,22 @@ class Command(BaseCommand):
             f"load_seconds={stored.load_seconds}, "
             f"memory_per_instance_bytes={stored.memory_per_instance_bytes}, "
             f"model_seconds_per_work_unit={stored.model_seconds_per_work_unit:.6g}."
+        )
+
+    def _store_generation(self, name: str, outcome: TuneOutcome, actor: str) -> None:
+        profile = TunedProfile(
+            max_batch_size=None,
+            call_rows=None,
+            load_seconds=round(outcome.load_seconds, 3),
+            memory_per_instance_bytes=None,
+            model_seconds_per_work_unit=None,
+            summary=generation_tune_line(outcome.name, outcome.result),
+            max_num_seqs=outcome.result.chosen.shape.max_num_seqs,
+        )
+        try:
+            stored = catalogue_record_tuning(name=name, profile=profile, actor=actor)
+        except DomainError as exc:
+            raise CommandError(exc.message) from exc
+        self.stdout.write(
+            f"Stored on {stored.name!r}: max_num_seqs={stored.max_num_seqs}, load_seconds={stored.load_seconds}."
         )
