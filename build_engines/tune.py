@@ -24,7 +24,7 @@ from typing import Any
 from build_engines.errors import BuildEnginesError, MissingArtefact, SpecError
 from build_engines.tune_config import parse, rewrite, shape_of
 from build_engines.tune_measure import Load, TuneServer, Workload, copy_model, descendants
-from build_engines.tune_search import Limits, SearchResult, Trial, search
+from build_engines.tune_search import Limits, SearchResult, Trial, render_table, search, tune_line
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # The control plane's defaults (controlplane/settings/scheduling.py), repeated because this package runs
@@ -198,17 +198,12 @@ def tune(target: Target, options: TuneOptions, *, echo: Callable[[str], None] = 
 def _tune_generation(
     target: Target, options: TuneOptions, base_text: str, cores: int, echo: Callable[[str], None]
 ) -> TuneOutcome:
-    from build_engines.tune_generation import (
-        generation_tune_line,
-        render_generation_table,
-        rewrite_generation,
-        search_generation,
-    )
+    from build_engines.tune_generation import rewrite_generation, search_generation
 
     result, memory, load_s = search_generation(target, options, base_text, cores, echo)
-    echo(render_generation_table(result))
+    echo(render_table(result, "tokens/s"))
     chosen_text = lambda: rewrite_generation(base_text, result.chosen.shape)  # noqa: E731
-    line = generation_tune_line(target.name, result)
+    line = tune_line(target.name, result, "tokens")
     return _finish(target, options, result, memory, load_s, chosen_text, line, echo)
 
 
@@ -265,33 +260,6 @@ def _chosen_memory(
     shape = result.chosen.shape
     fresh = server.measure(shape, workload, Load(load.concurrency, load.call_rows, 0.0, min(1.0, load.measure_s)))
     return server.memory(shape.instances), fresh.load_s
-
-
-def render_table(result: SearchResult) -> str:
-    lines = [f"{'#':>3}  {'shape':<58} {'rows/s':>9} {'p95 ms':>8}  note"]
-    for trial in result.trials:
-        m = trial.measurement
-        figures = f"{m.rows_per_s:>9.1f} {m.p95_ms:>8.0f}" if m.ok else f"{'-':>9} {'-':>8}"
-        note = trial.note or ("" if m.ok else m.error) or ("over the p95 bound" if m.p95_ms > result.bound_ms else "")
-        lines.append(f"{trial.index:>3}  {trial.shape.describe():<58} {figures}  {note}")
-    chosen = result.chosen
-    verdict = (
-        "the current config (nothing beat it)" if chosen.shape == result.baseline.shape else chosen.shape.describe()
-    )
-    lines.append(
-        f"noise {result.noise:.1%}, p95 bound {result.bound_ms:.0f} ms; chosen: {verdict} "
-        f"at {chosen.measurement.rows_per_s:.1f} rows/s ({result.gain:+.1%})"
-    )
-    lines.extend(result.notes)
-    return "\n".join(lines)
-
-
-def tune_line(name: str, result: SearchResult) -> str:
-    return (
-        f"TUNE model={name} baseline_rows_per_s={result.baseline.measurement.rows_per_s:.1f} "
-        f"best_rows_per_s={result.chosen.measurement.rows_per_s:.1f} gain={result.gain:.3f} "
-        f'chosen="{result.chosen.shape.describe()}"'
-    )
 
 
 def _trial(trial: Trial) -> dict[str, Any]:

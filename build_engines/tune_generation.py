@@ -105,33 +105,6 @@ def generation_limits(baseline: GenerationShape, cores: int, options: TuneOption
     )
 
 
-def render_generation_table(result: SearchResult[GenerationShape]) -> str:
-    lines = [f"{'#':>3}  {'shape':<24} {'tokens/s':>9} {'p95 ms':>8}  note"]
-    for trial in result.trials:
-        m = trial.measurement
-        figures = f"{m.rows_per_s:>9.1f} {m.p95_ms:>8.0f}" if m.ok else f"{'-':>9} {'-':>8}"
-        note = trial.note or ("" if m.ok else m.error) or ("over the p95 bound" if m.p95_ms > result.bound_ms else "")
-        lines.append(f"{trial.index:>3}  {trial.shape.describe():<24} {figures}  {note}")
-    chosen = result.chosen
-    verdict = (
-        "the current config (nothing beat it)" if chosen.shape == result.baseline.shape else chosen.shape.describe()
-    )
-    lines.append(
-        f"noise {result.noise:.1%}, p95 bound {result.bound_ms:.0f} ms; chosen: {verdict} "
-        f"at {chosen.measurement.rows_per_s:.1f} tokens/s ({result.gain:+.1%})"
-    )
-    lines.extend(result.notes)
-    return "\n".join(lines)
-
-
-def generation_tune_line(name: str, result: SearchResult[GenerationShape]) -> str:
-    return (
-        f"TUNE model={name} baseline_tokens_per_s={result.baseline.measurement.rows_per_s:.1f} "
-        f"best_tokens_per_s={result.chosen.measurement.rows_per_s:.1f} gain={result.gain:.3f} "
-        f'chosen="{result.chosen.shape.describe()}"'
-    )
-
-
 def search_generation(
     target: Target, options: TuneOptions, base_text: str, cores: int, echo: Callable[[str], None]
 ) -> tuple[SearchResult[GenerationShape], dict[str, int], float]:

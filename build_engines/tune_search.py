@@ -308,3 +308,33 @@ def search(
         cores=limits.cores,
         notes=notes,
     )
+
+
+def render_table(result: SearchResult[Any], unit: str = "rows/s") -> str:
+    """The sweep, one line a measurement, and the choice; ``unit`` is the throughput's (tokens/s: generation)."""
+    width = max(24, *(len(trial.shape.describe()) for trial in result.trials))
+    lines = [f"{'#':>3}  {'shape':<{width}} {unit:>9} {'p95 ms':>8}  note"]
+    for trial in result.trials:
+        m = trial.measurement
+        figures = f"{m.rows_per_s:>9.1f} {m.p95_ms:>8.0f}" if m.ok else f"{'-':>9} {'-':>8}"
+        note = trial.note or ("" if m.ok else m.error) or ("over the p95 bound" if m.p95_ms > result.bound_ms else "")
+        lines.append(f"{trial.index:>3}  {trial.shape.describe():<{width}} {figures}  {note}")
+    chosen = result.chosen
+    verdict = (
+        "the current config (nothing beat it)" if chosen.shape == result.baseline.shape else chosen.shape.describe()
+    )
+    lines.append(
+        f"noise {result.noise:.1%}, p95 bound {result.bound_ms:.0f} ms; chosen: {verdict} "
+        f"at {chosen.measurement.rows_per_s:.1f} {unit} ({result.gain:+.1%})"
+    )
+    lines.extend(result.notes)
+    return "\n".join(lines)
+
+
+def tune_line(name: str, result: SearchResult[Any], counted: str = "rows") -> str:
+    """The one line for scripts; ``counted`` names what is counted per second (rows, tokens)."""
+    return (
+        f"TUNE model={name} baseline_{counted}_per_s={result.baseline.measurement.rows_per_s:.1f} "
+        f"best_{counted}_per_s={result.chosen.measurement.rows_per_s:.1f} gain={result.gain:.3f} "
+        f'chosen="{result.chosen.shape.describe()}"'
+    )

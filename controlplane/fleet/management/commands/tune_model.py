@@ -8,7 +8,6 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from build_engines.errors import BuildEnginesError
 from build_engines.tune import TuneOptions, TuneOutcome, resolve_target, tune, tune_line
-from build_engines.tune_generation import generation_tune_line
 from build_engines.tune_measure import Load
 from controlplane.core.http.errors import DomainError
 from controlplane.fleet.catalogue.tuning import TunedProfile, catalogue_record_tuning
@@ -99,7 +98,7 @@ class Command(BaseCommand):
             load_seconds=round(outcome.load_seconds, 3),
             memory_per_instance_bytes=None,
             model_seconds_per_work_unit=None,
-            summary=generation_tune_line(outcome.name, outcome.result),
+            summary=tune_line(outcome.name, outcome.result, "tokens"),
             max_num_seqs=outcome.result.chosen.shape.max_num_seqs,
         )
         try:
