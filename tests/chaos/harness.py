@@ -259,6 +259,32 @@ class Chaos(E2E):
     def identity_lines(self, prefix: str, n: int | None = None) -> list[dict]:
         return tensor_lines(n or PROFILE.lines, prefix=prefix, model=MODEL)
 
+    def triton_restart_if_exited(self) -> bool:
+        """After SIGCONT: Triton's python backend sometimes aborts just after a resume (a
+        ``boost::interprocess::lock_exception`` once it finds a stub "not healthy" after the pause; the stack's
+        Triton holds tinylm's stub whatever the scenario). Then the server is started again, as an orchestrator
+        does, and True is returned: the scenario counts its resume from the models being ready, as after a kill."""
+        if self.stack.procs["triton"].poll() is None:
+            return False
+        self.stack.procs.pop("triton")
+        self.stack.restart_triton()
+        self.ensure_serving()
+        return True
+
+    def routable_or_restarted(self, timeout_s: float = 120) -> bool:
+        """Wait until the model is routable again after SIGCONT; whether Triton aborted on the resume (and was
+        started again). A Triton that is still up but never routable again fails the scenario."""
+        deadline = time.monotonic() + timeout_s
+        while not self.routable():
+            if self.triton_restart_if_exited():
+                return True
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"routable again: not within {timeout_s:g}s, Triton up (logs: {self.stack.log_dir})"
+                )
+            time.sleep(0.1)
+        return False
+
     def ensure_serving(self, timeout_s: float = 120) -> None:
         """The stack's Triton serves the warm models and the control plane routes to them again."""
         for model in (MODEL, GEN_MODEL):

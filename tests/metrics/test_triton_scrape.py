@@ -157,7 +157,9 @@ def test_a_dead_or_hung_server_is_skipped_counted_and_does_not_slow_the_scrape(h
     )
     elapsed = time.monotonic() - started
     assert result == {}
-    assert elapsed < triton_scrape.SCRAPE_TIMEOUT_SECONDS + 1.0
+    # Without the timeout the hung server holds the scrape for as long as it stays up; the margin is for a loaded
+    # host (2.37 s seen in `make test` beside the chaos suite).
+    assert elapsed < triton_scrape.SCRAPE_TIMEOUT_SECONDS + 3.0
     assert (_errors("dead"), _errors("hung"), _errors("file")) == (before[0] + 1, before[1] + 1, before_file + 1)
 
 
