@@ -225,8 +225,14 @@ def server_drain(*, name: str, actor: str) -> DrainStatus:
     if placements or running or pending:
         return DrainStatus(name, False, placements, running, pending)
     with transaction.atomic():
+        # The row locked before the delete: an event written for the server meanwhile (the heartbeat's, the
+        # reconciler's) then commits after this delete and is refused, instead of committing between the delete's
+        # SET NULL of the server's events and its DELETE of the row, which failed this commit on the foreign key.
+        locked = TritonServer.objects.select_for_update().filter(id=server.id).values_list("id", flat=True)
         # Conditional: a registration that ended the drain meanwhile wins, and the server stays.
-        deleted, _ = TritonServer.objects.filter(id=server.id, operator_state=ServerState.DRAINING).delete()
+        deleted = 0
+        if list(locked):
+            deleted, _ = TritonServer.objects.filter(id=server.id, operator_state=ServerState.DRAINING).delete()
         if deleted:
             PlacementEvent.objects.create(
                 action="server_leave", actor=actor, reason=f"{name} drained and deregistered (pool {server.pool!r})"
