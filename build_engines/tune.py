@@ -24,7 +24,7 @@ from typing import Any
 from build_engines.errors import BuildEnginesError, MissingArtefact, SpecError
 from build_engines.tune_config import parse, rewrite, shape_of
 from build_engines.tune_measure import Load, TuneServer, Workload, copy_model, descendants
-from build_engines.tune_search import Limits, SearchResult, Trial, render_table, search, tune_line
+from build_engines.tune_search import Limits, SearchResult, Trial, render_table, search, trial_reporter, tune_line
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # The control plane's defaults (controlplane/settings/scheduling.py), repeated because this package runs
@@ -170,11 +170,7 @@ def tune(target: Target, options: TuneOptions, *, echo: Callable[[str], None] = 
     )
     workload = Workload(config, target.texts, options.load.dynamic_dim)
 
-    def report(trial: Trial, planned: int) -> None:
-        m = trial.measurement
-        figures = f"{m.rows_per_s:.1f} rows/s p95 {m.p95_ms:.0f} ms" if m.ok else f"failed: {m.error}"
-        note = f" ({trial.note})" if trial.note else ""
-        echo(f"[{trial.index}/{planned}] {trial.shape.describe()}: {figures}{note}")
+    report = trial_reporter(echo)
 
     with tempfile.TemporaryDirectory(prefix=f"tune-{target.name}-") as scratch:
         repository = Path(scratch) / "models"

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from build_engines.errors import SpecError
 from build_engines.tune_config import parse, set_parameter
 from build_engines.tune_measure import TuneServer, copy_model
-from build_engines.tune_search import Measurement, SearchResult, Trial, search
+from build_engines.tune_search import Measurement, SearchResult, search, trial_reporter
 from build_engines.tune_stream import SYNTHETIC_PROMPTS, GenerationLoad, offer_generation_load
 
 if TYPE_CHECKING:
@@ -123,11 +123,7 @@ def search_generation(
         f"flight of {load.max_tokens} tokens, {source}; budget {options.budget_s:g} s"
     )
 
-    def report(trial: Trial[GenerationShape], planned: int) -> None:
-        m = trial.measurement
-        figures = f"{m.rows_per_s:.1f} tokens/s p95 {m.p95_ms:.0f} ms" if m.ok else f"failed: {m.error}"
-        note = f" ({trial.note})" if trial.note else ""
-        echo(f"[{trial.index}/{planned}] {trial.shape.describe()}: {figures}{note}")
+    report = trial_reporter(echo, "tokens/s")
 
     with tempfile.TemporaryDirectory(prefix=f"tune-{target.name}-") as scratch:
         repository = Path(scratch) / "models"

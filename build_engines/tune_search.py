@@ -310,6 +310,18 @@ def search(
     )
 
 
+def trial_reporter(echo: Callable[[str], None], unit: str = "rows/s") -> Callable[[Trial[Any], int], None]:
+    """The search's progress line for each trial: its shape, figures in ``unit`` (or its failure) and note."""
+
+    def report(trial: Trial[Any], planned: int) -> None:
+        m = trial.measurement
+        figures = f"{m.rows_per_s:.1f} {unit} p95 {m.p95_ms:.0f} ms" if m.ok else f"failed: {m.error}"
+        note = f" ({trial.note})" if trial.note else ""
+        echo(f"[{trial.index}/{planned}] {trial.shape.describe()}: {figures}{note}")
+
+    return report
+
+
 def render_table(result: SearchResult[Any], unit: str = "rows/s") -> str:
     """The sweep, one line a measurement, and the choice; ``unit`` is the throughput's (tokens/s: generation)."""
     width = max(24, *(len(trial.shape.describe()) for trial in result.trials))
