@@ -35,10 +35,16 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-import numpy as np  # noqa: E402
 
 from bench import ceiling  # noqa: E402
 from bench.proctrees import cpu_snapshot  # noqa: E402
+from bench.triton_direct import (  # noqa: E402
+    SERVED_CONCURRENCY,
+    bench_direct_naive,
+    instances,
+    model_counters,
+    served_direct,
+)
 
 WORDS = [
     "the",
@@ -119,52 +125,6 @@ def corpus_uniform(n: int, low: int, high: int, seed: int = 42) -> list[str]:
     """Texts of ``low``..``high`` words, uniformly: the issue's 8–64-word corpus (``--words 8-64``)."""
     rng = random.Random(seed)
     return [" ".join(rng.choices(WORDS, k=rng.randint(low, high))) for _ in range(n)]
-
-
-def model_counters(client) -> dict[str, int]:
-    """Triton's cumulative statistics of the served model: executions, texts and compute nanoseconds."""
-    stats = client.model_statistics("minilm").get("model_stats", [])
-    return {
-        "executions": sum(int(e.get("execution_count", 0) or 0) for e in stats),
-        "inferences": sum(int(e.get("inference_count", 0) or 0) for e in stats),
-        # Per execution (batch_stats), not per request: inference_stats charges a merged execution's time
-        # to each request in it.
-        "compute_ns": sum(
-            int(b.get(part, {}).get("ns", 0) or 0)
-            for e in stats
-            for b in e.get("batch_stats", [])
-            for part in ("compute_input", "compute_infer", "compute_output")
-        ),
-    }
-
-
-def _instances(client) -> int:
-    return sum(g.get("count", 1) for g in client.model_config("minilm").get("instance_group", []))
-
-
-# The calls a placed instance is fed at most (SCHEDULER_CALLS_PER_INSTANCE's default), as the tuner offers them.
-SERVED_CONCURRENCY = 6
-
-
-def served_direct(url: str, texts: list[str]) -> float:
-    """(a3): texts/s of the served minilm under the tuner's load, the whole corpus dealt in length order."""
-    from build_engines.tune_config import parse
-    from build_engines.tune_measure import Load, Workload, offer_load
-
-    config = parse((REPO_ROOT / "triton_models" / "minilm" / "config.pbtxt").read_text())
-    load = Load(concurrency=SERVED_CONCURRENCY, call_rows=None, warmup_s=1.0, measure_s=6.0)
-    measured = offer_load(url, "minilm", Workload(config, texts, load.dynamic_dim), load, SERVED_MAX_BATCH)
-    if not measured.ok:
-        raise RuntimeError(f"the served minilm failed under load: {measured.error}")
-    return measured.rows_per_s
-
-
-def bench_direct_naive(client, texts: list[str]) -> float:
-    client.infer("minilm", {"TEXT": np.array([[texts[0].encode()]], dtype=np.object_)}, ["EMBEDDING"])
-    start = time.perf_counter()
-    for text in texts:
-        client.infer("minilm", {"TEXT": np.array([[text.encode()]], dtype=np.object_)}, ["EMBEDDING", "TOKENS"])
-    return len(texts) / (time.perf_counter() - start)
 
 
 def _jsonl(texts: list[str], prefix: str) -> io.BytesIO:
@@ -286,7 +246,7 @@ def main() -> int:
         client = TritonClient(stack.triton_grpc_url, timeout_s=300)
         results["direct_naive"] = bench_direct_naive(client, texts[:n_naive])
         print(f"  direct naive done: {results['direct_naive']:.1f} texts/s", flush=True)
-        results["served_direct"] = served_direct(stack.triton_grpc_url, texts)
+        results["served_direct"] = served_direct(stack.triton_grpc_url, texts, SERVED_MAX_BATCH)
         print(f"  served config, direct: {results['served_direct']:.1f} texts/s", flush=True)
         key = stack.manage("tenant_create", f"bench-{uuid.uuid4().hex[:6]}").stdout.strip().splitlines()[-1]
         sdk = OpenAI(base_url=f"{stack.base_url}/v1", api_key=key, max_retries=0)
@@ -298,7 +258,7 @@ def main() -> int:
         repeats = []
         for i in range(args.repeat):
             before, cpu_before = model_counters(client), cpu_snapshot(trees)
-            instances_before = _instances(client)
+            instances_before = instances(client)
             seconds, e2e_batch = run_batch(sdk, texts, f"e2e{i}")
             cpu_after, after = cpu_snapshot(trees), model_counters(client)
             ceiling_after = ceiling.measure(texts, runtime, best)
@@ -322,11 +282,11 @@ def main() -> int:
             print(
                 f"  end-to-end run {i + 1}: {repeats[-1]['e2e']:.1f} texts/s in {seconds:.2f} s ("
                 + ", ".join(f"{name} {value:.2f} s" for name, value in hops.items())
-                + f"; minilm instances {instances_before} → {_instances(client)})",
+                + f"; minilm instances {instances_before} → {instances(client)})",
                 flush=True,
             )
         # The planner may have given minilm a second instance under the flood (max_instances 2).
-        results["instances"] = _instances(client)
+        results["instances"] = instances(client)
         repeats.sort(key=lambda run: run["e2e"] / run["inprocess"])
         results["e2e_ratios"] = [run["e2e"] / run["inprocess"] for run in repeats]
         results.update(repeats[len(repeats) // 2])

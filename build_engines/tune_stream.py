@@ -14,12 +14,10 @@ import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from build_engines.errors import SpecError
 from build_engines.tune_search import Measurement
 
 # Completions a measurement waits for at least, as tune_measure.MIN_CALLS: fewer make a noisy figure.
@@ -43,17 +41,6 @@ class GenerationLoad:
     max_tokens: int
     warmup_s: float
     measure_s: float
-
-
-def read_prompts(path: Path) -> list[str]:
-    """The prompts of ``path``, one a line, blank lines skipped."""
-    try:
-        prompts = [line for line in path.read_text("utf-8").splitlines() if line.strip()]
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(path, [("--corpus", f"cannot be read: {exc}")]) from None
-    if not prompts:
-        raise SpecError(path, [("--corpus", "holds no text")])
-    return prompts
 
 
 def _request(prompt: str, max_tokens: int) -> list[Any]:
