@@ -45,6 +45,9 @@ class GenerationRequest:
     sampling_parameters: dict[str, Any]  # vLLM SamplingParams fields: max_tokens, temperature, n, stop, seed...
     outputs: tuple[str, ...] = ("finish_reason", "num_input_tokens", "num_output_tokens")
     stream: bool = False  # True: a response per step with the new text; False: one response with all of it
+    # The prompt as the engine would tokenize it, for an engine that takes it (tinylm's `prompt_token_ids`): it
+    # then skips its own tokenizer. The text is sent too (the vLLM interface requires it).
+    prompt_token_ids: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -81,6 +84,8 @@ def _infer_request(model: str, request: GenerationRequest) -> Any:
         _tensor("exclude_input_in_output", "BOOL", np.array([True], dtype=bool)),
     ]
     inputs += [_tensor(OUTPUT_FLAGS[name], "BOOL", np.array([True], dtype=bool)) for name in request.outputs]
+    if request.prompt_token_ids is not None:
+        inputs.append(_tensor("prompt_token_ids", "INT32", np.asarray(request.prompt_token_ids, dtype=np.int32)))
     message = service_pb2.ModelInferRequest(model_name=model, id=request.request_id)
     for tensor, raw in inputs:
         message.inputs.append(tensor)

@@ -176,6 +176,9 @@ def test_sampling_fields_reach_the_engine_in_vllms_names():
         "logprobs": 2,
     }
     assert sent.prompt.endswith("<|assistant|>") and "logprobs" in sent.outputs and "num_cached_tokens" in sent.outputs
+    # The ids validation counted go with the text to an engine that takes them (tinylm's own input).
+    (line,) = parsed_lines(CHAT, [body], tinylm()).values()
+    assert sent.prompt_token_ids == line.request.request.prompt_token_ids and len(sent.prompt_token_ids) > 5
     body = control.finished[1].body
     validate(body, "CreateChatCompletionResponse")
     assert [c["finish_reason"] for c in body["choices"]] == ["length", "length"]
@@ -197,13 +200,14 @@ def test_completions_are_text_completions_with_legacy_logprobs():
     assert completion.choices[0].logprobs.tokens == ["5", "6", "7", "8", "<eos>"]
 
 
-def test_a_model_without_the_cached_tokens_extra_is_not_asked_for_it():
-    # vLLM's backend refuses inputs it does not know: only a model that declares the extra gets it.
+def test_a_model_without_the_engines_extras_is_not_asked_for_them():
+    # vLLM's backend refuses inputs it does not know: only a model that declares an extra gets it.
     model = tinylm(inputs=[])
     engine, control = FakeEngine(), Control()
     lines = parsed_lines(CHAT, [chat("count from 1 to 2")], model)
     kind_for(CHAT).run(lines, model=model, backend=engine, control=control, inflight=1)
     assert "num_cached_tokens" not in engine.submitted[0].outputs
+    assert engine.submitted[0].prompt_token_ids is None
     assert control.finished[1].body["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
 
 

@@ -40,6 +40,18 @@ def test_chat_template_prompt_is_answered(engine):
     assert request.choices[0].finish_reason == "stop"
 
 
+def test_token_ids_are_taken_as_given_and_checked_against_the_vocabulary(engine):
+    text = "count from 5 to 8 :"
+    ids = engine.tokenizer(text, add_special_tokens=True)["input_ids"]
+    by_text, by_ids = engine.generate([text, ids], params())
+    assert by_ids.prompt_token_ids == by_text.prompt_token_ids == ids
+    assert by_ids.choices[0].text == by_text.choices[0].text == count(5, 8)
+    vocab = engine.model.config.vocab_size
+    for bad in ([*ids[:-1], vocab], [-1, *ids[1:]]):
+        with pytest.raises(ValueError, match="prompt token ids"):
+            engine.submit(bad, params(), request_id="bad", on_update=lambda request: None)
+
+
 def test_max_tokens_ends_with_length(engine):
     (request,) = engine.generate(["count from 5 to 30 :"], params(max_tokens=4))
     (choice,) = request.choices

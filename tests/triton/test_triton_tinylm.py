@@ -180,3 +180,25 @@ def test_a_shared_system_prompt_is_served_from_the_prefix_cache(tinylm, triton_s
     second = run(triton_server, [GenerationRequest("p2", prompts[1], greedy(), outputs=ALL_OUTPUTS)])["p2"][0]
     assert second.num_cached_tokens >= 96 and second.num_cached_tokens % 16 == 0
     assert first.texts == [count(6, 10)] and second.texts == [count(12, 16)]
+
+
+def test_prompt_token_ids_stand_for_the_text_and_bad_ids_fail_alone(tinylm, triton_server):
+    """The engine's own `prompt_token_ids`: ids given, its tokenizer is skipped and the answer is the text's; an
+    id past the vocabulary is that request's error, not its neighbours'."""
+    from transformers import AutoTokenizer
+
+    text = "count from 4 to 9 :"
+    ids = tuple(AutoTokenizer.from_pretrained(HF_DIR)(text, add_special_tokens=True)["input_ids"])
+    got = run(
+        triton_server,
+        [
+            GenerationRequest("text", text, greedy(), outputs=ALL_OUTPUTS),
+            # The text says 1 to 3: the ids, not the text, are what the engine runs.
+            GenerationRequest("ids", "count from 1 to 3 :", greedy(), outputs=ALL_OUTPUTS, prompt_token_ids=ids),
+            GenerationRequest("bad", text, greedy(), prompt_token_ids=(*ids[:-1], 10**6)),
+        ],
+    )
+    assert got["ids"][0].texts == got["text"][0].texts == [count(4, 9)]
+    assert got["ids"][0].num_input_tokens == got["text"][0].num_input_tokens == len(ids)
+    (bad,) = got["bad"]
+    assert isinstance(bad.error, PermanentTritonError) and "prompt token ids" in bad.error.message

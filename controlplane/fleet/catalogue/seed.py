@@ -1,7 +1,7 @@
 """Catalogue entries for the models shipped in triton_models/ (plain data: migrations import it)."""
 
 # The interface of the models served by tinylm's engine (triton_models/tinylm/1): Triton's vLLM backend's tensors
-# and the engine's own optional return_num_cached_tokens.
+# and the engine's own optional return_num_cached_tokens and prompt_token_ids.
 ENGINE_INPUTS = [
     {"name": name, "datatype": datatype, "dims": [1]}
     for name, datatype in [
@@ -16,6 +16,10 @@ ENGINE_INPUTS = [
         ("return_num_output_tokens", "BOOL"),
         ("return_num_cached_tokens", "BOOL"),
     ]
+] + [
+    # The prompt as validation tokenized it (with the catalogue's tokenizer_dir, which for these models is the
+    # engine's own tokenizer): the engine skips its tokenizer, which ran beside its step loop under one GIL.
+    {"name": "prompt_token_ids", "datatype": "INT32", "dims": [-1]},
 ]
 ENGINE_OUTPUTS = [
     {"name": "text_output", "datatype": "BYTES", "dims": [-1]},

@@ -2,7 +2,9 @@
 request it is sent as, and the ``EngineResult`` its final response becomes (what render.py renders).
 
 - The engine gets the prompt as text (chat templates were applied by the parser) with
-  ``exclude_input_in_output`` (streaming.py always sets it): a completion's text is what was generated.
+  ``exclude_input_in_output`` (streaming.py always sets it): a completion's text is what was generated. An
+  engine whose catalogue entry declares ``prompt_token_ids`` (tinylm's) gets the ids validation counted too,
+  and skips its own tokenizer; the catalogue's ``tokenizer_dir`` must then be the engine's tokenizer.
 - One Triton request per line, ``n`` in its sampling parameters: the engine answers one element per choice.
 - Constrained decoding as ``guided_decoding`` (schema.py): response_format's schema, or for a line whose
   ``tool_choice`` forces a call the call's schema (tools.tool_call_schema), which takes its place: a forced answer
@@ -70,7 +72,10 @@ def engine_request(request_id: str, request: GenerationRequest, *, model: Catalo
     _, adapter = split_model_name(request.model)
     if adapter:
         sampling["lora_name"] = adapter
-    return StreamRequest(request_id, request.prompt_text, sampling, outputs=outputs)
+    # An engine that takes the prompt's token ids (tinylm's) gets validation's: it would only tokenize the same
+    # text again, under the GIL its step loop needs (bodies.py: the ids are the engine's encoding of the text).
+    ids = request.prompt_token_ids if _declares(model, "prompt_token_ids") else None
+    return StreamRequest(request_id, request.prompt_text, sampling, outputs=outputs, prompt_token_ids=ids)
 
 
 def _declares(model: CatalogueModel, input_name: str) -> bool:

@@ -123,10 +123,15 @@ class Engine:
 
         Text is tokenized as vLLM tokenizes a text prompt, with the tokenizer's special tokens (a Llama BOS):
         the control plane sends chat prompts with the template's own BOS taken off the front, so that one BOS
-        is prefilled, as it counted (kinds/generation/bodies.py)."""
+        is prefilled, as it counted (kinds/generation/bodies.py). Token ids are taken as they are: the caller
+        tokenized the text the same way (the control plane's validation does)."""
         ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"] if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise ValueError("the prompt is empty")
+        vocab = int(self.model.config.vocab_size)
+        if not isinstance(prompt, str) and not all(0 <= token < vocab for token in ids):
+            # An id past the embedding table would fail the forward pass of every request prefilled beside it.
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
         if len(ids) + params.max_tokens > self.context_length:
             raise ValueError(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the model's context "

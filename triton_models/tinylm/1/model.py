@@ -223,6 +223,7 @@ class TritonPythonModel:
             raise ValueError("missing input text_input")
         prompt = text.as_numpy().reshape(-1)[0]
         prompt = prompt.decode("utf-8") if isinstance(prompt, bytes) else str(prompt)
+        ids = pb_utils.get_input_tensor_by_name(request, "prompt_token_ids")
         stream = _bool_input(request, "stream", False)
         # vLLM's rule: the prompt is prepended unless excluded; never when streaming.
         exclude = _bool_input(request, "exclude_input_in_output", stream)
@@ -235,7 +236,7 @@ class TritonPythonModel:
         state = _Stream(self._name, sender, self.engine, prompt, stream, not exclude, flags)
         self._counter += 1
         self.engine.submit(
-            prompt,
+            prompt if ids is None else ids.as_numpy().reshape(-1).tolist(),
             params,
             request_id=f"{request.request_id() or 'request'}-{self._counter}",
             on_update=state.on_update,
