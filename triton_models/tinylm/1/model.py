@@ -3,7 +3,8 @@
 Decoupled, and speaking Triton's vLLM backend interface (same tensor names, same `sampling_parameters` JSON,
 same optional `return_*` flags and outputs), so the control plane drives this CPU model and a vLLM model on
 GPUs with one code path. Extras, optional and off by default: `return_num_cached_tokens` →
-`num_cached_tokens` (prompt tokens served from the prefix cache, for usage's cached_tokens).
+`num_cached_tokens` (prompt tokens served from the prefix cache, for usage's cached_tokens); `prompt_token_ids`,
+the prompt already tokenized as the engine tokenizes text_input, taken instead of tokenizing the text again.
 
 LoRA adapters (cb_lora.py): `lora_name` in `sampling_parameters` (where Triton's vLLM backend reads it) names
 the adapter a request runs with; the engine loads the ones listed in the LORA_ADAPTERS parameter (empty: every one in ADAPTERS_DIR) at start, and
