@@ -17,9 +17,12 @@ Three ratios, each measured in this run against a reference measured beside it:
   short, one in eight long), an additional row: on the mixed corpus a static batch wastes only about half its
   row-steps (answers 3–24 numbers, max_tokens 8–40), which bounds what refilling can win there.
 
-``small_p50_s`` is the median end-to-end time of a 4-line batch. Ends with one parseable line:
+``direct_vs_inprocess`` splits ``vs_inprocess``: the corpus sent straight to the stack's tritonserver
+(bench/generation_direct.py), beside the same references; what is left between it and the batch end to end is the
+control plane's (upload, validation, dispatch, commit, finalize, download). ``small_p50_s`` is the median
+end-to-end time of a 4-line batch. Ends with one parseable line:
 
-    GENERATION e2e_tokens_per_s=… vs_inprocess=… cb_vs_static=… prefix_speedup=… small_p50_s=… load1=…
+    GENERATION e2e_tokens_per_s=… vs_inprocess=… direct_vs_inprocess=… cb_vs_static=… prefix_speedup=… small_p50_s=… load1=…
     cb_vs_static_longtail=…
 
     .venv/bin/python bench/generation.py [--lines 128] [--repeat 1]
@@ -44,6 +47,7 @@ MODEL_DIR = REPO_ROOT / "triton_models" / "tinylm" / "1"
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(MODEL_DIR))  # the engine's modules sit beside model.py, as Triton's python backend wants
 
+from bench.generation_direct import direct_tokens_per_s  # noqa: E402
 from bench.hotpath import Bench, Run  # noqa: E402
 from bench.proctrees import thread_cpu_seconds  # noqa: E402
 
@@ -198,7 +202,7 @@ def _through_the_stack(
     mixed: list[Line],
     repeat: int,
     small_runs: int,
-    e2e: list[tuple[float, float, float]],
+    e2e: list[tuple[float, float, float, float]],
     small: list[float],
     profile: bool = False,
 ) -> None:
@@ -211,17 +215,22 @@ def _through_the_stack(
         bench.run(jsonl(mixed[:8]), 8, endpoint=CHAT)  # warm-up: the model's first shard, its measured speed
         if profile:
             profile_batch(bench, content, len(mixed), MODEL, REPO_ROOT / "var" / "bench-generation")
+        prompts = local.prompts(mixed)
+        ids = [local.tokenizer(prompt, add_special_tokens=True)["input_ids"] for prompt in prompts]
+        limits = [line.max_tokens for line in mixed]
+        url = bench.stack.triton_grpc_url
         for _ in range(repeat):
             before, _ = local.engine_tokens_per_s(mixed)
+            direct, _ = direct_tokens_per_s(url, MODEL, prompts, ids, limits, inflight=2 * MAX_NUM_SEQS)
             run, tokens = run_batch(bench, content, len(mixed))
             after, _ = local.engine_tokens_per_s(mixed)
             reference = (before + after) / 2
             seconds = run.e2e_s
-            e2e.append((tokens / seconds, reference, tokens / seconds / reference))
+            e2e.append((tokens / seconds, reference, tokens / seconds / reference, direct))
             cpu = ", ".join(f"{name} {cpu_s:.1f}" for name, cpu_s in sorted(run.cpu.items()))
             print(
                 f"  e2e {tokens} tokens in {seconds:.1f} s: {tokens / seconds:,.0f} tokens/s (in process "
-                f"{reference:,.0f}; upload {run.upload_s:.1f} s, validating {run.validating_s:.1f} s, in progress "
+                f"{reference:,.0f}; direct to tritonserver {direct:,.0f}; upload {run.upload_s:.1f} s, validating {run.validating_s:.1f} s, in progress "
                 f"{run.in_progress_s:.1f} s, finalizing {run.finalizing_s:.1f} s, download {run.download_s:.1f} s; "
                 f"CPU s: {cpu}; load {os.getloadavg()[0]:.1f}){refused_connections(bench)}",
                 flush=True,
@@ -327,18 +336,21 @@ def main() -> int:
     best_tail = max(static_tail, key=lambda size: static_tail[size])
 
     # Through the stack (unless --inprocess-only: then no end-to-end figure, vs_inprocess 0).
-    e2e: list[tuple[float, float, float]] = []  # (tokens/s, reference tokens/s, ratio)
+    # (tokens/s, reference tokens/s, ratio, the served engine straight through tritonserver in tokens/s)
+    e2e: list[tuple[float, float, float, float]] = []
     small: list[float] = []
     if args.inprocess_only:
-        e2e.append((0.0, local.engine_tokens_per_s(mixed)[0], 0.0))
+        e2e.append((0.0, local.engine_tokens_per_s(mixed)[0], 0.0, 0.0))
     else:
         _through_the_stack(local, mixed, args.repeat, args.small_runs, e2e, small, args.profile)
     e2e.sort(key=lambda row: row[2])
-    e2e_rate, reference, vs_inprocess = e2e[len(e2e) // 2]
+    e2e_rate, reference, vs_inprocess, direct = e2e[len(e2e) // 2]
 
     print()
     rows: list[tuple[str, float, float, str]] = [
         ("e2e vs in-process engine", e2e_rate, reference, "completion tokens/s, mixed corpus"),
+        ("  direct to tritonserver", direct, reference, "the served engine, no control plane (one stream)"),
+        ("  e2e vs direct", e2e_rate, direct or 1.0, "the control plane's share of the gap"),
         ("continuous vs static", cb, static[best_size], f"static at its best batch size, {best_size}"),
         ("  long-tail corpus", cb_tail, static_tail[best_tail], f"static at its best batch size, {best_tail}"),
         ("prefix cache on vs off", cached, uncached, "shared ~200-token system prompt"),
@@ -351,7 +363,7 @@ def main() -> int:
     small_p50 = statistics.median(small) if small else 0.0
     print(
         f"GENERATION lines={len(mixed)} e2e_tokens_per_s={e2e_rate:.0f} inprocess_tokens_per_s={reference:.0f} "
-        f"vs_inprocess={vs_inprocess:.3f} cb_vs_static={cb / static[best_size]:.3f} "
+        f"vs_inprocess={vs_inprocess:.3f} direct_vs_inprocess={direct / reference:.3f} cb_vs_static={cb / static[best_size]:.3f} "
         f"prefix_speedup={cached / uncached:.3f} small_p50_s={small_p50:.2f} load1={load[0]:.1f} "
         f"cb_vs_static_longtail={cb_tail / static_tail[best_tail]:.3f}"
     )
