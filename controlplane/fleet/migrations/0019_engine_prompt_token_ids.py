@@ -1,10 +1,9 @@
 from django.db import migrations
 
-from controlplane.fleet.catalogue.seed import ENGINE_INPUTS
-
-# The seeded models served by tinylm's engine, which now takes the prompt's token ids.
+# The seeded models served by tinylm's engine, which now takes the prompt's token ids. The input is written out
+# here, not read from the seed module, so this migration stays what it was whatever the seed becomes.
 _NAMES = ("tinylm", "smollm2-135m-instruct")
-_INPUT = next(spec for spec in ENGINE_INPUTS if spec["name"] == "prompt_token_ids")
+_INPUT = {"name": "prompt_token_ids", "datatype": "INT32", "dims": [-1]}
 
 
 def declare(apps, schema_editor):
