@@ -28,3 +28,31 @@ def test_the_seeds_max_batch_size_is_its_configs(entry):
         assert entry["max_batch_size"] == 1, entry["name"]
     else:
         assert entry["max_batch_size"] == configured, (entry["name"], configured)
+
+
+@pytest.mark.parametrize("entry", SEED, ids=lambda entry: entry["name"])
+def test_every_input_the_seed_declares_is_in_its_config(entry):
+    # The kinds send an optional extra (prompt_token_ids, return_num_cached_tokens) to a model that declares it;
+    # Triton refuses an input its config does not name.
+    text = (MODELS / entry["triton_name"] / "config.pbtxt").read_text()
+    configured = set(re.findall(r'name:\s*"([^"]+)"', text))
+    assert {spec["name"] for spec in entry["inputs"]} <= configured, entry["name"]
+
+
+@pytest.mark.django_db
+def test_the_migration_declares_prompt_token_ids_on_existing_engine_models_once():
+    from importlib import import_module
+
+    from django.apps import apps
+
+    from controlplane.fleet.models import CatalogueModel
+
+    migration = import_module("controlplane.fleet.migrations.0019_engine_prompt_token_ids")
+    without = [s for s in CatalogueModel.objects.get(name="tinylm").inputs if s["name"] != "prompt_token_ids"]
+    CatalogueModel.objects.filter(name="tinylm").update(inputs=without)
+    for _ in range(2):  # idempotent: a second run adds nothing
+        migration.declare(apps, None)
+        names = [s["name"] for s in CatalogueModel.objects.get(name="tinylm").inputs]
+        assert names.count("prompt_token_ids") == 1 and names[:-1] == [s["name"] for s in without]
+    migration.undeclare(apps, None)
+    assert CatalogueModel.objects.get(name="tinylm").inputs == without
