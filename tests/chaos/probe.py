@@ -3,6 +3,7 @@ test_slowloris.py): a dashboard's polling, back to back, each call timed."""
 
 from __future__ import annotations
 
+import datetime
 import threading
 import time
 
@@ -20,14 +21,19 @@ def api_probe(
     stop: threading.Event,
     latencies: list[float],
     bad: list[int],
+    calls: list[tuple[float, str, str]] | None = None,
 ) -> None:
-    """The victim's polling: list and retrieve, as a dashboard would, back to back."""
+    """The victim's polling: list and retrieve, as a dashboard would, back to back. ``calls`` gets (seconds, path,
+    UTC start) of each call, so a slow one can be found in the stack's logs."""
     paths = ["/batches?limit=10", f"/batches/{batch_id}", "/files?limit=10"]
     while not stop.is_set():
         path = paths[len(latencies) % len(paths)]
+        at = datetime.datetime.now(datetime.UTC).strftime("%H:%M:%S.%f")[:-3]
         started = time.perf_counter()
         response = client.get(base_url + path, timeout=60)
         latencies.append(time.perf_counter() - started)
+        if calls is not None:
+            calls.append((latencies[-1], path, at))
         if response.status_code != 200:
             bad.append(response.status_code)
         time.sleep(0.05)

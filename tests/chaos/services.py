@@ -71,7 +71,12 @@ class ThrowawayPostgres:
         # fsync=off costs nothing a process crash could expose (the kernel keeps what was written) and keeps
         # this shared 2-core machine's disk quiet; synchronous_commit stays on, so an immediate stop loses
         # no commit a client was told about.
-        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
+        # log_lock_waits: a wait past deadlock_timeout (1 s) is logged with who holds the lock, so a slow call in a
+        # scenario can be told from a lock in the logs the suite keeps (var/chaos/logs/postgres.log).
+        options = (
+            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
+            " -c log_lock_waits=on"
+        )
         self._run(
             str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "-t", "60", "start"
         )

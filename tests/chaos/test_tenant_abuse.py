@@ -3,9 +3,9 @@ polls the API, an abuser floods uploads, sends files larger than its storage quo
 only JSON is parsed, files of malformed lines, more batches than its quota allows, a cancel storm and a rerun
 loop over its own batches, and guesses the victim's batch and file ids.
 
-Asserted: the victim's API answers with p99 under the 1 s target (the bound is MARGIN × it, as for the other
-scenarios on this shared 2-core host, or MARGIN × the victim's own p99 in a quiet phase measured just before,
-when the host is noisier than that; both figures go to docs/reliability.md), its batch completes with every
+Asserted: the victim's API answers with p99 under the 1 s target (the bound is MARGIN × it × the contention
+sampled around the abuse, as for the other scenarios on this shared 2-core host, or MARGIN × the victim's own p99
+in a quiet phase measured just before, when the host is noisier than that; both figures go to docs/reliability.md), its batch completes with every
 line exactly once, the abuser gets a 4xx for each refusal and never a 5xx, and no answer to the abuser holds
 any of the victim's ids or data. `make chaos` (CHAOS_FULL=1) runs more rounds with more threads."""
 
@@ -152,13 +152,14 @@ def test_a_hostile_tenant_cannot_slow_or_see_another(chaos, recorder):
     batch = chaos.submit(lines, tenant="victim")
     victim_ids = [batch.id, batch.input_file_id]
     figures = Figures("tenant abuse", target_s=API_P99_TARGET_S)
+    figures.sample_contention()
 
     victim_http = requests.Session()  # the probe's one thread: a session of its own, kept alive
     victim_http.headers["Authorization"] = f"Bearer {victim_key}"
     abuser = Abuser(chaos.base_url, abuser_key, set(victim_ids) | {"victim-00000"})
-    stop, latencies, bad = threading.Event(), [], []
+    stop, latencies, bad, calls = threading.Event(), [], [], []
     probe = threading.Thread(
-        target=api_probe, args=(victim_http, chaos.base_url, batch.id, stop, latencies, bad), daemon=True
+        target=api_probe, args=(victim_http, chaos.base_url, batch.id, stop, latencies, bad, calls), daemon=True
     )
     probe.start()
     rng = random.Random(21)
@@ -178,6 +179,7 @@ def test_a_hostile_tenant_cannot_slow_or_see_another(chaos, recorder):
     finally:
         stop.set()
         probe.join(timeout=30)
+    figures.sample_contention()
 
     chaos.tally(figures, batch.id, lines)
     chaos.assert_clean(figures)
@@ -200,7 +202,9 @@ def test_a_hostile_tenant_cannot_slow_or_see_another(chaos, recorder):
     # too) and the ownership checks (404).
     assert {404, 413, 429} <= set(abuser.statuses), abuser.statuses
     assert len(ordered) >= 20, "the victim's probe hardly ran"
-    # The issue's 1 s target times the suite's margin; on a host whose own noise is already worse (the quiet
+    # The 1 s target times the suite's margin and the contention sampled before and after the abuse, as every chaos
+    # bound (the rest of `make test` shares the two cores); on a host whose own noise is already worse (the quiet
     # baseline's p99, measured side by side before the abuse), that noise times the margin instead.
-    bound = max(API_P99_TARGET_S, quantile(baseline, 0.99)) * MARGIN
-    assert p99 < bound, f"victim p99 {p99:.2f} s (p50 {p50:.2f} s), bound {bound:.2f} s"
+    bound = MARGIN * max(API_P99_TARGET_S * figures.contention, quantile(baseline, 0.99))
+    slowest = ", ".join(f"{path} {seconds:.2f} s from {at} UTC" for seconds, path, at in sorted(calls)[-3:])
+    assert p99 < bound, f"victim p99 {p99:.2f} s (p50 {p50:.2f} s), bound {bound:.2f} s; slowest: {slowest}"
