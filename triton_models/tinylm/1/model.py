@@ -18,7 +18,9 @@ final. A request the engine cannot take gets its own error response; its neighbo
 """
 
 import json
+import queue
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -75,31 +77,58 @@ def _error(message, code_name="INVALID_ARG"):
     return pb_utils.TritonError(message, code)
 
 
+class _Responder:
+    """Sends the engine's responses from a thread of its own, in the order they were built. A response sender's
+    `send` waits for the server to take the response (an IPC round trip through the stub's and tritonserver's
+    threads); on the engine's thread that wait came between decode steps, once for every finished line."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self._queue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="responder", daemon=True)
+        self._thread.start()
+
+    def send(self, sender, request_id, response, flags=0):
+        self._queue.put((sender, request_id, response, flags))
+
+    def stop(self):
+        self._queue.put(None)
+        self._thread.join(timeout=10)
+
+    def _run(self):
+        while (item := self._queue.get()) is not None:
+            sender, request_id, response, flags = item
+            try:
+                sender.send(response, flags=flags)
+            except Exception as exc:  # noqa: BLE001 - the caller went away: its request stops, the others run on
+                pb_utils.Logger.log_warn(f"response of {request_id} not sent ({exc}); cancelling it")
+                self.engine.cancel(request_id)
+
+
 class _Stream:
     """What has been sent to one Triton request so far (the deltas of the next streamed response)."""
 
-    def __init__(self, model_name, sender, engine, prompt, stream, prepend, flags):
-        self.model_name, self.sender, self.engine, self.prompt = model_name, sender, engine, prompt
-        self.stream, self.prepend, self.flags = stream, prepend, flags
+    def __init__(self, model_name, sender, responder, engine, prompt, stream, prepend, flags):
+        self.model_name, self.sender, self.responder, self.engine = model_name, sender, responder, engine
+        self.prompt, self.stream, self.prepend, self.flags = prompt, stream, prepend, flags
         self.sent_chars, self.sent_tokens = {}, {}
 
     def on_update(self, request):
+        """Builds the response on the engine's thread (it reads the request as this step left it) and hands it
+        to the responder to send."""
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         if request.error is not None:
-            self.sender.send(
-                pb_utils.InferenceResponse(error=_error(request.error, "INTERNAL")),
-                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
-            )
+            response = pb_utils.InferenceResponse(error=_error(request.error, "INTERNAL"))
+            self.responder.send(self.sender, request.request_id, response, final)
         elif request.cancelled:
             generated = max(len(c.token_ids) for c in request.choices)
             pb_utils.Logger.log_info(f"{self.model_name} cancelled {request.request_id} after {generated} tokens")
-            self.sender.send(
-                pb_utils.InferenceResponse(error=_error("Request was cancelled", "CANCELLED")),
-                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
-            )
+            response = pb_utils.InferenceResponse(error=_error("Request was cancelled", "CANCELLED"))
+            self.responder.send(self.sender, request.request_id, response, final)
         elif request.finished:
-            self.sender.send(self._response(request), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            self.responder.send(self.sender, request.request_id, self._response(request), final)
         elif self.stream:
-            self.sender.send(self._response(request))
+            self.responder.send(self.sender, request.request_id, self._response(request))
 
     def _response(self, request):
         texts, reasons, logprobs, counts = [], [], [], []
@@ -194,6 +223,7 @@ class TritonPythonModel:
             max_loras=int(_parameter(config, "MAX_LORAS", "0")),
         )
         self.engine.start()
+        self._responder = _Responder(self.engine)
         self._counter = 0
         pb_utils.Logger.log_info(
             f"{args['model_name']} instance {args['model_instance_name']} loaded {hf_dir} on {device} in "
@@ -234,7 +264,7 @@ class TritonPythonModel:
         adapter, text = _pop_lora_name(raw.as_numpy().reshape(-1)[0] if raw is not None else None)
         params = self._sampling_params.from_json(text)
         flags = {name for name in _FLAGS if _bool_input(request, name, False)}
-        state = _Stream(self._name, sender, self.engine, prompt, stream, not exclude, flags)
+        state = _Stream(self._name, sender, self._responder, self.engine, prompt, stream, not exclude, flags)
         self._counter += 1
         self.engine.submit(
             prompt if ids is None else ids.as_numpy().reshape(-1).tolist(),
@@ -266,3 +296,4 @@ class TritonPythonModel:
 
     def finalize(self):
         self.engine.stop()
+        self._responder.stop()
