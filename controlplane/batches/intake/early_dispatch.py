@@ -40,9 +40,11 @@ from controlplane.core.messaging import dispatch
 from controlplane.files.storage import blob_delete
 
 # Planned shards reach the database at most this often (the first one at once): each flush is a transaction
-# and a slot top-up, while a shard of 4,096 identity lines takes ~0.1 s to plan; 0.1 s flushes cost the
-# 2-core benchmark host measurably more CPU for no earlier finish.
-FLUSH_SECONDS = 0.5
+# and a slot top-up, while validation plans a shard of 4,096 identity lines every ~40 ms. At 0.5 s the slots
+# sat idle for the first half second and ran the shards after validation (bench/hotpath.py at 100k lines:
+# 0.52 of the reference); at 0.1 s they keep pace with it (0.56) for the same CPU, and another tenant's small
+# batch beside the validating file took 1.29x its time alone against 1.21x (bench/validation_abuse.py).
+FLUSH_SECONDS = 0.1
 
 
 class ValidationSuperseded(Exception):
