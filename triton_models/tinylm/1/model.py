@@ -80,7 +80,9 @@ def _error(message, code_name="INVALID_ARG"):
 class _Responder:
     """Sends the engine's responses from a thread of its own, in the order they were built. A response sender's
     `send` waits for the server to take the response (an IPC round trip through the stub's and tritonserver's
-    threads); on the engine's thread that wait came between decode steps, once for every finished line."""
+    threads); on the engine's thread that wait came between decode steps, once for every finished line. So the
+    engine no longer waits for a client to take its responses: a request can finish before its client's cancel
+    arrives, and the queue holds what tritonserver has not taken yet (freed as it does)."""
 
     def __init__(self, engine):
         self.engine = engine
@@ -118,17 +120,18 @@ class _Stream:
         to the responder to send."""
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         if request.error is not None:
-            response = pb_utils.InferenceResponse(error=_error(request.error, "INTERNAL"))
-            self.responder.send(self.sender, request.request_id, response, final)
+            response, flags = pb_utils.InferenceResponse(error=_error(request.error, "INTERNAL")), final
         elif request.cancelled:
             generated = max(len(c.token_ids) for c in request.choices)
             pb_utils.Logger.log_info(f"{self.model_name} cancelled {request.request_id} after {generated} tokens")
-            response = pb_utils.InferenceResponse(error=_error("Request was cancelled", "CANCELLED"))
-            self.responder.send(self.sender, request.request_id, response, final)
+            response, flags = pb_utils.InferenceResponse(error=_error("Request was cancelled", "CANCELLED")), final
         elif request.finished:
-            self.responder.send(self.sender, request.request_id, self._response(request), final)
+            response, flags = self._response(request), final
         elif self.stream:
-            self.responder.send(self.sender, request.request_id, self._response(request))
+            response, flags = self._response(request), 0
+        else:
+            return  # not streamed: one response when it finishes
+        self.responder.send(self.sender, request.request_id, response, flags)
 
     def _response(self, request):
         texts, reasons, logprobs, counts = [], [], [], []
