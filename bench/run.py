@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 
 from bench import ceiling  # noqa: E402
+from bench.hotpath import TERMINAL  # noqa: E402
 from bench.proctrees import cpu_snapshot  # noqa: E402
 from bench.triton_direct import (  # noqa: E402
     SERVED_CONCURRENCY,
@@ -152,7 +153,7 @@ def run_batch(sdk, texts: list[str], prefix: str, db_url: str = "") -> tuple[flo
     if db_url:
         _wait_ended(db_url, batch.id)
         batch = sdk.batches.retrieve(batch.id)
-    while batch.status not in ("completed", "failed", "cancelled", "expired"):
+    while batch.status not in TERMINAL:
         # 100 ms: a tight poll loop through the API would steal CPU from Triton on this 2-core host and skew the figure.
         time.sleep(0.1)
         batch = sdk.batches.retrieve(batch.id)
@@ -172,7 +173,7 @@ def _wait_ended(db_url: str, batch_id: str) -> None:
     with psycopg.connect(db_url, autocommit=True) as conn:
         while True:
             row = conn.execute("SELECT status FROM batches_batch WHERE id = %s", (batch_id,)).fetchone()
-            if row is None or row[0] in ("completed", "failed", "cancelled", "expired"):
+            if row is None or row[0] in TERMINAL:
                 return
             time.sleep(0.02)
 
