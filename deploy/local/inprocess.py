@@ -49,11 +49,14 @@ class InProcessMiniLM:
         self.runtime = self._encoder.runtime
 
     def embed(
-        self, texts: list[str], batch_size: int = 64, sort_by_length: bool = True
+        self, texts: list[str], batch_size: int = 64, sort_by_length: bool = True, max_padding: float | None = None
     ) -> tuple[np.ndarray, list[int]]:
         """(n, 384) float32 unit-norm embeddings and token counts, in input order.
 
-        Texts are truncated to 256 tokens; the counts include [CLS]/[SEP] as Triton's TOKENS does.
+        Texts are truncated to 256 tokens; the counts include [CLS]/[SEP] as Triton's TOKENS does. ``max_padding``
+        (sorted only): a batch also ends before its padded tokens would pass that multiple of its real ones.
         """
-        embeddings, tokens = self._encoder.embed(texts, batch_size=batch_size, sort_by_length=sort_by_length)
+        embeddings, tokens = self._encoder.embed(
+            texts, batch_size=batch_size, sort_by_length=sort_by_length, max_padding=max_padding
+        )
         return embeddings, tokens

@@ -60,7 +60,8 @@ def test_text_calls_hold_call_rows(tenant, quiet):
     lines = [embedding_line(f"e-{i}", f"text number {i} " * (1 + i % 5)) for i in range(18)]
     batch = validated_batch(tenant, lines, endpoint="/v1/embeddings")
     rows = _rows_per_call(batch)
-    assert sum(rows) == 18 and max(rows) <= 4 and len(rows) == 5  # 18 texts: 4 + 4 + 4 + 3 + 3
+    # 18 texts in calls of 4 at most: five at least, more where a call of the longest would cost too much.
+    assert sum(rows) == 18 and max(rows) <= 4 and len(rows) >= 5
 
 
 def test_call_rows_is_pinned_with_the_batch(tenant, quiet):

@@ -114,12 +114,14 @@ class _FakeEncoder:
         self.device = device
         self.calls: list[list[str]] = []
         self.max_paddings: list[float | None] = []
+        self.batch_sizes: list[int | None] = []
 
     def embed(
         self, texts: list[str], batch_size: int | None = None, max_padding: float | None = None
     ) -> tuple[np.ndarray, list[int]]:
         self.calls.append(list(texts))
         self.max_paddings.append(max_padding)
+        self.batch_sizes.append(batch_size)
         return np.array([[float(len(t))] * 384 for t in texts], dtype=np.float32), [len(t) for t in texts]
 
 
@@ -137,10 +139,10 @@ def _minilm_model(monkeypatch: pytest.MonkeyPatch, device: str = "cpu") -> Any:
 
 def test_merged_calls_are_cut_by_padding_on_cpu_and_run_in_one_pass_on_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     texts = {"TEXT": _FakePbUtils.Tensor("TEXT", np.array([[b"a"], [b"bbb"]], dtype=object))}
-    for device, expected in (("cpu", 1.25), ("cuda:0", None)):
+    for device, padding, size in (("cpu", 1.1, 16), ("cuda:0", None, None)):
         model = _minilm_model(monkeypatch, device)
         model.execute([texts])
-        assert model.encoder.max_paddings == [expected], device
+        assert (model.encoder.max_paddings, model.encoder.batch_sizes) == ([padding], [size]), device
 
 
 def test_execute_one_pass_one_response_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
