@@ -55,6 +55,7 @@ class TritonBackend:
         self.client = client
         self.server = server
         self.instances: int | None = None
+        self.gpus = False  # not known: the embedded default and a CPU host run KIND_CPU instances
         self._loaded: set[str] = set()
 
     def prepare(self, triton_model: str) -> None:
@@ -82,6 +83,7 @@ class FleetBackend:
             raise NoCapacity(f"model {triton_model!r} has no ready placement yet")
         self.server = ",".join(r.name for r in routes)
         self.instances: int | None = sum(r.weight for r in routes)
+        self.gpus = any(r.real_gpus for r in routes)
         self._avoid: set[int] = set()
         self._lock = threading.Lock()
 

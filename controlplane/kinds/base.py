@@ -142,6 +142,9 @@ class Backend(Protocol):
     server: str
     # Model instances behind it (None: not known): a shard is split into at most this many calls.
     instances: int | None
+    # Its instances run on real GPUs, where a pass costs its kernel launches whatever its texts hold (padding is
+    # nearly free): texts are then cut into calls of equal counts, not equal cost (kinds/embeddings.py).
+    gpus: bool
 
     def prepare(self, triton_model: str) -> None: ...
 

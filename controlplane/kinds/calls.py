@@ -44,8 +44,11 @@ class CallKind(EndpointKind):
     """A kind whose line is one request and one response: packed into calls, answered per call."""
 
     @abstractmethod
-    def pack(self, lines: dict[int, ParsedLine], *, max_batch_size: int, min_calls: int) -> list[Call]:
-        """Every piece of every line in exactly one call; no call over ``max_batch_size`` rows."""
+    def pack(
+        self, lines: dict[int, ParsedLine], *, max_batch_size: int, min_calls: int, equal_cost: bool = True
+    ) -> list[Call]:
+        """Every piece of every line in exactly one call; no call over ``max_batch_size`` rows. ``equal_cost``:
+        calls of texts cost alike (CPU instances), else hold alike (GPU ones: a pass costs its launches)."""
 
     @abstractmethod
     def call_pieces(self, call: Call, outputs: dict[str, np.ndarray]) -> list[tuple[Member, Any]]:
@@ -68,7 +71,12 @@ class CallKind(EndpointKind):
             else:
                 runnable[number] = parsed
         if calls is None:
-            calls = self.pack(runnable, max_batch_size=model.rows_per_call, min_calls=min_calls(backend, inflight))
+            calls = self.pack(
+                runnable,
+                max_batch_size=model.rows_per_call,
+                min_calls=min_calls(backend, inflight),
+                equal_cost=not backend.gpus,
+            )
         return _CallRun(self, runnable, model, backend, control).run(calls, inflight)
 
 

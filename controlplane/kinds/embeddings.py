@@ -60,8 +60,10 @@ class EmbeddingsKind(CallKind):
     def quick_units(self, model: CatalogueModel) -> Callable[[dict[str, Any]], int | None]:
         return _EmbeddingQuickLane(model.embedding_dimensions).units
 
-    def pack(self, lines: dict[int, ParsedLine], *, max_batch_size: int, min_calls: int) -> list[Call]:
-        return pack_embeddings(lines, max_batch_size, min_calls=min_calls)
+    def pack(
+        self, lines: dict[int, ParsedLine], *, max_batch_size: int, min_calls: int, equal_cost: bool = True
+    ) -> list[Call]:
+        return pack_embeddings(lines, max_batch_size, min_calls=min_calls, equal_cost=equal_cost)
 
     def call_pieces(self, call: Call, outputs: dict[str, np.ndarray]) -> list[tuple[Member, Any]]:
         return [(m, {name: array[m.start : m.start + m.rows] for name, array in outputs.items()}) for m in call.members]
@@ -144,14 +146,18 @@ def embedding_request_parse(body: dict[str, Any], model: CatalogueModel) -> Embe
     return EmbeddingRequest(texts=tuple(texts), encoding_format=encoding_format)
 
 
-def pack_embeddings(lines: dict[int, ParsedLine], max_batch_size: int, *, min_calls: int = 1) -> list[Call]:
+def pack_embeddings(
+    lines: dict[int, ParsedLine], max_batch_size: int, *, min_calls: int = 1, equal_cost: bool = True
+) -> list[Call]:
     """Texts in length order, cut into calls of about equal cost, the costliest first.
 
     ``min_calls``: a small shard is still split into this many calls (the calls kept in flight), so every model
     instance gets a share instead of one instance doing it all while the others idle. Calls hold at most
     ``max_batch_size`` texts. Equal cost, not equal counts: a shard's last third of sorted texts cost up to 5x
     its first (MiniLM executions of 51 texts took 0.04-0.56 s), and a call is the unit the instances share,
-    so uneven calls leave one instance idle at a batch's end while the other runs its longest call."""
+    so uneven calls leave one instance idle at a batch's end while the other runs its longest call.
+    ``equal_cost`` False (GPU instances: a pass costs its kernel launches, padding is nearly free): every text
+    costs the same, so calls hold equal counts and none is spent on a few long texts."""
     items = [
         (len(text), number, slot, text)
         for number, parsed in lines.items()
@@ -162,7 +168,7 @@ def pack_embeddings(lines: dict[int, ParsedLine], max_batch_size: int, *, min_ca
     items.sort(key=lambda item: (item[0], item[1], item[2]))
     # As few calls as max_batch_size allows (at least min_calls): a pass's fixed cost is paid per call.
     count = max(1, min_calls, math.ceil(len(items) / max(1, max_batch_size)))
-    costs = [length + TEXT_BASE_COST for length, *_ in items]
+    costs = [length + TEXT_BASE_COST if equal_cost else 1 for length, *_ in items]
     ranges = _equal_cost_ranges(costs, count, max(1, max_batch_size))
     calls = []
     # Costliest first (longest processing time first): what is left for the end is short.

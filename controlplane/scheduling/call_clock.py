@@ -32,6 +32,7 @@ class CallClock:
         self._backend = backend
         self.server = backend.server
         self.instances = backend.instances
+        self.gpus = backend.gpus
         self._lock = threading.Lock()
         self._in_flight = 0
         self._busy_since = 0.0

@@ -228,6 +228,21 @@ def test_a_shard_is_split_over_the_model_instances_and_no_further(tenant, eager,
     assert len(backend.calls) == calls
 
 
+@pytest.mark.parametrize(("gpus", "texts_per_call"), [(False, [10, 2]), (True, [6, 6])])
+def test_texts_are_cut_by_cost_on_cpu_instances_and_by_count_on_gpus(tenant, eager, settings, gpus, texts_per_call):
+    """Four long texts and eight short ones over two instances: on CPUs a call's cost is its characters, so the
+    long ones are shared out (the costliest call first); on GPUs a pass costs its launches, so counts are even."""
+    settings.SHARD_MAX_LINES = 12
+    texts = ["x" * 400] * 4 + [f"s{i}" for i in range(8)]
+    batch = _create(tenant, [embedding_line(f"r-{i}", text) for i, text in enumerate(texts)])
+    services.batch_validate(batch_id=batch.id)
+    backend = FakeBackend()
+    backend.instances, backend.gpus = 2, gpus
+    batch = _run_all(batch, backend)
+    assert batch.status == BatchStatus.COMPLETED and batch.completed_lines == 12
+    assert [len(call["TEXT"]) for call in backend.calls] == texts_per_call
+
+
 def test_the_fleet_backend_counts_the_ready_instances_it_routes_to(catalogue):
     from controlplane.fleet.backend import backend_for_model
     from controlplane.fleet.models import CatalogueModel, Placement, PlacementStatus, TritonServer
@@ -241,4 +256,8 @@ def test_the_fleet_backend_counts_the_ready_instances_it_routes_to(catalogue):
     loading = TritonServer.objects.create(name="c", grpc_url="10.0.0.9:8001")
     Placement.objects.create(model=model, server=loading, instances=4, status=PlacementStatus.LOADING)
     assert backend_for_model("identity").instances == 3  # the loading placement gets no calls yet
+    assert backend_for_model("identity").gpus is False  # declared GPUs: KIND_CPU instances
+    TritonServer.objects.filter(name="gpu-2").update(real_gpus=True)
+    routing._cache.clear()
+    assert backend_for_model("identity").gpus is True
     routing._cache.clear()

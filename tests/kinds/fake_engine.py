@@ -102,6 +102,7 @@ class FakeEngine:
 
     server = "fake-engine:0"
     instances = 1
+    gpus = False
 
     def __init__(self, *, transient_after: int | None = None) -> None:
         self.lock = threading.Lock()

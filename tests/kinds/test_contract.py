@@ -281,6 +281,7 @@ def test_any_body_parses_or_is_refused_never_raises_anything_else(url, data):
 class _Backend:
     server = "fake"
     instances = None
+    gpus = False
 
     def __init__(self, respond: Any, max_batch_size: int) -> None:
         self.respond, self.max_batch_size = respond, max_batch_size

@@ -50,6 +50,7 @@ class _RecordingBackend:
 
     def __init__(self, backend: TritonBackend) -> None:
         self.backend, self.server, self.instances = backend, backend.server, backend.instances
+        self.gpus = backend.gpus
         self.events: list[tuple[str, float]] = []
 
     def prepare(self, triton_model: str) -> None:

@@ -63,6 +63,14 @@ def test_a_pathological_shard_packs_in_one_pass():
     assert sum(len(c.members) for c in calls) == 20500
 
 
+def test_on_gpus_calls_hold_equal_counts():
+    lines = _emb(["x" * (i * 7 % 50 + 1) for i in range(150)])
+    calls = pack_embeddings(lines, 64, equal_cost=False)
+    assert [len(c.members) for c in calls] == [50, 50, 50]
+    flat = [length for c in reversed(calls) for length in _lengths(c)]
+    assert flat == sorted(flat)
+
+
 def test_a_small_shard_is_spread_over_the_calls_in_flight():
     calls = pack_embeddings(_emb(["t"] * 100), 64, min_calls=3)
     assert sorted(len(c.members) for c in calls) == [33, 33, 34]

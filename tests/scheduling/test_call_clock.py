@@ -12,7 +12,7 @@ from controlplane.scheduling.call_clock import CallClock
 
 
 class _Backend:
-    server, instances = "t0", 2
+    server, instances, gpus = "t0", 2, False
 
     def __init__(self, seconds: float = 0.05, fail: bool = False) -> None:
         self.seconds, self.fail, self.prepared = seconds, fail, []

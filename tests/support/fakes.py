@@ -23,6 +23,7 @@ class FakeBackend:
 
     server = "fake:0"
     instances: int | None = None  # not known: shards are split into DISPATCH_INFLIGHT_CALLS calls
+    gpus = False
 
     def __init__(self, *, transient_failures: int = 0, on_call: object = None):
         self.transient_failures = transient_failures

@@ -26,6 +26,7 @@ class Route:
     name: str
     grpc_url: str
     weight: int
+    real_gpus: bool = False  # KIND_GPU instances (TritonServer.real_gpus)
 
 
 _cache: dict[str, tuple[float, list[Route]]] = {}
@@ -46,11 +47,14 @@ def routes_for_model(triton_name: str, *, fresh: bool = False) -> list[Route]:
             server__state__in=ROUTABLE_STATES,
         )
         .exclude(server__breaker_open_until__gt=timezone.now())
-        .values("server_id", "server__name", "server__grpc_url")
+        .values("server_id", "server__name", "server__grpc_url", "server__real_gpus")
         .annotate(weight=Sum("instances"))
         .order_by("server__name")
     )
-    routes = [Route(r["server_id"], r["server__name"], r["server__grpc_url"], int(r["weight"])) for r in rows]
+    routes = [
+        Route(r["server_id"], r["server__name"], r["server__grpc_url"], int(r["weight"]), r["server__real_gpus"])
+        for r in rows
+    ]
     with _lock:
         _cache[triton_name] = (now, routes)
     return routes

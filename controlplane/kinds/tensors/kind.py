@@ -57,8 +57,10 @@ class TensorKind(CallKind):
         lines = {n: ParsedLine(c, model.name, None) for n, c in zip(columns.numbers, columns.custom_ids, strict=True)}
         return lines, columns.calls(model.rows_per_call, [spec["name"] for spec in model.outputs])
 
-    def pack(self, lines: dict[int, ParsedLine], *, max_batch_size: int, min_calls: int) -> list[Call]:
-        # min_calls is for texts (spreading a small shard over instances); rows stack as they come.
+    def pack(
+        self, lines: dict[int, ParsedLine], *, max_batch_size: int, min_calls: int, equal_cost: bool = True
+    ) -> list[Call]:
+        # min_calls and equal_cost are for texts (spreading a small shard over instances); rows stack as they come.
         return pack_tensors(lines, max_batch_size)
 
     def call_pieces(self, call: Call, outputs: dict[str, np.ndarray]) -> list[tuple[Member, Any]]:
