@@ -45,7 +45,7 @@ class CallKind(EndpointKind):
 
     @abstractmethod
     def pack(
-        self, lines: dict[int, ParsedLine], *, max_batch_size: int, min_calls: int, equal_cost: bool = True
+        self, lines: dict[int, ParsedLine], *, max_batch_size: int, min_calls: int, equal_cost: bool
     ) -> list[Call]:
         """Every piece of every line in exactly one call; no call over ``max_batch_size`` rows. ``equal_cost``:
         calls of texts cost alike (CPU instances), else hold alike (GPU ones: a pass costs its launches)."""

@@ -61,7 +61,7 @@ class EmbeddingsKind(CallKind):
         return _EmbeddingQuickLane(model.embedding_dimensions).units
 
     def pack(
-        self, lines: dict[int, ParsedLine], *, max_batch_size: int, min_calls: int, equal_cost: bool = True
+        self, lines: dict[int, ParsedLine], *, max_batch_size: int, min_calls: int, equal_cost: bool
     ) -> list[Call]:
         return pack_embeddings(lines, max_batch_size, min_calls=min_calls, equal_cost=equal_cost)
 

@@ -331,7 +331,12 @@ def test_running_a_shard_reports_every_line_once_in_calls_within_max_batch_size(
             lines[number] = ParsedLine(f"c{number}", model.name, None, issue)
     if isinstance(kind, CallKind):  # a request/response kind: every piece of every line in one call
         runnable = {n: p for n, p in lines.items() if p.issue is None}
-        calls = kind.pack(runnable, max_batch_size=max_batch_size, min_calls=data.draw(st.integers(1, 4)))
+        calls = kind.pack(
+            runnable,
+            max_batch_size=max_batch_size,
+            min_calls=data.draw(st.integers(1, 4)),
+            equal_cost=data.draw(st.booleans()),
+        )
         pieces = [(m.line, m.slot) for call in calls for m in call.members]
         assert len(pieces) == len(set(pieces)) and {line for line, _ in pieces} == set(runnable)
         assert all(sum(m.rows for m in call.members) <= max_batch_size for call in calls)

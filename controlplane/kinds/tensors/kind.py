@@ -58,7 +58,7 @@ class TensorKind(CallKind):
         return lines, columns.calls(model.rows_per_call, [spec["name"] for spec in model.outputs])
 
     def pack(
-        self, lines: dict[int, ParsedLine], *, max_batch_size: int, min_calls: int, equal_cost: bool = True
+        self, lines: dict[int, ParsedLine], *, max_batch_size: int, min_calls: int, equal_cost: bool
     ) -> list[Call]:
         # min_calls and equal_cost are for texts (spreading a small shard over instances); rows stack as they come.
         return pack_tensors(lines, max_batch_size)

@@ -89,12 +89,12 @@ class TritonPythonModel:
         per_request = [self._texts_of(request) for request in requests]
         all_texts = [text for texts in per_request if isinstance(texts, list) for text in texts]
         try:
-            # The dynamic batcher capped the total at max_batch_size (64) but may have merged calls of short
-            # and long texts: sorted, and cut where padding would pass 1.1x the real tokens or at 16 texts.
-            # One thread on the dispatcher's calls (a shard's sorted texts in thirds), texts/s: 1.25x and no
-            # cap 201, 1.1x 231, 1.1x and 16 229; on pairs of them merged 203, 230, 240 (fixed sizes 4-64
-            # alone, one pass of a merged call: 136). On a GPU padding is nearly free and each pass costs its
-            # kernel launches: one pass (docs/GPU.md).
+            # On a CPU the texts (one call's, or several merged where a config turns the batcher on) are
+            # sorted and cut where padding would pass 1.1x the real tokens or at 16 texts. One thread on the
+            # dispatcher's calls (a shard's sorted texts in thirds), texts/s: 1.25x and no cap 201, 1.1x 231,
+            # 1.1x and 16 229; on pairs of them merged 203, 230, 240 (one pass of a merged call: 136).
+            # bench/ceiling.py's PADDING_CUT sweeps the same cut. On a GPU padding is nearly free and each pass
+            # costs its kernel launches: one pass (docs/GPU.md).
             cpu = self.encoder.device == "cpu"
             embeddings, token_counts = self.encoder.embed(
                 all_texts, batch_size=16 if cpu else None, max_padding=1.1 if cpu else None
